@@ -1,0 +1,289 @@
+"""The one configuration tree: every knob of every stage, loaded from TOML with `--set key=value` overrides.
+
+Defaults give a small but complete run on a CPU machine. Every field documents itself (`builder config show`
+prints them); invalid values fail at load time with one error naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from builder.errors import ConfigError
+
+
+class Section(BaseModel):
+    """Base of every config section: frozen, and unknown keys are errors rather than silently ignored."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RunConfig(Section):
+    runs_root: Path = Field(Path("runs"), description="Folder under which each run gets `<run-id>/`.")
+    seed: int = Field(0, description="Base random seed for every sampled choice, so reruns are reproducible.")
+
+
+class LLMConfig(Section):
+    model: str = Field(
+        "models/SmolLM2-135M-Instruct",
+        description="Model the managed vLLM server serves: a local folder or a Hub id (on a GPU node, e.g. "
+        "Qwen/Qwen3-8B). The default is the CPU smoke model that scripts/setup.sh converts.",
+    )
+    served_model_name: str = Field("local", description="Name the server exposes the model under.")
+    url: str | None = Field(
+        None, description="Use this OpenAI-compatible endpoint (…/v1) instead of starting a vLLM server."
+    )
+    device: Literal["auto", "cpu", "gpu"] = Field("auto", description="Which vLLM to start; auto detects a GPU.")
+    max_model_len: int = Field(4096, ge=256, description="Context length the server allocates.")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per model (GPU only).")
+    tool_call_parser: str = Field("hermes", description="vLLM tool parser (hermes fits Qwen3 and SmolLM2).")
+    chat_template: str | None = Field(
+        None, description="Chat template file; None uses the packaged ChatML+tools template on CPU."
+    )
+    server_start_timeout_s: float = Field(600.0, gt=0, description="How long to wait for the server's /health.")
+    max_concurrency: int = Field(16, ge=1, description="Requests in flight at once, so vLLM can batch them.")
+    request_timeout_s: float = Field(300.0, gt=0, description="A single request is abandoned after this long.")
+    max_retries: int = Field(4, ge=0, description="Retries on connection errors, timeouts and 5xx (never 4xx).")
+    structured_retries: int = Field(2, ge=0, description="Re-asks with the validation error fed back.")
+    temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature for synthesis calls.")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling for synthesis calls.")
+    max_tokens: int = Field(1024, ge=1, description="Completion budget per synthesis call.")
+
+
+class SandboxConfig(Section):
+    required_layers: tuple[str, ...] = Field(
+        ("rlimits", "clean_env", "no_network"),
+        description="Isolation layers that must be available, or generated code is refused.",
+    )
+    call_timeout_s: float = Field(5.0, gt=0, description="Deadline for one tool call or check, then kill.")
+    memory_mb: int = Field(512, ge=64, description="Address-space limit of a sandbox process.")
+
+
+class MineConfig(Section):
+    seeds: str = Field(
+        "builtin", description="Seed tasks: 'builtin' (the packaged corpus), a JSON/JSONL/Parquet file, or a Hub id."
+    )
+    request_field: str = Field("request", description="Field of each seed row that holds the user request.")
+    max_seeds: int | None = Field(None, ge=1, description="Read at most this many seed tasks (None: all).")
+    keep_threshold: float = Field(0.6, ge=0, le=1, description="Minimum topic score to keep.")
+    dedup_threshold: float = Field(0.9, gt=0, le=1, description="Cosine similarity above which topics merge.")
+    max_topics: int = Field(4, ge=1, description="Stop after this many kept topics.")
+    max_per_domain: int | None = Field(None, ge=1, description="Cap of topics per domain (None: no cap).")
+
+
+class PlanConfig(Section):
+    min_operations: int = Field(4, ge=1, description="Fewest tools an environment may have.")
+    max_operations: int = Field(12, ge=1, description="Most tools an environment may have.")
+    repair_attempts: int = Field(2, ge=0, description="Plan repairs with the errors fed back.")
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> PlanConfig:
+        if self.min_operations > self.max_operations:
+            raise ValueError("min_operations must not exceed max_operations")
+        return self
+
+
+class CodeConfig(Section):
+    repair_attempts: int = Field(3, ge=0, description="Regenerations of a failing piece with the error fed back.")
+
+
+class EvaluateConfig(Section):
+    keep_score: float = Field(0.85, ge=0, le=1, description="Dual-agent check score needed to accept.")
+    test_states: int = Field(2, ge=1, description="Initial states the tester agent works from.")
+    tester_calls: int = Field(12, ge=1, description="Tool calls the tester agent makes per state.")
+
+
+class ScenariosConfig(Section):
+    per_environment: int = Field(2, ge=1, description="Scenarios to generate per accepted environment.")
+    repair_attempts: int = Field(2, ge=0, description="Regenerations of a failing piece with evidence fed back.")
+
+
+class RolloutConfig(Section):
+    samples_per_scenario: int = Field(2, ge=1, description="Rollouts per scenario (k).")
+    temperature: float = Field(1.0, ge=0, le=2, description="Agent sampling temperature.")
+    max_turns: int = Field(16, ge=1, description="Agent turns before a rollout is cut.")
+    max_tool_calls: int = Field(32, ge=1, description="Tool calls before a rollout is cut.")
+    user_model: str | None = Field(None, description="User-simulator model (None: the agent's server).")
+
+
+class SelectConfig(Section):
+    rl_pass_band: tuple[float, float] = Field(
+        (0.0, 1.0), description="Scenarios whose pass rate lies strictly inside this band go to RL."
+    )
+    rl_env_fraction: float = Field(0.2, ge=0, le=1, description="Share of environments held out for `rl`.")
+    decontamination_threshold: float = Field(0.8, gt=0, le=1, description="Overlap above which text is dropped.")
+
+    @model_validator(mode="after")
+    def _band_ordered(self) -> SelectConfig:
+        low, high = self.rl_pass_band
+        if not 0 <= low < high <= 1:
+            raise ValueError("rl_pass_band must be (low, high) with 0 <= low < high <= 1")
+        return self
+
+
+class StoreConfig(Section):
+    path: Path = Field(Path("envs_store"), description="The durable Parquet store.")
+    lock_timeout_s: float = Field(60.0, gt=0, description="Wait this long for another process's store lock.")
+
+
+class HubConfig(Section):
+    backend: Literal["git", "hf"] = Field("git", description="git: a local Hub of bare repos; hf: the real Hub.")
+    root: Path = Field(Path("hub"), description="Root of the local Hub (git backend).")
+    repo: str = Field("local/builder-envs", description="Dataset repository, ORG/NAME.")
+    private: bool = Field(False, description="Create the repository private (hf backend).")
+
+
+class BuildConfig(Section):
+    """The whole configuration. Sections mirror the pipeline stages plus the infrastructure they share."""
+
+    run: RunConfig = RunConfig()
+    llm: LLMConfig = LLMConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    mine: MineConfig = MineConfig()
+    plan: PlanConfig = PlanConfig()
+    code: CodeConfig = CodeConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+    scenarios: ScenariosConfig = ScenariosConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    select: SelectConfig = SelectConfig()
+    store: StoreConfig = StoreConfig()
+    hub: HubConfig = HubConfig()
+
+
+# Keys that change how a run executes but not what it produces: a resumed run may change them freely.
+OPERATIONAL_KEYS = frozenset(
+    {
+        "run.runs_root",
+        "llm.url",
+        "llm.device",
+        "llm.tensor_parallel_size",
+        "llm.server_start_timeout_s",
+        "llm.max_concurrency",
+        "llm.request_timeout_s",
+        "llm.max_retries",
+        "store.path",
+        "store.lock_timeout_s",
+        "hub.backend",
+        "hub.root",
+        "hub.repo",
+        "hub.private",
+    }
+)
+
+
+def config_hash(config: BuildConfig) -> str:
+    """A stable 16-hex-digit hash of everything in the config that can change the output."""
+    data = config.model_dump(mode="json")
+    for key in OPERATIONAL_KEYS:
+        section, name = key.split(".")
+        data[section].pop(name, None)
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def load_config(path: Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> BuildConfig:
+    """Load the config from a TOML file (or the defaults) and apply `section.key=value` overrides.
+
+    Override values are parsed as TOML values (`3`, `0.5`, `true`, `[0.1, 0.9]`, `"text"`); anything that is not
+    valid TOML is taken as a plain string, so `--set llm.model=Qwen/Qwen3-8B` needs no quotes.
+
+    Raises:
+        ConfigError: the file is missing or not TOML, an override is malformed, or a value is invalid.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
+    for override in overrides:
+        _apply_override(data, override)
+    try:
+        return BuildConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_describe(error, data)) from None
+
+
+def _apply_override(data: dict[str, Any], override: str) -> None:
+    key, sep, raw = override.partition("=")
+    parts = key.strip().split(".")
+    if not sep or len(parts) != 2 or not all(parts):
+        raise ConfigError(f"--set expects section.key=value, got {override!r}")
+    section, name = parts
+    if section not in BuildConfig.model_fields:
+        allowed = ", ".join(BuildConfig.model_fields)
+        raise ConfigError(f"--set {key}: unknown section {section!r}; sections are: {allowed}")
+    target = data.setdefault(section, {})
+    if not isinstance(target, dict):
+        raise ConfigError(f"--set {key}: {section!r} in the config file is not a table")
+    target[name] = _parse_value(raw.strip())
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _describe(error: ValidationError, data: dict[str, Any]) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"])
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{key}: unknown key; allowed here: {_allowed_keys(item['loc'][:-1])}")
+            continue
+        value = item.get("input")
+        lines.append(f"{key} = {value!r}: {item['msg']}{_allowed_hint(item['loc'])}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def _allowed_keys(section_loc: tuple[Any, ...]) -> str:
+    model: type[BaseModel] = BuildConfig
+    for part in section_loc:
+        annotation = model.model_fields[str(part)].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return "(not a table)"
+        model = annotation
+    return ", ".join(model.model_fields)
+
+
+def _allowed_hint(loc: tuple[Any, ...]) -> str:
+    """The field's own description, so the error says what the value is for."""
+    if len(loc) < 2 or loc[0] not in BuildConfig.model_fields:
+        return ""
+    section = BuildConfig.model_fields[str(loc[0])].annotation
+    field = getattr(section, "model_fields", {}).get(str(loc[1]))
+    return f" ({field.description})" if field is not None and field.description else ""
+
+
+def describe_defaults() -> str:
+    """The default config as commented TOML, for `builder config show` and the README."""
+    lines: list[str] = []
+    defaults = BuildConfig()
+    for section_name, section_field in BuildConfig.model_fields.items():
+        section = getattr(defaults, section_name)
+        lines.append(f"[{section_name}]")
+        for name, field in type(section).model_fields.items():
+            value = getattr(section, name)
+            lines.append(f"# {field.description}")
+            lines.append(f"{name} = {_toml_value(value)}" if value is not None else f"# {name} = (unset)")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Path):
+        return json.dumps(str(value))
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)

@@ -1,0 +1,281 @@
+"""Every record the pipeline produces, as frozen pydantic models, in one place.
+
+A record's `id` is a content hash of the fields that define it (`ID_FIELDS`), so the same work is never done
+twice and every row can be traced: trajectory → scenario → environment → plan → topic → seed task. Free-form
+JSON (states, tool arguments, tool schemas) is typed `JSON` here and stored as a JSON string in Parquet; chat
+messages use the fixed struct that TRL and other trainers read as is. Bump `SCHEMA_VERSION` when a stored
+column changes meaning or shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import cached_property
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from builder import __version__
+
+SCHEMA_VERSION = 1
+
+# Free-form JSON data; stored as a JSON string column. (A marker, so the table layer can tell it from structs.)
+JSON = Annotated[Any, "json"]
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Sampling(Frozen):
+    """Sampling parameters of a model call (None: the server's default)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+
+
+class Provenance(Frozen):
+    """Where a record came from: enough to reproduce it and to trace it to its parents."""
+
+    builder_version: str = __version__
+    config_hash: str
+    model: str | None = None
+    sampling: Sampling | None = None
+    prompt_version: str | None = None
+    parent_ids: tuple[str, ...] = ()
+
+
+class Usage(Frozen):
+    """Model calls and tokens spent producing a record."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Record(Frozen):
+    """Base of every stored record: a content-hash id, a schema version and provenance."""
+
+    KIND: ClassVar[str]
+    ID_FIELDS: ClassVar[tuple[str, ...]]
+
+    schema_version: int = SCHEMA_VERSION
+    provenance: Provenance
+
+    @computed_field  # type: ignore[prop-decorator]
+    @cached_property
+    def id(self) -> str:
+        """`<kind>-<16 hex digits>`: sha256 of the canonical JSON of the defining fields."""
+        content = {name: getattr(self, name) for name in self.ID_FIELDS}
+        canonical = json.dumps(_plain(content), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return f"{self.KIND}-{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- chat messages
+
+
+class FunctionCall(Frozen):
+    name: str
+    arguments: str = Field(description="The arguments as JSON text, exactly as the model produced them.")
+
+
+class ToolCall(Frozen):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Frozen):
+    """One OpenAI-style chat message; the fixed struct of DESIGN §3."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+# ------------------------------------------------------------------------------------------- pipeline records
+
+
+class SeedTask(Record):
+    """A user request from an existing task dataset: the raw material topics are mined from."""
+
+    KIND = "seed"
+    ID_FIELDS = ("source", "request")
+
+    source: str = Field(description="Where the request came from: 'builtin', a file path or a Hub dataset id.")
+    source_ref: str = Field(description="The request's position or id inside its source.")
+    request: str
+    domain: str | None = None
+
+
+class Topic(Record):
+    """An environment worth building, inferred from one or more seed tasks."""
+
+    KIND = "topic"
+    ID_FIELDS = ("name", "description", "domain")
+
+    name: str
+    description: str
+    domain: str
+    entities: tuple[str, ...] = ()
+    judge_reason: str = ""
+    modelability: float = 0.0
+    usefulness: float = 0.0
+
+
+class AttributePlan(Frozen):
+    name: str
+    type: str
+    description: str = ""
+
+
+class EntityPlan(Frozen):
+    name: str
+    key: str = Field(description="The attribute that identifies an instance.")
+    attributes: tuple[AttributePlan, ...]
+
+
+class ParameterPlan(Frozen):
+    name: str
+    type: str
+    description: str = ""
+    required: bool = True
+
+
+class OperationPlan(Frozen):
+    name: str
+    kind: Literal["query", "change"]
+    description: str
+    parameters: tuple[ParameterPlan, ...] = ()
+    returns: str = ""
+    enforces: tuple[str, ...] = Field((), description="Rules this operation enforces.")
+    reads: tuple[str, ...] = Field((), description="Entities it reads.")
+    writes: tuple[str, ...] = Field((), description="Entities it writes (empty for queries).")
+
+
+class EnvPlan(Record):
+    """The design of one environment: its state, rules and tools, before any code exists."""
+
+    KIND = "plan"
+    ID_FIELDS = ("topic_id", "class_name", "description", "entities", "rules", "operations")
+
+    topic_id: str
+    class_name: str
+    description: str
+    entities: tuple[EntityPlan, ...]
+    rules: tuple[str, ...] = ()
+    operations: tuple[OperationPlan, ...]
+
+
+class Environment(Record):
+    """An environment class as code, its tool schemas and its evaluation verdict. Identified by its code."""
+
+    KIND = "env"
+    ID_FIELDS = ("code",)
+
+    plan_id: str
+    name: str = Field(description="snake_case name, e.g. library_loans.")
+    class_name: str
+    description: str
+    domain: str
+    code: str
+    tools: JSON = Field(description="OpenAI function schemas of the tools, in method order.")
+    state_schema: JSON = Field(description="JSON schema of the state attributes.")
+    status: Literal["candidate", "accepted", "rejected"] = "candidate"
+    reason: str | None = Field(None, description="Stable reason code when rejected.")
+    scores: JSON = Field(default_factory=dict, description="Quality scores by name, e.g. dual_agent.")
+    evaluation: JSON = Field(default_factory=dict, description="Evidence behind the verdict.")
+
+
+class Action(Frozen):
+    """One tool call of a gold solution."""
+
+    name: str
+    arguments: JSON
+
+
+class UserScript(Frozen):
+    """What a user simulator needs to play the user of a conversational scenario."""
+
+    profile: str
+    known_up_front: str
+    reveal_when_asked: str
+    ending: str
+
+
+class Scenario(Record):
+    """An initial state, a task and the rule-based checks that grade the final state."""
+
+    KIND = "scenario"
+    ID_FIELDS = ("env_id", "initial_state", "task", "mode")
+
+    env_id: str
+    mode: Literal["non_conversational", "conversational"]
+    initial_state: JSON
+    task: str
+    user: UserScript | None = None
+    checklist: tuple[str, ...]
+    checks: tuple[str, ...] = Field(description="One `check(initial_state, final_state) -> bool` per item.")
+    gold_actions: tuple[Action, ...]
+    difficulty: Literal["easy", "medium", "hard"]
+    verification: JSON = Field(default_factory=dict, description="Evidence that the checks and gold agree.")
+
+
+class Trajectory(Record):
+    """An agent's conversation with one scenario's environment, graded by the scenario's checks."""
+
+    KIND = "traj"
+    ID_FIELDS = ("scenario_id", "model", "sampling", "sample_index")
+
+    scenario_id: str
+    env_id: str
+    mode: Literal["non_conversational", "conversational"]
+    model: str
+    sampling: Sampling
+    sample_index: int
+    messages: tuple[ChatMessage, ...]
+    tools: JSON
+    reward: float
+    solved: bool
+    checks_passed: tuple[bool, ...]
+    end_reason: str
+    usage: Usage = Usage()
+
+
+class Rejection(Record):
+    """An input a stage dropped, with a stable reason code and the raw model output behind the decision."""
+
+    KIND = "reject"
+    ID_FIELDS = ("stage", "subject_id")
+
+    stage: str
+    subject_id: str = Field(description="Id of the input record that was rejected.")
+    reason: str = Field(description="Stable short code, aggregated in stats and the dataset card.")
+    detail: str = ""
+    raw_output: str | None = None
+
+
+RECORD_TYPES: tuple[type[Record], ...] = (
+    SeedTask,
+    Topic,
+    EnvPlan,
+    Environment,
+    Scenario,
+    Trajectory,
+    Rejection,
+)

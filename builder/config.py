@@ -1,6 +1,6 @@
 """The one configuration tree: every knob of every stage, loaded from TOML with `--set key=value` overrides.
 
-Defaults give a small but complete run on a CPU machine. Every field documents itself (`builder config show`
+Defaults give a small but complete run on a CPU machine. Every field documents itself (`python -m builder config`
 prints them); invalid values fail at load time with one error naming the key, the value and what is allowed.
 """
 
@@ -66,7 +66,7 @@ class SandboxConfig(Section):
 
 class MineConfig(Section):
     seeds: str = Field(
-        "builtin", description="Seed tasks: 'builtin' (the packaged corpus), a JSON/JSONL/Parquet file, or a Hub id."
+        "builtin", description="Seed tasks: 'builtin' (the packaged corpus) or a JSON/JSONL/Parquet file."
     )
     request_field: str = Field("request", description="Field of each seed row that holds the user request.")
     max_seeds: int | None = Field(None, ge=1, description="Read at most this many seed tasks (None: all).")
@@ -264,12 +264,11 @@ def _allowed_hint(loc: tuple[Any, ...]) -> str:
     return f" ({field.description})" if field is not None and field.description else ""
 
 
-def describe_defaults() -> str:
-    """The default config as commented TOML, for `builder config show` and the README."""
+def to_toml(config: BuildConfig) -> str:
+    """The config as TOML, each key preceded by its description; `load_config` reads it back unchanged."""
     lines: list[str] = []
-    defaults = BuildConfig()
-    for section_name, section_field in BuildConfig.model_fields.items():
-        section = getattr(defaults, section_name)
+    for section_name in BuildConfig.model_fields:
+        section = getattr(config, section_name)
         lines.append(f"[{section_name}]")
         for name, field in type(section).model_fields.items():
             value = getattr(section, name)

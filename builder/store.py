@@ -1,0 +1,179 @@
+"""The durable store (`envs_store/`): Parquet tables of environments, scenarios and trajectories, plus a manifest.
+
+Writes upsert by id under an inter-process lock and replace files atomically (temporary file + rename), keeping
+the previous generation as `<table>.prev.parquet`, so a crash or a damaged file never loses accepted work.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypeVar
+
+import polars as pl
+from filelock import FileLock, Timeout
+
+from builder.errors import StoreError
+from builder.records import SCHEMA_VERSION, Environment, Record, Scenario, Trajectory
+from builder.tables import from_frame, schema, to_frame, write_parquet_atomic
+
+logger = logging.getLogger(__name__)
+
+R = TypeVar("R", bound=Record)
+
+TABLES: dict[str, type[Record]] = {
+    "environments": Environment,
+    "scenarios": Scenario,
+    "trajectories": Trajectory,
+}
+MANIFEST = "manifest.json"
+
+
+class Store:
+    """The Parquet tables under one folder. Cheap to create; every call takes the lock it needs."""
+
+    def __init__(self, root: Path, lock_timeout_s: float = 60.0) -> None:
+        self.root = Path(root)
+        self.lock_timeout_s = lock_timeout_s
+
+    def path(self, table: str) -> Path:
+        return self.root / f"{table}.parquet"
+
+    def _lock(self) -> FileLock:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return FileLock(self.root / ".lock", timeout=self.lock_timeout_s)
+
+    def _locked(self) -> FileLock:
+        lock = self._lock()
+        try:
+            lock.acquire()
+        except Timeout:
+            raise StoreError(
+                f"{self.root} is locked by another builder process (waited {self.lock_timeout_s:.0f} s); "
+                f"if no other process is running, delete {self.root / '.lock'}"
+            ) from None
+        return lock
+
+    # ------------------------------------------------------------------------------------------------ reading
+
+    def read_frame(self, table: str) -> pl.DataFrame:
+        """The whole table as a frame (empty with the right schema when it does not exist yet)."""
+        record_type = _record_type(table)
+        path = self.path(table)
+        if not path.exists():
+            return pl.DataFrame(schema=schema(record_type))
+        self._check_schema_version()
+        try:
+            frame = pl.read_parquet(path)
+        except Exception as error:  # polars raises several types for truncated or garbled files
+            raise self._damaged(path, error) from None
+        expected = schema(record_type)
+        if frame.schema != expected:
+            raise self._damaged(path, f"columns {dict(frame.schema)} differ from the expected {dict(expected)}")
+        return frame
+
+    def read(self, table: str) -> list[Record]:
+        return from_frame(_record_type(table), self.read_frame(table))
+
+    def get(self, table: str, record_id: str) -> Record | None:
+        frame = self.read_frame(table).filter(pl.col("id") == record_id)
+        return from_frame(_record_type(table), frame)[0] if frame.height else None
+
+    def environments(self, status: str | None = None) -> list[Environment]:
+        """Environments, optionally only those with the given status (candidate, accepted, rejected)."""
+        frame = self.read_frame("environments")
+        if status is not None:
+            frame = frame.filter(pl.col("status") == status)
+        return from_frame(Environment, frame)
+
+    def scenarios(self, env_id: str | None = None) -> list[Scenario]:
+        frame = self.read_frame("scenarios")
+        if env_id is not None:
+            frame = frame.filter(pl.col("env_id") == env_id)
+        return from_frame(Scenario, frame)
+
+    def trajectories(self, env_id: str | None = None, scenario_id: str | None = None) -> list[Trajectory]:
+        frame = self.read_frame("trajectories")
+        if env_id is not None:
+            frame = frame.filter(pl.col("env_id") == env_id)
+        if scenario_id is not None:
+            frame = frame.filter(pl.col("scenario_id") == scenario_id)
+        return from_frame(Trajectory, frame)
+
+    def manifest(self) -> dict:
+        path = self.root / MANIFEST
+        if not path.exists():
+            return {"schema_version": SCHEMA_VERSION, "tables": {}}
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise self._damaged(path, error) from None
+
+    # ------------------------------------------------------------------------------------------------ writing
+
+    def upsert(self, table: str, records: Iterable[Record]) -> int:
+        """Insert or replace records by id; returns the table's row count afterwards.
+
+        The table stays sorted by id, so the same content always gives the same file.
+        """
+        record_type = _record_type(table)
+        records = list(records)
+        for record in records:
+            if not isinstance(record, record_type):
+                raise TypeError(f"table {table} holds {record_type.__name__}, got {type(record).__name__}")
+        with self._locked():
+            existing = self.read_frame(table)
+            incoming = to_frame(record_type, records).unique("id", keep="last", maintain_order=True)
+            merged = pl.concat([existing.join(incoming.select("id"), on="id", how="anti"), incoming])
+            merged = merged.sort("id")
+            path = self.path(table)
+            if path.exists():
+                # A hard link costs nothing and keeps the last good generation if the new one is ever damaged.
+                previous = path.with_name(f"{table}.prev.parquet")
+                previous.unlink(missing_ok=True)
+                os.link(path, previous)
+            write_parquet_atomic(merged, path)
+            self._write_manifest(table, merged.height)
+            logger.info("store: upserted %d into %s (%d rows)", len(records), table, merged.height)
+            return merged.height
+
+    def _write_manifest(self, table: str, rows: int) -> None:
+        manifest = self.manifest()
+        manifest["schema_version"] = SCHEMA_VERSION
+        manifest.setdefault("tables", {})[table] = {
+            "rows": rows,
+            "updated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        tmp = self.root / f".{MANIFEST}.tmp"
+        tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        tmp.replace(self.root / MANIFEST)
+
+    # -------------------------------------------------------------------------------------------- integrity
+
+    def _check_schema_version(self) -> None:
+        version = self.manifest().get("schema_version", SCHEMA_VERSION)
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.root} was written by a newer builder (schema {version}, this one reads {SCHEMA_VERSION}); "
+                "upgrade builder"
+            )
+
+    def _damaged(self, path: Path, cause: object) -> StoreError:
+        previous = path.with_name(path.name.replace(".parquet", ".prev.parquet"))
+        hint = (
+            f"the previous generation is kept at {previous}; move the damaged file aside and copy it back"
+            if previous.exists()
+            else "no previous generation exists; restore it from a backup or a published release"
+        )
+        return StoreError(f"{path} is damaged and was left untouched ({cause}); {hint}")
+
+
+def _record_type(table: str) -> type[Record]:
+    try:
+        return TABLES[table]
+    except KeyError:
+        raise StoreError(f"unknown store table {table!r}; tables are: {', '.join(TABLES)}") from None

@@ -1,0 +1,177 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from builder.config import BuildConfig, load_config
+from builder.errors import RunError
+from builder.records import Topic
+from builder.runner import INPUT_ID, run_stages
+from builder.tables import from_frame
+
+FIXTURE = Path(__file__).parent / "fixtures" / "toy_pipeline.py"
+sys.path.insert(0, str(FIXTURE.parent))
+import toy_pipeline  # noqa: E402
+
+
+def start(run_dir: Path, calls: Path, *args: str, delay: float = 0.0, items: int = 20) -> subprocess.Popen:
+    calls.mkdir(exist_ok=True)
+    env = {**os.environ, "TOY_DELAY": str(delay), "TOY_ITEMS": str(items)}
+    return subprocess.Popen(
+        [sys.executable, str(FIXTURE), str(run_dir), str(calls), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def calls_per_input(calls: Path) -> dict[str, int]:
+    return {path.name: len(path.read_text().splitlines()) for path in calls.iterdir()}
+
+
+def wait_for_journal_lines(path: Path, count: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and len(path.read_text().splitlines()) >= count:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{path} never reached {count} lines")
+
+
+async def test_stages_write_kept_and_rejected_tables(tmp_path, monkeypatch):
+    (tmp_path / "calls").mkdir()
+    monkeypatch.setattr(toy_pipeline, "CALLS", tmp_path / "calls")
+    stats = await run_stages(toy_pipeline.STAGES, BuildConfig(), tmp_path / "run")
+    run = tmp_path / "run"
+    topics = from_frame(Topic, pl.read_parquet(run / "topics.parquet").drop(INPUT_ID))
+    rejected = pl.read_parquet(run / "topics.rejected.parquet")
+    assert len(topics) == 15  # 20 seeds - 4 multiples of 5 - the one that raised
+    assert sorted(rejected["reason"].to_list()) == ["exception:ValueError"] + ["too_round"] * 4
+    raised = rejected.filter(pl.col("reason") == "exception:ValueError").row(0, named=True)
+    assert "seven is unlucky" in raised["detail"]
+    assert rejected.filter(pl.col("reason") == "too_round")["raw_output"].to_list() == ["{raw}"] * 4
+    # Rejected records do not flow into the next stage; kept ones do.
+    summary = pl.read_parquet(run / "summary.parquet")
+    assert summary["description"].to_list() == ["15"]
+    assert stats["topics"].inputs == 20
+    assert stats["topics"].kept == 15
+    assert dict(stats["topics"].dropped) == {"too_round": 4, "exception:ValueError": 1}
+    assert stats["topics"].llm_calls == 20 and stats["topics"].prompt_tokens == 200
+    saved = json.loads((run / "stats.json").read_text())
+    assert saved["stages"]["topics"]["dropped"] == {"exception:ValueError": 1, "too_round": 4}
+    assert saved["stages"]["topics"]["wall_s"] > 0
+    assert (run / "config.json").exists() and json.loads((run / "run.json").read_text())["config_hash"]
+
+
+async def test_rerun_skips_everything_done(tmp_path, monkeypatch):
+    (tmp_path / "calls").mkdir()
+    monkeypatch.setattr(toy_pipeline, "CALLS", tmp_path / "calls")
+    await run_stages(toy_pipeline.STAGES, BuildConfig(), tmp_path / "run")
+    first = (tmp_path / "run" / "topics.parquet").read_bytes()
+    before = calls_per_input(tmp_path / "calls")
+    stats = await run_stages(toy_pipeline.STAGES, BuildConfig(), tmp_path / "run")
+    assert calls_per_input(tmp_path / "calls") == before  # no input processed twice
+    assert stats["topics"].resumed == 20 and stats["topics"].kept == 15
+    assert stats["topics"].llm_calls == 20  # usage accumulates over attempts, nothing new was spent
+    assert (tmp_path / "run" / "topics.parquet").read_bytes() == first  # byte-identical
+
+
+async def test_until_and_only(tmp_path, monkeypatch):
+    (tmp_path / "calls").mkdir()
+    monkeypatch.setattr(toy_pipeline, "CALLS", tmp_path / "calls")
+    run = tmp_path / "run"
+    stats = await run_stages(toy_pipeline.STAGES, BuildConfig(), run, until="topics")
+    assert list(stats) == ["seeds", "topics"]
+    assert not (run / "summary.parquet").exists()
+    stats = await run_stages(toy_pipeline.STAGES, BuildConfig(), run, only="summary")
+    assert (run / "summary.parquet").exists()
+    with pytest.raises(RunError, match="unknown stage 'nope'"):
+        await run_stages(toy_pipeline.STAGES, BuildConfig(), run, until="nope")
+    with pytest.raises(RunError, match="cannot be combined"):
+        await run_stages(toy_pipeline.STAGES, BuildConfig(), run, until="seeds", only="topics")
+
+
+async def test_only_needs_upstream_output(tmp_path):
+    with pytest.raises(RunError, match="stage 'seeds' has no output"):
+        await run_stages(toy_pipeline.STAGES, BuildConfig(), tmp_path / "run", only="topics")
+
+
+async def test_run_folder_is_bound_to_its_config(tmp_path, monkeypatch):
+    (tmp_path / "calls").mkdir()
+    monkeypatch.setattr(toy_pipeline, "CALLS", tmp_path / "calls")
+    run = tmp_path / "run"
+    await run_stages(toy_pipeline.STAGES, BuildConfig(), run, until="seeds")
+    operational = load_config(None, ["llm.url=http://elsewhere/v1", "llm.max_concurrency=3"])
+    await run_stages(toy_pipeline.STAGES, operational, run, until="seeds")  # allowed: same output
+    with pytest.raises(RunError, match="was made with config"):
+        await run_stages(toy_pipeline.STAGES, load_config(None, ["llm.temperature=0.1"]), run)
+
+
+async def test_batch_stage_reruns_only_when_inputs_change(tmp_path, monkeypatch):
+    (tmp_path / "calls").mkdir()
+    monkeypatch.setattr(toy_pipeline, "CALLS", tmp_path / "calls")
+    run = tmp_path / "run"
+    await run_stages(toy_pipeline.STAGES, BuildConfig(), run)
+    stamp = (run / "summary.parquet").stat().st_mtime_ns
+    await run_stages(toy_pipeline.STAGES, BuildConfig(), run, only="summary")
+    assert (run / "summary.parquet").stat().st_mtime_ns == stamp
+    # New upstream output (here: a topic row removed by hand) changes the batch stage's input fingerprint.
+    topics = pl.read_parquet(run / "topics.parquet")
+    topics.head(3).write_parquet(run / "topics.parquet")
+    await run_stages(toy_pipeline.STAGES, BuildConfig(), run, only="summary")
+    assert pl.read_parquet(run / "summary.parquet")["description"].to_list() == ["3"]
+
+
+def test_kill_9_mid_stage_then_resume_loses_only_in_flight_work(tmp_path):
+    run, calls = tmp_path / "run", tmp_path / "calls"
+    process = start(run, calls, delay=0.2)
+    wait_for_journal_lines(run / "topics.journal.jsonl", 6)
+    process.send_signal(signal.SIGKILL)
+    process.wait(10)
+    journal_lines = len((run / "topics.journal.jsonl").read_text().splitlines())
+    assert not (run / "topics.parquet").exists()  # killed before the stage finished
+
+    # A torn last line (the process died mid-write) costs that one input, nothing else.
+    with (run / "topics.journal.jsonl").open("a") as journal:
+        journal.write('{"input": "seed-torn", "kept": [')
+
+    process = start(run, calls, delay=0.0)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    counts = calls_per_input(calls)
+    assert len(counts) == 20
+    redone = [name for name, count in counts.items() if count > 1]
+    # Only inputs that were in flight at the kill (concurrency 2) are processed again.
+    assert len(redone) <= 2, redone
+    assert sum(counts.values()) <= 20 + 2
+    assert journal_lines >= 6
+    topics = pl.read_parquet(run / "topics.parquet")
+    rejected = pl.read_parquet(run / "topics.rejected.parquet")
+    assert topics.height == 15 and rejected.height == 5
+    assert topics["id"].is_unique().all()
+    assert not (run / "topics.journal.jsonl").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_cleanly_and_resumes(tmp_path, signum):
+    run, calls = tmp_path / "run", tmp_path / "calls"
+    process = start(run, calls, delay=0.3)
+    wait_for_journal_lines(run / "topics.journal.jsonl", 3)
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=20)
+    assert process.returncode == 128 + signum, err
+    assert "rerun the same command to resume" in err
+    stats = json.loads((run / "stats.json").read_text())
+    assert stats["stages"]["topics"]["llm_calls"] >= 3  # work done before the stop is accounted
+    process = start(run, calls, delay=0.0)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert pl.read_parquet(run / "topics.parquet").height == 15
+    assert sum(calls_per_input(calls).values()) <= 20 + 2

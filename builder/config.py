@@ -66,10 +66,19 @@ class SandboxConfig(Section):
 
 class MineConfig(Section):
     seeds: str = Field(
-        "builtin", description="Seed tasks: 'builtin' (the packaged corpus) or a JSON/JSONL/Parquet file."
+        "builtin",
+        description="Seed tasks: 'builtin' (the packaged corpus), a JSON/JSONL/Parquet file, or a Hugging Face "
+        "dataset id (read with `datasets`).",
     )
+    seed_format: Literal["auto", "records", "api_bank", "toolace"] = Field(
+        "auto",
+        description="Shape of the seed rows: records (request in `request_field`), api_bank, toolace; auto detects.",
+    )
+    seeds_split: str = Field("train", description="Split to read when `seeds` is a Hugging Face dataset id.")
     request_field: str = Field("request", description="Field of each seed row that holds the user request.")
     max_seeds: int | None = Field(None, ge=1, description="Read at most this many seed tasks (None: all).")
+    min_words: int = Field(4, ge=1, description="Seed requests with fewer words are dropped (too_short).")
+    max_words: int = Field(200, ge=1, description="Seed requests with more words are dropped (too_long).")
     keep_threshold: float = Field(0.6, ge=0, le=1, description="Minimum topic score to keep.")
     dedup_threshold: float = Field(0.9, gt=0, le=1, description="Cosine similarity above which topics merge.")
     max_topics: int = Field(4, ge=1, description="Stop after this many kept topics.")

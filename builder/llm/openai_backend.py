@@ -1,0 +1,141 @@
+"""The production backend: any OpenAI-compatible chat-completions endpoint (vLLM's server in practice).
+
+It only translates: `ChatRequest` to the request body, the response to `Reply`, and errors to the model layer's
+two kinds (retryable `TransientLLMError`, final `LLMRequestError`). Retries, caching and concurrency live in
+`LLMClient`, so they behave the same for every backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+
+from builder.llm.base import TOOL_CHOICE_KEYWORDS, ChatRequest, Reply, TokenUsage
+from builder.llm.errors import LLMRequestError, TransientLLMError
+from builder.records import FunctionCall, ToolCall
+
+
+class OpenAIChatModel:
+    """A `ChatModel` backed by `openai.AsyncOpenAI` pointed at `base_url` (…/v1).
+
+    The SDK's own retries are off (the client retries with jitter instead). One SDK client is kept per event
+    loop, because its connection pool cannot be shared between loops.
+
+    Args:
+        base_url: The endpoint, e.g. `http://127.0.0.1:8000/v1`.
+        model: The model name the server exposes (vLLM's `--served-model-name`).
+        timeout_s: Transport timeout of one request.
+        http_client_factory: Builds the `httpx.AsyncClient` to use (the benchmark adds timing hooks).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str = "local",
+        timeout_s: float = 300.0,
+        http_client_factory: Callable[[], httpx.AsyncClient] | None = None,
+    ) -> None:
+        self.base_url = base_url
+        self.model = model
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.http_client_factory = http_client_factory
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sdk: openai.AsyncOpenAI | None = None
+
+    async def chat(self, request: ChatRequest) -> Reply:
+        """Send one request.
+
+        Raises:
+            TransientLLMError: connection error, timeout or HTTP 5xx.
+            LLMRequestError: any other HTTP error status (4xx), with the server's message.
+        """
+        try:
+            completion = await self._client().chat.completions.create(**request_body(request, self.model))
+        except (openai.APITimeoutError, openai.APIConnectionError) as error:
+            raise TransientLLMError(f"{type(error).__name__}: {error} ({self.base_url})") from None
+        except openai.APIStatusError as error:
+            message = f"HTTP {error.status_code} from {self.base_url}: {_server_message(error)}"
+            if error.status_code >= 500:
+                raise TransientLLMError(message) from None
+            raise LLMRequestError(message, status_code=error.status_code) from None
+        if not completion.choices:
+            raise TransientLLMError(f"the server at {self.base_url} returned no choices")
+        return reply_from_completion(completion)
+
+    def _client(self) -> openai.AsyncOpenAI:
+        loop = asyncio.get_running_loop()
+        if self._sdk is None or self._loop is not loop:
+            http_client = self.http_client_factory() if self.http_client_factory else None
+            self._sdk = openai.AsyncOpenAI(
+                base_url=self.base_url,
+                api_key=self.api_key,
+                timeout=self.timeout_s,
+                max_retries=0,
+                http_client=http_client,
+            )
+            self._loop = loop
+        return self._sdk
+
+
+def request_body(request: ChatRequest, model: str) -> dict[str, Any]:
+    """The keyword arguments of `chat.completions.create` for `request`."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [message.model_dump(mode="json", exclude_none=True) for message in request.messages],
+    }
+    body.update(request.sampling.model_dump(exclude_none=True))
+    if request.tools:
+        body["tools"] = list(request.tools)
+    if request.tool_choice is not None:
+        choice = request.tool_choice
+        named = {"type": "function", "function": {"name": choice}}
+        body["tool_choice"] = choice if choice in TOOL_CHOICE_KEYWORDS else named
+    if request.parallel_tool_calls is not None:
+        body["parallel_tool_calls"] = request.parallel_tool_calls
+    if request.response_format is not None:
+        body["response_format"] = request.response_format
+    if request.extra:
+        body["extra_body"] = dict(request.extra)
+    return body
+
+
+def reply_from_completion(completion: Any) -> Reply:
+    """A `Reply` from the SDK's completion object. Reasoning from vLLM's `reasoning` (or older
+    `reasoning_content`) field is kept apart; `<think>` blocks are split off later by the client."""
+    choice = completion.choices[0]
+    message = choice.message
+    extra = message.model_extra or {}
+    reasoning = extra.get("reasoning") or extra.get("reasoning_content")
+    calls = tuple(
+        ToolCall(id=call.id, function=FunctionCall(name=call.function.name, arguments=call.function.arguments or ""))
+        for call in (message.tool_calls or ())
+        if getattr(call, "function", None) is not None
+    )
+    usage = completion.usage
+    return Reply(
+        content=message.content,
+        reasoning=reasoning if isinstance(reasoning, str) else None,
+        tool_calls=calls,
+        finish_reason=choice.finish_reason or "stop",
+        usage=TokenUsage(
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+        ),
+    )
+
+
+def _server_message(error: openai.APIStatusError) -> str:
+    body = error.body
+    if isinstance(body, dict):
+        detail = body.get("message") or body.get("error") or body
+        if isinstance(detail, dict):
+            detail = detail.get("message", detail)
+        return str(detail)[:500]
+    return str(error)[:500]

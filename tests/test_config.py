@@ -113,3 +113,8 @@ def test_to_toml_round_trips(tmp_path: Path):
     path = tmp_path / "out.toml"
     path.write_text(to_toml(config))
     assert load_config(path) == config
+
+
+def test_none_unsets_optional_keys_only():
+    assert load_config(None, ["mine.max_seeds=none"]).mine.max_seeds is None
+    assert load_config(None, ["llm.served_model_name=none"]).llm.served_model_name == "none"  # a string key

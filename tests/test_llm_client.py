@@ -256,7 +256,11 @@ def test_usage_totals_and_gpu_hours() -> None:
     totals.add(CallRecord(model="m", key="k", prompt_tokens=10, completion_tokens=20, cached=True))
     totals.add(CallRecord(model="m", key="k", ok=False, error="x"))
     assert totals.as_dict() == {
-        "calls": 3, "cached_calls": 1, "failed_calls": 1, "prompt_tokens": 10, "completion_tokens": 20,
+        "calls": 3,
+        "cached_calls": 1,
+        "failed_calls": 1,
+        "prompt_tokens": 10,
+        "completion_tokens": 20,
         "latency_s": 1.0,
     }
     assert estimate_gpu_hours(3_600_000, 1000.0) == 1.0

@@ -25,7 +25,7 @@ def split(results):
 
 
 async def test_builtin_corpus_is_broad(tmp_path):
-    kept, rejected = split(await collect([], context(tmp_path)))
+    kept, rejected = split(await collect([], context(tmp_path, "mine.max_seeds=none")))
     assert len(kept) >= 80
     domains = Counter(seed.domain for seed in kept)
     assert len(domains) >= 15
@@ -85,7 +85,7 @@ def test_api_bank_parser_on_real_data():
 
 
 async def test_api_bank_through_collect(tmp_path):
-    kept, rejected = split(await collect([], context(tmp_path, f"mine.seeds={API_BANK}")))
+    kept, rejected = split(await collect([], context(tmp_path, f"mine.seeds={API_BANK}", "mine.max_seeds=none")))
     assert 250 < len(kept) < 400
     assert Counter(r.reason for r in rejected)["duplicate"] > 800  # lv3 repeats each utterance per API step
 

@@ -37,7 +37,7 @@ _STOP_GRACE_S = 20.0
 
 
 def detect_device() -> str:
-    """"gpu" if `nvidia-smi` lists a GPU, else "cpu" (no torch import: it takes seconds)."""
+    """ "gpu" if `nvidia-smi` lists a GPU, else "cpu" (no torch import: it takes seconds)."""
     if shutil.which("nvidia-smi") is None:
         return "cpu"
     try:
@@ -203,9 +203,7 @@ class VLLMServer:
         self.start()
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
 

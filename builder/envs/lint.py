@@ -8,6 +8,7 @@ add new ones, never rename old ones.
 from __future__ import annotations
 
 import ast
+import re
 import unicodedata
 
 from pydantic import BaseModel, ConfigDict
@@ -53,6 +54,7 @@ MODULE_ATTRIBUTES = frozenset(
     "sys os builtins bltns subprocess socket importlib ctypes posix nt io shutil pathlib signal "
     "_os _sys _thread threading multiprocessing pickle marshal gc inspect types code codeop runpy".split()
 )
+DUNDER = re.compile(r"__\w+__")
 RESERVED_TOOLS = frozenset({"reset", "get_reward", "close", "step"})
 
 
@@ -153,11 +155,10 @@ def _expression_problems(tree: ast.Module) -> list[Problem]:
             problems.append(Problem(code="forbidden_name", line=line, message=f"do not use {node.id}()"))
         elif isinstance(node, ast.Attribute):
             problems += _attribute_problems(node)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "__" in node.value:
-            if any(part.strip("_") and f"__{part.strip('_')}__" in node.value for part in node.value.split()):
-                problems.append(
-                    Problem(code="dunder_access", line=line, message="strings must not name dunder attributes")
-                )
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and DUNDER.search(node.value):
+            problems.append(
+                Problem(code="dunder_access", line=line, message="strings must not name dunder attributes")
+            )
         elif isinstance(node, ast.MatchClass) and node.kwd_attrs:
             problems.append(
                 Problem(code="match_class_pattern", line=line, message="use plain values in case patterns")

@@ -148,8 +148,11 @@ class Sandbox:
     end (or use it as a context manager). A crashed zygote is replaced on the next `open_worker()`.
     """
 
-    def __init__(self, config: SandboxConfig | None = None) -> None:
+    def __init__(self, config: SandboxConfig | None = None, preload: tuple[str, ...] = ()) -> None:
         self.config = config or SandboxConfig()
+        # Extra modules the zygote imports before lockdown. The hostile test suite preloads pickle, subprocess,
+        # socket, ... so attacks reach real system calls instead of failing at import.
+        self.preload = preload
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
@@ -179,6 +182,7 @@ class Sandbox:
             "max_frame_bytes": self.config.max_frame_bytes,
             "max_result_bytes": self.config.max_result_bytes,
             "want_netns": self.config.network_namespace,
+            "preload": list(self.preload),
         }
         command = [sys.executable, "-s", "-B", str(ZYGOTE_SCRIPT), json.dumps(settings), str(child_end.fileno())]
         self._process = subprocess.Popen(

@@ -28,8 +28,8 @@ class SoftTimeout(BaseException):
     """Raised by SIGALRM inside a call; a BaseException so `except Exception` in generated code misses it."""
 
 
-def _preload() -> None:
-    for name in allowed.ALLOWED_MODULES:
+def _preload(extra: list[str]) -> None:
+    for name in list(allowed.ALLOWED_MODULES) + extra:
         importlib.import_module(name)
     # Warm lazy paths that would otherwise open files after the lockdown (notes/sandbox.md §4).
     import datetime
@@ -229,7 +229,7 @@ def main() -> None:
     control = socket.socket(fileno=int(sys.argv[2]))
     harden.set_parent_death_signal(signal.SIGKILL)
     started = time.perf_counter()
-    _preload()
+    _preload(config.get("preload", []))
     if config.get("want_netns") and os.getuid() == 0:
         try:
             harden.unshare_network()

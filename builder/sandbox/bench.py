@@ -76,9 +76,12 @@ def run_benchmark(calls: int = 5000, episodes: int = 60, config: SandboxConfig |
     }
 
 
-def bench_sandbox(as_json: bool = False, config: SandboxConfig | None = None, out: TextIO = sys.stdout) -> int:
+def bench_sandbox(
+    as_json: bool = False, config: SandboxConfig | None = None, out: TextIO = sys.stdout,
+    calls: int = 5000, episodes: int = 60,
+) -> int:  # fmt: skip
     """Print the benchmark (one JSON object with --json); exit 0."""
-    figures = run_benchmark(config=config)
+    figures = run_benchmark(calls, episodes, config)
     if as_json:
         print(json.dumps(figures), file=out)
         return 0

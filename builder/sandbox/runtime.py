@@ -121,7 +121,21 @@ def _write_with_deadline(fd: int, data: bytes, deadline: float) -> None:
             raise WorkerFailure("crashed", "the sandbox worker died") from None
 
 
+# A reply to a small call usually arrives within tens of microseconds; spinning that long on a non-blocking
+# read saves the sleep/wake-up round trip of poll() (the dominant cost of a call on an idle machine).
+SPIN_S = 50e-6
+
+
 def _read_some(fd: int, deadline: float) -> bytes:
+    spin_until = time.perf_counter() + SPIN_S
+    while time.perf_counter() < spin_until:
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            raise WorkerFailure("crashed", "the sandbox worker died")
+        return chunk
     while True:
         _wait(fd, select.POLLIN, deadline)
         try:
@@ -231,6 +245,7 @@ class Sandbox:
                     os.close(req_r)
                     os.close(resp_w)
         os.set_blocking(req_w, False)
+        os.set_blocking(resp_r, False)
         worker = Worker(pid, req_w, resp_r, self.config)
         ready = worker.receive(time.monotonic() + 10)
         worker.layers = {k: str(v) for k, v in ready.get("layers", {}).items() if not k.startswith("-")}

@@ -29,8 +29,8 @@ def sandbox():
 
 def raw_session(sandbox, body, state=None):
     """A session on a one-tool class `T.go()` that skips the lint (to exercise the runtime itself)."""
-    source = f"import time, itertools, collections\nclass T:\n    def __init__(self):\n        self.n = 0\n" \
-             f"    def go(self) -> object:\n" + "".join(f"        {line}\n" for line in body.splitlines())
+    source = "import time, itertools, collections\nclass T:\n    def __init__(self):\n        self.n = 0\n" \
+             "    def go(self) -> object:\n" + "".join(f"        {line}\n" for line in body.splitlines())
     tool = {"type": "function", "function": {"name": "go", "description": "",
             "parameters": {"type": "object", "properties": {}, "required": []}}}  # fmt: skip
     return Session(sandbox, source, state, interface=EnvInterface(class_name="T", tools=(tool,)))
@@ -182,7 +182,8 @@ def test_env_replay_command(tmp_path):
     ]))  # fmt: skip
     (tmp_path / "checks.py").write_text(
         "def check_moved(initial_state, final_state):\n"
-        "    return final_state['accounts']['acc-2']['balance'] == initial_state['accounts']['acc-2']['balance'] + 250\n"
+        "    before, after = initial_state['accounts']['acc-2'], final_state['accounts']['acc-2']\n"
+        "    return after['balance'] == before['balance'] + 250\n"
         "def check_frozen(initial_state, final_state):\n    return final_state['accounts']['acc-1']['frozen']\n"
     )
     out = io.StringIO()
@@ -203,7 +204,7 @@ SCENARIO = {
     "initial_state": json.dumps({"accounts": {
         "acc-1": {"owner": "c1", "balance": 100, "kind": "checking", "frozen": False},
         "acc-2": {"owner": "c1", "balance": 0, "kind": "savings", "frozen": False}}}),
-    "checks": ["def check(initial_state, final_state):\n    return final_state['accounts']['acc-2']['balance'] == 100\n",
+    "checks": ["def check(initial_state, final_state):\n    return final_state['accounts']['acc-2']['balance'] == 100",
                "def check(initial_state, final_state):\n    return len(final_state['transfers']) == 1\n"],
 }  # fmt: skip
 

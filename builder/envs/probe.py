@@ -48,7 +48,7 @@ def probe_environment(
         for r in first
         if not r.ok
     ]
-    differing = [a.name for a, b in zip(first, second) if a != b]
+    differing = [a.name for a, b in zip(first, second, strict=True) if a != b]
     if differing or first_state != second_state:
         what = f"tools {', '.join(differing)}" if differing else "the final state"
         problems.append(Problem(code="nondeterministic", line=0, message=f"{what} differed between two runs"))

@@ -142,8 +142,8 @@ def _parameters_with_defaults(method: ast.FunctionDef | ast.AsyncFunctionDef) ->
     args = method.args
     positional = args.posonlyargs + args.args
     defaults: list[ast.expr | None] = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
-    pairs = list(zip(positional, defaults))[1:]
-    return pairs + list(zip(args.kwonlyargs, args.kw_defaults))
+    pairs = list(zip(positional, defaults, strict=True))[1:]
+    return pairs + list(zip(args.kwonlyargs, args.kw_defaults, strict=True))
 
 
 def annotation_schema(node: ast.expr) -> dict[str, Any]:

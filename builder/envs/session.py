@@ -176,7 +176,8 @@ def diff_states(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]
                 changes += diff_states(before[key], after[key], child)
         return changes
     if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
-        return [c for i, (b, a) in enumerate(zip(before, after)) for c in diff_states(b, a, f"{path}[{i}]")]
+        pairs = enumerate(zip(before, after, strict=True))
+        return [change for i, (b, a) in pairs for change in diff_states(b, a, f"{path}[{i}]")]
     if type(before) is not type(after) or before != after:
         return [{"path": path, "before": before, "after": after}]
     return []

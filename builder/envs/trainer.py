@@ -13,7 +13,7 @@ import hashlib
 import inspect
 import json
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from builder.envs.checks import Verdict, checks_from_scenario, run_checks
 from builder.envs.schema import inspect_source
@@ -27,7 +27,8 @@ def _field(row: Mapping[str, Any], *names: str) -> Any:
     for name in names:
         if name in row and row[name] is not None:
             value = row[name]
-            return json.loads(value) if isinstance(value, str) and name.endswith(("_json", "state", "checks")) else value
+            is_json_text = isinstance(value, str) and name.endswith(("_json", "state", "checks"))
+            return json.loads(value) if is_json_text else value
     raise BuilderError(f"row has none of the columns {', '.join(names)}")
 
 
@@ -214,12 +215,12 @@ def python_type(schema: Mapping[str, Any]) -> Any:
         present = [option for option in options if option is not type(None)]
         if len(present) != 1:
             return Any
-        return Optional[present[0]] if len(options) > 1 else present[0]  # noqa: UP007
+        return present[0] | None if len(options) > 1 else present[0]
     kind = schema.get("type")
     if isinstance(kind, list):
         rest = [k for k in kind if k != "null"]
         inner = python_type({**schema, "type": rest[0]}) if rest else type(None)
-        return Optional[inner] if "null" in kind else inner  # noqa: UP007
+        return inner | None if "null" in kind else inner
     if kind == "array":
         return list[python_type(schema["items"])] if "items" in schema else list
     if kind == "object":

@@ -70,7 +70,7 @@ def _array_error(schema: dict[str, Any], value: list[Any], path: str) -> str | N
     if prefix is not None:
         if len(value) != len(prefix):
             return f"{path}: expected {len(prefix)} items, got {len(value)}"
-        pairs = list(zip(prefix, value))
+        pairs = list(zip(prefix, value, strict=True))
     else:
         pairs = [(schema["items"], item) for item in value] if "items" in schema else []
     for index, (item_schema, item) in enumerate(pairs):

@@ -192,7 +192,7 @@ def _run_worker(config: dict[str, Any], req_fd: int, resp_fd: int) -> None:
     try:
         harden.set_parent_death_signal(signal.SIGKILL)
         keep = sorted({0, 1, 2, req_fd, resp_fd})
-        for low, high in zip(keep, keep[1:] + [65536]):
+        for low, high in zip(keep, keep[1:] + [65536], strict=True):
             os.closerange(low + 1, high)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGALRM, _on_alarm)

@@ -77,7 +77,62 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_options(config)
     config.set_defaults(handler=cmd_config)
+    _add_sandbox_commands(commands)
     return parser
+
+
+def _add_sandbox_commands(commands: argparse._SubParsersAction) -> None:
+    env = commands.add_parser("env", help="inspect and run one environment file in the sandbox")
+    env_commands = env.add_subparsers(dest="env_command", metavar="ACTION", required=True)
+    check = env_commands.add_parser("check", help="lint, load and call every tool; exit 1 on problems")
+    check.add_argument("path", type=Path, metavar="ENV.py")
+    check.add_argument("--state", type=Path, metavar="STATE.json", help="initial state (default: __init__'s)")
+    check.add_argument("--json", action="store_true", help="print one JSON report")
+    _add_config_options(check)
+    check.set_defaults(handler=cmd_env_check)
+    schema = env_commands.add_parser("schema", help="print the tools as an OpenAI `tools` JSON list")
+    schema.add_argument("path", type=Path, metavar="ENV.py")
+    schema.set_defaults(handler=cmd_env_schema)
+    replay = env_commands.add_parser("replay", help="run a list of calls from a state, then optional checks")
+    replay.add_argument("path", type=Path, metavar="ENV.py")
+    replay.add_argument("--state", type=Path, required=True, metavar="STATE.json")
+    replay.add_argument("--calls", type=Path, required=True, metavar="CALLS.json")
+    replay.add_argument("--checks", type=Path, metavar="CHECKS.py", help="file of check_*(initial, final) functions")
+    replay.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_config_options(replay)
+    replay.set_defaults(handler=cmd_env_replay)
+    bench = commands.add_parser("bench", help="measure the runtime on this machine")
+    bench_commands = bench.add_subparsers(dest="bench_command", metavar="WHAT", required=True)
+    sandbox = bench_commands.add_parser("sandbox", help="tool-call, episode-start and check costs")
+    sandbox.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_config_options(sandbox)
+    sandbox.set_defaults(handler=cmd_bench_sandbox)
+
+
+def cmd_env_check(args: argparse.Namespace) -> int:
+    from builder.envs.commands import env_check
+
+    sandbox_config = load_config(args.config, args.overrides).sandbox
+    return env_check(args.path, args.state, args.json, sandbox_config)
+
+
+def cmd_env_schema(args: argparse.Namespace) -> int:
+    from builder.envs.commands import env_schema
+
+    return env_schema(args.path)
+
+
+def cmd_env_replay(args: argparse.Namespace) -> int:
+    from builder.envs.commands import env_replay
+
+    sandbox_config = load_config(args.config, args.overrides).sandbox
+    return env_replay(args.path, args.state, args.calls, args.checks, args.json, sandbox_config)
+
+
+def cmd_bench_sandbox(args: argparse.Namespace) -> int:
+    from builder.sandbox.bench import bench_sandbox
+
+    return bench_sandbox(args.json, load_config(args.config, args.overrides).sandbox)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -75,11 +75,30 @@ class LLMConfig(Section):
 
 class SandboxConfig(Section):
     required_layers: tuple[str, ...] = Field(
-        ("rlimits", "clean_env", "no_network"),
-        description="Isolation layers that must be available, or generated code is refused.",
+        ("clean_env", "deadline_kill", "rlimits", "seccomp", "no_network"),
+        description="Isolation layers that must be available, or generated code is refused. Known layers: "
+        "clean_env, deadline_kill, rlimits, seccomp, no_network, landlock, uid_drop, netns (the default is "
+        "the set that works in any Linux x86_64 container, root or not).",
     )
-    call_timeout_s: float = Field(5.0, gt=0, description="Deadline for one tool call or check, then kill.")
+    call_timeout_s: float = Field(
+        5.0, gt=0, description="Soft deadline for one tool call, load or check inside the worker (a tool error)."
+    )
+    kill_grace_s: float = Field(
+        1.0, gt=0, description="Extra time after the soft deadline before the parent SIGKILLs the worker."
+    )
     memory_mb: int = Field(512, ge=64, description="Address-space limit of a sandbox process.")
+    cpu_s: int = Field(
+        600, ge=1, description="CPU seconds a sandbox process may use over its whole life (one episode)."
+    )
+    max_result_bytes: int = Field(
+        1 << 20, ge=1024, description="Largest JSON text a tool result or a state snapshot may have."
+    )
+    max_frame_bytes: int = Field(
+        4 << 20, ge=4096, description="Largest frame either side accepts; a bigger one kills the worker."
+    )
+    network_namespace: bool = Field(
+        True, description="Also move the zygote into an empty network namespace when the machine allows it."
+    )
 
 
 class MineConfig(Section):

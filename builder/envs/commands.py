@@ -1,0 +1,116 @@
+"""The `builder env` subcommands as plain functions: parsed values in, printed report out, exit code back."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from builder.config import SandboxConfig
+from builder.envs.checks import checks_from_file, run_checks
+from builder.envs.lint import ContractError
+from builder.envs.probe import probe_environment
+from builder.envs.schema import inspect_source, tools_json
+from builder.envs.session import Session, SessionError
+from builder.errors import BuilderError
+from builder.sandbox.runtime import Sandbox
+
+
+def env_schema(path: Path, out: TextIO = sys.stdout) -> int:
+    """Print the environment's tools as an OpenAI `tools` JSON list. Exit 1 if it violates the contract."""
+    try:
+        interface = inspect_source(_read(path))
+    except ContractError as error:
+        print(str(error), file=sys.stderr)
+        return 1
+    print(tools_json(interface), file=out)
+    return 0
+
+
+def env_check(
+    path: Path, state_path: Path | None = None, as_json: bool = False,
+    config: SandboxConfig | None = None, out: TextIO = sys.stdout,
+) -> int:  # fmt: skip
+    """Lint, load, call every tool twice from the same state; exit 1 if any problem was found."""
+    source = _read(path)
+    state = _read_json(state_path) if state_path else None
+    with Sandbox(config) as sandbox:
+        problems, results = probe_environment(sandbox, source, state)
+    if as_json:
+        report = {
+            "ok": not problems,
+            "problems": [p.model_dump() for p in problems],
+            "calls": [r.model_dump() for r in results],
+        }
+        print(json.dumps(report, indent=2, ensure_ascii=False), file=out)
+    else:
+        for result in results:
+            print(f"{result.name}: {_short(result.content())}", file=out)
+        for problem in problems:
+            print(str(problem), file=out)
+        print(f"{path}: {'ok' if not problems else f'{len(problems)} problem(s)'}", file=out)
+    return 1 if problems else 0
+
+
+def env_replay(
+    path: Path, state_path: Path, calls_path: Path, checks_path: Path | None = None, as_json: bool = False,
+    config: SandboxConfig | None = None, out: TextIO = sys.stdout,
+) -> int:  # fmt: skip
+    """Run CALLS in one session from STATE, then optional checks; exit 1 if the environment cannot load."""
+    source, state, calls = _read(path), _read_json(state_path), _read_json(calls_path)
+    if not isinstance(calls, list) or not all(isinstance(c, dict) and "name" in c for c in calls):
+        raise BuilderError(f"{calls_path}: expected a JSON list of {{'name': ..., 'arguments': {{...}}}}")
+    report: dict[str, Any] = {"results": []}
+    with Sandbox(config) as sandbox:
+        try:
+            with Session(sandbox, source, state) as session:
+                initial = session.snapshot()
+                for call in calls:
+                    result = session.call(call["name"], call.get("arguments", {}))
+                    entry = {"name": result.name}
+                    entry.update({"result": result.result} if result.ok else {"error": result.error})
+                    report["results"].append(entry)
+                report["final_state"] = session.snapshot()
+        except (ContractError, SessionError) as error:
+            print(str(error), file=sys.stderr)
+            return 1
+        if checks_path is not None:
+            verdict = run_checks(sandbox, checks_from_file(_read(checks_path)), initial, report["final_state"])
+            report["checks"] = [c.model_dump() for c in verdict.checks]
+            report["reward"] = verdict.reward
+    _print_replay(report, as_json, out)
+    return 0
+
+
+def _print_replay(report: dict[str, Any], as_json: bool, out: TextIO) -> None:
+    if as_json:
+        print(json.dumps(report, indent=2, ensure_ascii=False), file=out)
+        return
+    for entry in report["results"]:
+        outcome = json.dumps(entry["result"], ensure_ascii=False) if "result" in entry else f"Error: {entry['error']}"
+        print(f"{entry['name']} -> {_short(outcome)}", file=out)
+    print("final state:", json.dumps(report["final_state"], indent=2, ensure_ascii=False), file=out)
+    for check in report.get("checks", []):
+        verdict = "pass" if check["passed"] else f"FAIL{': ' + check['error'] if check['error'] else ''}"
+        print(f"{check['name']}: {verdict}", file=out)
+    if "reward" in report:
+        print(f"reward: {report['reward']:.3f}", file=out)
+
+
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _read(path: Path) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as error:
+        raise BuilderError(f"cannot read {path}: {error.strerror}") from None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(_read(path))
+    except json.JSONDecodeError as error:
+        raise BuilderError(f"{path} is not valid JSON: {error}") from None

@@ -1,0 +1,98 @@
+"""`builder env check`: lint, load, then call every tool with schema-valid arguments and report misbehaviour.
+
+Runtime problems use the same `Problem` record as the lint (line 0), with these stable codes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from builder.envs.lint import ContractError, Problem
+from builder.envs.schema import EnvInterface, inspect_source
+from builder.envs.session import Session, SessionError, ToolResult
+from builder.sandbox.runtime import Sandbox
+
+RUNTIME_CODES: dict[str, str] = {
+    "load_failed": "the module or the class's __init__ fails, or the state cannot be applied",
+    "state_not_json": "the state holds something that is not JSON",
+    "tool_raised": "a tool raised instead of returning an error value",
+    "tool_timeout": "a tool did not return before the deadline",
+    "tool_crashed": "a tool killed its worker or exhausted its memory",
+    "result_not_json": "a tool returned something that is not JSON, or too large",
+    "signature_mismatch": "the worker refused arguments that fit the derived schema",
+    "nondeterministic": "the same calls from the same state gave different results or states",
+}
+_KIND_TO_CODE = {
+    "raised": "tool_raised", "timeout": "tool_timeout", "crashed": "tool_crashed", "memory": "tool_crashed",
+    "protocol": "tool_crashed", "not_json": "result_not_json", "too_large": "result_not_json",
+    "bad_arguments": "signature_mismatch",
+}  # fmt: skip
+
+
+def probe_environment(
+    sandbox: Sandbox, source: str, state: dict[str, Any] | None = None
+) -> tuple[list[Problem], list[ToolResult]]:
+    """All problems found (empty: the environment behaves) and the results of the first pass of calls."""
+    try:
+        interface = inspect_source(source)
+    except ContractError as error:
+        return error.problems, []
+    try:
+        first, first_state = _run_pass(sandbox, source, interface, state)
+        second, second_state = _run_pass(sandbox, source, interface, state)
+    except SessionError as error:
+        code = "state_not_json" if error.kind in ("state_not_json", "not_json") else "load_failed"
+        return [Problem(code=code, line=0, message=str(error))], []
+    problems = [
+        Problem(code=_KIND_TO_CODE.get(r.error_kind or "", "tool_raised"), line=0, message=f"{r.name}: {r.error}")
+        for r in first
+        if not r.ok
+    ]
+    differing = [a.name for a, b in zip(first, second, strict=True) if a != b]
+    if differing or first_state != second_state:
+        what = f"tools {', '.join(differing)}" if differing else "the final state"
+        problems.append(Problem(code="nondeterministic", line=0, message=f"{what} differed between two runs"))
+    return problems, first
+
+
+def _run_pass(
+    sandbox: Sandbox, source: str, interface: EnvInterface, state: dict[str, Any] | None
+) -> tuple[list[ToolResult], dict[str, Any]]:
+    with Session(sandbox, source, state, interface=interface) as session:
+        start = session.snapshot()
+        results = [
+            session.call(tool["function"]["name"], generate_arguments(tool["function"]["parameters"], start))
+            for tool in interface.tools
+        ]
+        return results, session.snapshot()
+
+
+def generate_arguments(parameters: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+    """Schema-valid arguments for the required parameters, preferring ids that exist in `state`."""
+    properties = parameters.get("properties", {})
+    return {name: _value(properties[name], name, state) for name in parameters.get("required", [])}
+
+
+def _value(schema: dict[str, Any], name: str, state: dict[str, Any]) -> Any:
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "anyOf" in schema:
+        options = [s for s in schema["anyOf"] if s.get("type") != "null"] or schema["anyOf"]
+        return _value(options[0], name, state)
+    kind = schema.get("type", "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "array":
+        return [_value(schema["items"], name, state)] if "items" in schema else []
+    simple = {"integer": 1, "number": 1.0, "boolean": True, "object": {}, "null": None}
+    return simple[kind] if kind in simple else _known_id(name, state)
+
+
+def _known_id(name: str, state: dict[str, Any]) -> str:
+    """The first key of the state collection the parameter name points to (account_id -> accounts)."""
+    stem = name.removesuffix("_id").removesuffix("_ids")
+    collections = [(k, v) for k, v in state.items() if isinstance(v, dict) and v]
+    for key, value in collections:
+        if stem and (key.startswith(stem) or stem in key):
+            return str(sorted(value)[0])
+    return str(sorted(collections[0][1])[0]) if collections else "x"

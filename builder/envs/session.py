@@ -1,0 +1,183 @@
+"""Live environment sessions: one sandboxed worker per session, tools called by name with JSON arguments.
+
+Every failure of a call comes back as a `ToolResult` with `ok=False`, a stable `error_kind` and a message a
+model can read, the way a real API answers: unknown tool, bad arguments, the tool raised, timed out, ran out of
+memory, returned something that is not JSON or too large, or killed its worker. After a worker dies the session
+forks a fresh one and replays the calls made so far, so the next call sees the same state.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from builder.envs.schema import EnvInterface, inspect_source
+from builder.envs.validate import argument_error
+from builder.errors import BuilderError
+from builder.sandbox.runtime import Sandbox, Worker, WorkerFailure
+
+# Error kinds that leave the environment's state as it was before the call could have changed it.
+_REPLAYABLE = {"raised", "bad_arguments", "memory", "not_json", "too_large"}
+
+
+class SessionError(BuilderError):
+    """The environment could not be loaded or its state cannot be read; the message says why."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class ToolResult(BaseModel):
+    """The outcome of one tool call: a JSON `result`, or an `error` with a stable `error_kind`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    ok: bool
+    result: Any = None
+    error: str | None = None
+    error_kind: str | None = None
+
+    def content(self) -> str:
+        """The text of the tool message an agent sees: the result as JSON, or `Error: <message>`."""
+        return json.dumps(self.result, ensure_ascii=False) if self.ok else f"Error: {self.error}"
+
+
+class Session:
+    """One live environment instance in a sandbox worker.
+
+    Args:
+        sandbox: the runtime that forks workers.
+        source: the environment module's code (linted and inspected here, never run in this process).
+        state: the initial state: attribute name -> JSON value, set on an instance created with no arguments.
+        interface: the result of `inspect_source(source)` when the caller already has it.
+
+    Raises:
+        ContractError: the source violates the contract.
+        SessionError: the module fails to load (kind `load_failed`, `timeout`, `crashed`, ...).
+    """
+
+    def __init__(
+        self, sandbox: Sandbox, source: str, state: dict[str, Any] | None = None,
+        interface: EnvInterface | None = None,
+    ) -> None:  # fmt: skip
+        self.sandbox = sandbox
+        self.source = source
+        self.interface = interface or inspect_source(source)
+        self.initial_state = dict(state or {})
+        self._schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in self.interface.tools}
+        self._history: list[tuple[str, dict[str, Any]]] = []
+        self._worker: Worker | None = None
+        self._worker = self._start()
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The OpenAI `tools` list of this environment."""
+        return list(self.interface.tools)
+
+    def _start(self) -> Worker:
+        worker = self.sandbox.open_worker()
+        load = {
+            "op": "load", "code": self.source, "class_name": self.interface.class_name,
+            "state": self.initial_state, "tools": list(self._schemas),
+        }  # fmt: skip
+        try:
+            reply = worker.request(load)
+        except WorkerFailure as failure:
+            raise SessionError(failure.kind, f"loading the environment failed: {failure}") from None
+        if not reply.get("ok"):
+            worker.kill()
+            raise SessionError("load_failed", f"loading the environment failed: {reply.get('error')}")
+        return worker
+
+    def call(self, name: str, arguments: dict[str, Any] | str | None = None) -> ToolResult:
+        """Call tool `name` with a JSON object (a dict or its JSON text). Never raises for tool failures."""
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError as error:
+                return _error(name, "bad_arguments", f"arguments are not valid JSON: {error}")
+        arguments = {} if arguments is None else arguments
+        if name not in self._schemas:
+            return _error(name, "unknown_tool", f"unknown tool {name!r}; available: {', '.join(self._schemas)}")
+        problem = argument_error(self._schemas[name], arguments)
+        if problem:
+            return _error(name, "bad_arguments", problem)
+        try:
+            reply = self._live_worker().request({"op": "call", "name": name, "args": arguments})
+        except WorkerFailure as failure:
+            self._worker = None  # the next call forks a fresh worker and replays the history
+            return _error(name, failure.kind, f"{failure}")
+        if reply.get("ok"):
+            self._history.append((name, arguments))
+            return ToolResult(name=name, ok=True, result=json.loads(reply["json"]))
+        kind = str(reply.get("kind", "raised"))
+        if kind in _REPLAYABLE:
+            self._history.append((name, arguments))
+        return _error(name, kind, str(reply.get("error", "the tool failed")))
+
+    def _live_worker(self) -> Worker:
+        if self._worker is not None and self._worker.alive:
+            return self._worker
+        worker = self._start()
+        for name, arguments in self._history:
+            try:
+                worker.request({"op": "call", "name": name, "args": arguments})
+            except WorkerFailure as failure:
+                raise WorkerFailure(failure.kind, f"restoring the session failed while replaying {name}") from None
+        self._worker = worker
+        return worker
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state as JSON data: every instance attribute. Raises SessionError if it is not JSON."""
+        try:
+            reply = self._live_worker().request({"op": "snapshot"})
+        except WorkerFailure as failure:
+            self._worker = None
+            raise SessionError(failure.kind, f"reading the state failed: {failure}") from None
+        if not reply.get("ok"):
+            raise SessionError(str(reply.get("kind")), f"reading the state failed: {reply.get('error')}")
+        return json.loads(reply["json"])
+
+    def close(self) -> None:
+        """Kill the worker (idempotent)."""
+        if self._worker is not None:
+            self._worker.kill()
+            self._worker = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _error(name: str, kind: str, message: str) -> ToolResult:
+    return ToolResult(name=name, ok=False, error=message, error_kind=kind)
+
+
+def diff_states(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]:
+    """Every difference between two JSON snapshots as `{"path", "before", "after"}` (missing side: absent).
+
+    Paths use dots for keys and `[i]` for list items; lists of different length are reported whole.
+    """
+    if isinstance(before, dict) and isinstance(after, dict):
+        changes: list[dict[str, Any]] = []
+        for key in list(before) + [k for k in after if k not in before]:
+            child = f"{path}.{key}" if path else str(key)
+            if key not in after:
+                changes.append({"path": child, "before": before[key]})
+            elif key not in before:
+                changes.append({"path": child, "after": after[key]})
+            else:
+                changes += diff_states(before[key], after[key], child)
+        return changes
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        pairs = enumerate(zip(before, after, strict=True))
+        return [change for i, (b, a) in pairs for change in diff_states(b, a, f"{path}[{i}]")]
+    if type(before) is not type(after) or before != after:
+        return [{"path": path, "before": before, "after": after}]
+    return []

@@ -1,0 +1,229 @@
+"""Trainer-facing API: a live, sandboxed environment built from one published `environments` + `scenarios` row.
+
+`LiveEnvironment` is the plain API (reset, tools, call -> str, reward, solved, close). `trl_environment_factory`
+adapts it to TRL's `GRPOTrainer(environment_factory=...)`: a class whose public methods are the tools (real
+signatures, type hints and Google docstrings, so TRL derives the same schemas), `reset(**row)` picks the
+scenario named by the dataset row, and `get_reward()` scores the episode with the scenario's checks. The
+environment code never runs in the trainer's process; only schemas and JSON cross the boundary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
+
+from builder.envs.checks import Verdict, checks_from_scenario, run_checks
+from builder.envs.schema import inspect_source
+from builder.envs.session import Session
+from builder.errors import BuilderError
+from builder.sandbox.runtime import Sandbox
+
+
+def _field(row: Mapping[str, Any], *names: str) -> Any:
+    """The first present column among `names`, decoding JSON-string columns."""
+    for name in names:
+        if name in row and row[name] is not None:
+            value = row[name]
+            is_json_text = isinstance(value, str) and name.endswith(("_json", "state", "checks"))
+            return json.loads(value) if is_json_text else value
+    raise BuilderError(f"row has none of the columns {', '.join(names)}")
+
+
+def environment_code(environment: Mapping[str, Any]) -> str:
+    """The row's code, verified against `code_sha256` when the row carries one (loading runs Hub code)."""
+    code = str(_field(environment, "code"))
+    expected = environment.get("code_sha256")
+    if expected and hashlib.sha256(code.encode()).hexdigest() != expected:
+        raise BuilderError("environment code does not match its code_sha256; refusing to run it")
+    return code
+
+
+class LiveEnvironment:
+    """One environment with one scenario, in the sandbox. Create, `reset()`, `call()`, `reward()`, `close()`.
+
+    Args:
+        environment: a row of the `environments` data (needs `code`).
+        scenario: a row of the `scenarios` data (needs `initial_state` or `initial_state_json`, `task`,
+            `checks`); JSON-string columns are decoded.
+        sandbox: the runtime to use (one per process is plenty); a private one is started when omitted.
+    """
+
+    def __init__(
+        self, environment: Mapping[str, Any], scenario: Mapping[str, Any] | None = None,
+        sandbox: Sandbox | None = None,
+    ) -> None:  # fmt: skip
+        self._own_sandbox = sandbox is None
+        self.sandbox = sandbox or Sandbox()
+        self.code = environment_code(environment)
+        self.interface = inspect_source(self.code)
+        self.scenario: Mapping[str, Any] = scenario or {}
+        self._session: Session | None = None
+        self._initial: dict[str, Any] = {}
+        self._verdict: Verdict | None = None
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The OpenAI `tools` list."""
+        return list(self.interface.tools)
+
+    @property
+    def task(self) -> str:
+        """The scenario's task text ('' without a scenario)."""
+        return str(self.scenario.get("task", ""))
+
+    def reset(self, scenario: Mapping[str, Any] | None = None) -> str:
+        """Start a fresh episode from the (given or current) scenario's initial state; returns the task."""
+        if scenario is not None:
+            self.scenario = scenario
+        self._close_session()
+        state = _field(self.scenario, "initial_state", "initial_state_json") if self.scenario else {}
+        self._session = Session(self.sandbox, self.code, state, interface=self.interface)
+        self._initial = self._session.snapshot()
+        self._verdict = None
+        return self.task
+
+    def call(self, name: str, arguments: Mapping[str, Any] | str | None = None) -> str:
+        """Call a tool; returns the tool message content (JSON result or `Error: ...`), never raises."""
+        if self._session is None:
+            self.reset()
+        assert self._session is not None
+        self._verdict = None
+        return self._session.call(name, dict(arguments) if isinstance(arguments, Mapping) else arguments).content()
+
+    def state(self) -> dict[str, Any]:
+        """The current state snapshot."""
+        if self._session is None:
+            self.reset()
+        assert self._session is not None
+        return self._session.snapshot()
+
+    def verdict(self) -> Verdict:
+        """Run the scenario's checks on (initial, current) state in a fresh sandbox worker (cached until a call)."""
+        if self._verdict is None:
+            checks = checks_from_scenario(list(_field(self.scenario, "checks", "checks_json")))
+            self._verdict = run_checks(self.sandbox, checks, self._initial, self.state())
+        return self._verdict
+
+    def reward(self) -> float:
+        """Fraction of the scenario's checks passed."""
+        return self.verdict().reward
+
+    def solved(self) -> bool:
+        """True when every check passed."""
+        return self.verdict().solved
+
+    def _close_session(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def close(self) -> None:
+        """End the episode (and the private sandbox, if this object started one)."""
+        self._close_session()
+        if self._own_sandbox:
+            self.sandbox.close()
+
+
+def trl_environment_factory(
+    environment: Mapping[str, Any], scenarios: Iterable[Mapping[str, Any]], sandbox: Sandbox | None = None
+) -> type:
+    """A class for `GRPOTrainer(environment_factory=...)`: one instance per rollout, tools as methods.
+
+    TRL calls `reset(**row)` with the dataset row's columns; the row names its scenario by `scenario_id`
+    (or carries it whole in `scenario`). `get_reward()` returns the checks' reward. All instances share one
+    sandbox (started on first use unless given).
+    """
+    code = environment_code(environment)
+    interface = inspect_source(code)
+    by_id = {str(_field(s, "id", "scenario_id")): s for s in scenarios}
+    shared: dict[str, Sandbox] = {"sandbox": sandbox} if sandbox is not None else {}
+
+    def __init__(self: Any) -> None:
+        if "sandbox" not in shared:
+            shared["sandbox"] = Sandbox()
+        self._live = LiveEnvironment(environment, None, shared["sandbox"])
+
+    def reset(self: Any, **row: Any) -> str | None:
+        if "scenario" in row and row["scenario"] is not None:
+            scenario = row["scenario"]
+            scenario = json.loads(scenario) if isinstance(scenario, str) else scenario
+        else:
+            scenario = by_id[str(_field(row, "scenario_id"))]
+        self._live.reset(scenario)
+        return None  # the row's prompt already holds the task
+
+    def get_reward(self: Any) -> float:
+        return self._live.reward()
+
+    namespace: dict[str, Any] = {"__init__": __init__, "reset": reset, "get_reward": get_reward}
+    for tool in interface.tools:
+        namespace[tool["function"]["name"]] = _tool_method(tool["function"])
+    namespace["__doc__"] = f"Sandboxed {interface.class_name} for TRL (generated by builder)."
+    return type(interface.class_name, (), namespace)
+
+
+def trl_environment_factories(
+    environments: Iterable[Mapping[str, Any]], scenarios: Iterable[Mapping[str, Any]],
+    sandbox: Sandbox | None = None,
+) -> dict[str, type]:  # fmt: skip
+    """`{env_id: class}` for a dict `environment_factory` (TRL selects per row by its `environment` column)."""
+    scenario_rows = list(scenarios)
+    factories = {}
+    for environment in environments:
+        env_id = str(_field(environment, "env_id", "id", "name"))
+        mine = [s for s in scenario_rows if str(s.get("env_id")) == env_id]
+        factories[env_id] = trl_environment_factory(environment, mine, sandbox)
+    return factories
+
+
+def _tool_method(function: Mapping[str, Any]) -> Callable[..., str]:
+    """A method with the tool's real signature, annotations and docstring that forwards to the sandbox."""
+    name = function["name"]
+    parameters = function["parameters"]
+    required = set(parameters.get("required", []))
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    annotations: dict[str, Any] = {}
+    doc_args = []
+    for pname, schema in parameters.get("properties", {}).items():
+        annotations[pname] = python_type(schema)
+        default = inspect.Parameter.empty if pname in required else schema.get("default")
+        params.append(inspect.Parameter(pname, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=annotations[pname]))  # fmt: skip
+        doc_args.append(f"    {pname}: {schema.get('description', pname)}")
+    annotations["return"] = str
+
+    def method(self: Any, **arguments: Any) -> str:
+        return self._live.call(name, arguments)
+
+    method.__name__ = method.__qualname__ = name
+    method.__signature__ = inspect.Signature(params, return_annotation=str)  # type: ignore[attr-defined]
+    method.__annotations__ = annotations
+    args_block = "\n\nArgs:\n" + "\n".join(doc_args) if doc_args else ""
+    method.__doc__ = f"{function.get('description') or name}{args_block}\n\nReturns:\n    The tool's JSON result."
+    return method
+
+
+def python_type(schema: Mapping[str, Any]) -> Any:
+    """The Python annotation whose JSON schema is `schema` (for libraries that derive schemas from hints)."""
+    if "enum" in schema:
+        return Literal[tuple(schema["enum"])]
+    if "anyOf" in schema:
+        options = [python_type(option) for option in schema["anyOf"]]
+        present = [option for option in options if option is not type(None)]
+        if len(present) != 1:
+            return Any
+        return present[0] | None if len(options) > 1 else present[0]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        rest = [k for k in kind if k != "null"]
+        inner = python_type({**schema, "type": rest[0]}) if rest else type(None)
+        return inner | None if "null" in kind else inner
+    if kind == "array":
+        return list[python_type(schema["items"])] if "items" in schema else list
+    if kind == "object":
+        return dict
+    simple = {"string": str, "integer": int, "number": float, "boolean": bool, "null": type(None)}
+    return simple.get(kind, Any)

@@ -1,0 +1,91 @@
+"""Check tool arguments against a tool's JSON schema, answering the way a real API would.
+
+Covers the subset `schema.py` emits: type (one or a list), enum, items, prefixItems, properties, required,
+additionalProperties and anyOf. Runs in the parent on decoded JSON, before anything reaches the sandbox.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_PYTHON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
+}
+
+
+def argument_error(parameters: dict[str, Any], arguments: Any) -> str | None:
+    """A one-line message naming the first problem with `arguments`, or None when they fit `parameters`."""
+    if not isinstance(arguments, dict):
+        return f"arguments must be a JSON object, got {_kind(arguments)}"
+    properties = parameters.get("properties", {})
+    missing = [name for name in parameters.get("required", []) if name not in arguments]
+    if missing:
+        return f"missing required argument(s): {', '.join(missing)}"
+    extra = [name for name in arguments if name not in properties]
+    if extra and parameters.get("additionalProperties") is False:
+        return f"unexpected argument(s): {', '.join(extra)}; expected: {', '.join(properties) or 'none'}"
+    for name, value in arguments.items():
+        if name in properties:
+            error = value_error(properties[name], value, name)
+            if error:
+                return error
+    return None
+
+
+def value_error(schema: dict[str, Any], value: Any, path: str) -> str | None:
+    """The first mismatch between `value` and `schema` at `path`, or None."""
+    if "anyOf" in schema:
+        if all(value_error(option, value, path) for option in schema["anyOf"]):
+            return f"{path}: {_kind(value)} matches none of the allowed types"
+        return None
+    kinds = schema.get("type")
+    if kinds is not None:
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        if not any(_is(value, kind) for kind in kinds):
+            return f"{path}: expected {' or '.join(kinds)}, got {_kind(value)}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{path}: {value!r} is not one of {schema['enum']}"
+    if isinstance(value, list):
+        return _array_error(schema, value, path)
+    if isinstance(value, dict):
+        if "properties" in schema:
+            return argument_error(schema, value)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key, item in value.items():
+                error = value_error(extra, item, f"{path}.{key}")
+                if error:
+                    return error
+    return None
+
+
+def _array_error(schema: dict[str, Any], value: list[Any], path: str) -> str | None:
+    prefix = schema.get("prefixItems")
+    if prefix is not None:
+        if len(value) != len(prefix):
+            return f"{path}: expected {len(prefix)} items, got {len(value)}"
+        pairs = list(zip(prefix, value, strict=True))
+    else:
+        pairs = [(schema["items"], item) for item in value] if "items" in schema else []
+    for index, (item_schema, item) in enumerate(pairs):
+        error = value_error(item_schema, item, f"{path}[{index}]")
+        if error:
+            return error
+    return None
+
+
+def _is(value: Any, kind: str) -> bool:
+    if isinstance(value, bool) and kind in ("integer", "number"):
+        return False
+    return isinstance(value, _PYTHON_TYPES.get(kind, (object,)))
+
+
+def _kind(value: Any) -> str:
+    names = {str: "string", bool: "boolean", int: "integer", float: "number", list: "array", dict: "object"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)

@@ -1,0 +1,95 @@
+"""`builder bench sandbox`: the cost of a sandboxed tool call, an episode start and the checks, measured here."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from typing import TextIO
+
+from builder.config import SandboxConfig
+from builder.envs.checks import CheckSpec, run_checks
+from builder.envs.session import Session
+from builder.sandbox.runtime import Sandbox
+
+BENCH_ENV = '''
+class CounterEnv:
+    """A counter."""
+
+    def __init__(self):
+        self.value = 0
+
+    def increment(self, by: int = 1) -> int:
+        """Add to the counter.
+
+        Args:
+            by: How much to add.
+
+        Returns:
+            The new value.
+        """
+        self.value += by
+        return self.value
+'''
+BENCH_CHECK = "def check(initial_state, final_state):\n    return final_state['value'] > initial_state['value']\n"
+
+
+def run_benchmark(calls: int = 5000, episodes: int = 60, config: SandboxConfig | None = None) -> dict[str, float]:
+    """Measure and return the figures under the issue's JSON keys (microseconds, milliseconds, calls/s)."""
+    namespace: dict[str, object] = {}
+    exec(compile(BENCH_ENV, "<bench>", "exec"), namespace)  # our own constant code, for the in-process baseline
+    env = namespace["CounterEnv"]()  # type: ignore[operator]
+    started = time.perf_counter()
+    for _ in range(calls):
+        env.increment(**{"by": 1})
+    inprocess_us = (time.perf_counter() - started) / calls * 1e6
+    with Sandbox(config) as sandbox:
+        with Session(sandbox, BENCH_ENV, {}) as session:
+            for _ in range(200):  # warm-up
+                session.call("increment", {"by": 1})
+            samples = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                session.call("increment", {"by": 1})
+                samples.append(time.perf_counter() - t0)
+        starts, check_costs = [], []
+        check = [CheckSpec(name="grew", source=BENCH_CHECK)]
+        for _ in range(episodes):
+            t0 = time.perf_counter()
+            session = Session(sandbox, BENCH_ENV, {"value": 0})
+            starts.append(time.perf_counter() - t0)
+            session.call("increment", {})
+            final = session.snapshot()
+            session.close()
+            t0 = time.perf_counter()
+            run_checks(sandbox, check, {"value": 0}, final)
+            check_costs.append(time.perf_counter() - t0)
+    samples.sort()
+    return {
+        "inprocess_call_us": round(inprocess_us, 3),
+        "call_p50_us": round(samples[len(samples) // 2] * 1e6, 1),
+        "call_p99_us": round(samples[int(len(samples) * 0.99)] * 1e6, 1),
+        "calls_per_s": round(calls / sum(samples), 1),
+        "episode_start_p50_ms": round(statistics.median(starts) * 1e3, 3),
+        "check_ms_per_episode": round(statistics.median(check_costs) * 1e3, 3),
+    }
+
+
+def bench_sandbox(
+    as_json: bool = False, config: SandboxConfig | None = None, out: TextIO = sys.stdout,
+    calls: int = 5000, episodes: int = 60,
+) -> int:  # fmt: skip
+    """Print the benchmark (one JSON object with --json); exit 0."""
+    figures = run_benchmark(calls, episodes, config)
+    if as_json:
+        print(json.dumps(figures), file=out)
+        return 0
+    ratio = figures["call_p50_us"] / max(figures["inprocess_call_us"], 1e-9)
+    print(f"in-process call:        {figures['inprocess_call_us']:.2f} µs", file=out)
+    print(f"sandboxed call p50/p99: {figures['call_p50_us']:.1f} / {figures['call_p99_us']:.1f} µs "
+          f"({ratio:.0f}x in-process)", file=out)  # fmt: skip
+    print(f"sandboxed calls/s:      {figures['calls_per_s']:.0f} (one caller thread)", file=out)
+    print(f"episode start p50:      {figures['episode_start_p50_ms']:.2f} ms", file=out)
+    print(f"checks per episode:     {figures['check_ms_per_episode']:.2f} ms (fresh worker)", file=out)
+    return 0

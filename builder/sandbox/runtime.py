@@ -1,0 +1,298 @@
+"""Parent side of the sandbox: starts the zygote, forks hardened workers, talks to them with deadlines.
+
+The parent never unpickles and never imports generated code. Every reply is a capped msgpack frame read
+with `poll()` against a hard deadline; on a timeout, an oversized or garbled frame, or EOF, the worker is
+SIGKILLed through a pidfd and the caller gets a `WorkerFailure` with a stable kind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from builder.config import SandboxConfig
+from builder.errors import BuilderError
+from builder.sandbox import frames
+
+logger = logging.getLogger(__name__)
+
+ZYGOTE_SCRIPT = Path(__file__).with_name("zygote.py")
+# The only environment the sandbox ever sees: no secrets, no PYTHON* paths, a fixed hash seed so that set and
+# dict orders are the same in every worker (the determinism check depends on it).
+CLEAN_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+ALL_LAYERS = ("clean_env", "deadline_kill", "rlimits", "seccomp", "no_network", "landlock", "uid_drop", "netns")
+
+
+class SandboxUnavailable(BuilderError):
+    """The machine grants fewer isolation layers than the configuration requires."""
+
+
+class WorkerFailure(Exception):
+    """A worker died, hung past its deadline or broke the protocol; `kind` is a stable short code."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Worker:
+    """One forked, hardened sandbox process and its two pipes. Not thread-safe: one request at a time."""
+
+    def __init__(self, pid: int, req_fd: int, resp_fd: int, config: SandboxConfig) -> None:
+        self.pid = pid
+        self.req_fd, self.resp_fd = req_fd, resp_fd
+        self.config = config
+        self.layers: dict[str, str] = {}
+        self.alive = True
+        self._buffer = b""
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # very old kernels: fall back to kill by pid
+            self._pidfd = None
+
+    def request(self, message: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+        """Send one request and return the reply; raises WorkerFailure (and kills the worker) on any fault."""
+        if not self.alive:
+            raise WorkerFailure("crashed", "the sandbox worker is no longer running")
+        deadline = time.monotonic() + (timeout_s or self.config.call_timeout_s + self.config.kill_grace_s)
+        try:
+            _write_with_deadline(self.req_fd, frames.encode(message), deadline)
+            return self.receive(deadline)
+        except WorkerFailure:
+            self.kill()
+            raise
+
+    def receive(self, deadline: float) -> dict[str, Any]:
+        """Read one capped frame before `deadline` (buffered: a small reply arrives in one read)."""
+        cap = self.config.max_frame_bytes
+        while True:
+            if len(self._buffer) >= frames.HEADER.size:
+                (size,) = frames.HEADER.unpack_from(self._buffer)
+                if size > cap:
+                    raise WorkerFailure("too_large", f"worker sent a {size}-byte frame (cap {cap})")
+                end = frames.HEADER.size + size
+                if len(self._buffer) >= end:
+                    body, self._buffer = self._buffer[frames.HEADER.size : end], self._buffer[end:]
+                    try:
+                        return frames.decode(body)
+                    except frames.FrameError as error:
+                        raise WorkerFailure("protocol", str(error)) from None
+            self._buffer += _read_some(self.resp_fd, deadline)
+
+    def kill(self) -> None:
+        """SIGKILL the worker and release its descriptors (idempotent)."""
+        if not self.alive:
+            return
+        self.alive = False
+        try:
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, OSError):
+            pass
+        for fd in (self.req_fd, self.resp_fd, self._pidfd):
+            if fd is not None:
+                os.close(fd)
+
+    close = kill
+
+
+def _write_with_deadline(fd: int, data: bytes, deadline: float) -> None:
+    view = memoryview(data)
+    while view:
+        _wait(fd, select.POLLOUT, deadline)
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            continue
+        except (BrokenPipeError, OSError):
+            raise WorkerFailure("crashed", "the sandbox worker died") from None
+
+
+# A reply to a small call usually arrives within tens of microseconds; spinning that long on a non-blocking
+# read saves the sleep/wake-up round trip of poll() (the dominant cost of a call on an idle machine).
+SPIN_S = 50e-6
+
+
+def _read_some(fd: int, deadline: float) -> bytes:
+    spin_until = time.perf_counter() + SPIN_S
+    while time.perf_counter() < spin_until:
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            raise WorkerFailure("crashed", "the sandbox worker died")
+        return chunk
+    while True:
+        _wait(fd, select.POLLIN, deadline)
+        try:
+            chunk = os.read(fd, 1 << 20)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            raise WorkerFailure("crashed", "the sandbox worker died")
+        return chunk
+
+
+def _wait(fd: int, event: int, deadline: float) -> None:
+    poller = select.poll()
+    poller.register(fd, event)
+    remaining_ms = (deadline - time.monotonic()) * 1000
+    if remaining_ms <= 0 or not poller.poll(max(remaining_ms, 0)):
+        raise WorkerFailure("timeout", "the sandbox worker missed its deadline and was killed")
+
+
+class Sandbox:
+    """A zygote plus the workers it forks. Thread-safe for opening workers; each worker serves one caller.
+
+    Start it once per process (`Sandbox(config)`), open workers with `open_worker()`, and `close()` it at the
+    end (or use it as a context manager). A crashed zygote is replaced on the next `open_worker()`.
+    """
+
+    def __init__(self, config: SandboxConfig | None = None, preload: tuple[str, ...] = ()) -> None:
+        self.config = config or SandboxConfig()
+        # Extra modules the zygote imports before lockdown. The hostile test suite preloads pickle, subprocess,
+        # socket, ... so attacks reach real system calls instead of failing at import.
+        self.preload = preload
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._control: socket.socket | None = None
+        self.layers: dict[str, str] = {}
+        _raise_open_file_limit()
+        self._start_zygote()
+        self.layers = self._probe_layers()
+        missing = [layer for layer in self.config.required_layers if layer not in self.layers]
+        if missing:
+            self.close()
+            raise SandboxUnavailable(_missing_message(missing, self.layers))
+        logger.info("sandbox layers: %s", ", ".join(f"{k} ({v})" for k, v in self.layers.items()))
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _start_zygote(self) -> None:
+        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        settings = {
+            "memory_mb": self.config.memory_mb,
+            "cpu_s": self.config.cpu_s,
+            "open_files": 16,
+            "soft_timeout_s": self.config.call_timeout_s,
+            "max_frame_bytes": self.config.max_frame_bytes,
+            "max_result_bytes": self.config.max_result_bytes,
+            "want_netns": self.config.network_namespace,
+            "preload": list(self.preload),
+        }
+        command = [sys.executable, "-s", "-B", str(ZYGOTE_SCRIPT), json.dumps(settings), str(child_end.fileno())]
+        self._process = subprocess.Popen(
+            command, env=CLEAN_ENV, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True, pass_fds=(child_end.fileno(),),
+        )  # fmt: skip
+        child_end.close()
+        self._control = parent_end
+        self._control.settimeout(60)
+        header = self._recv_exact(frames.HEADER.size)
+        self.zygote_info = frames.decode(self._recv_exact(frames.HEADER.unpack(header)[0]))
+
+    def _recv_exact(self, size: int) -> bytes:
+        assert self._control is not None
+        data = b""
+        while len(data) < size:
+            chunk = self._control.recv(size - len(data))
+            if not chunk:
+                raise SandboxUnavailable("the sandbox zygote exited during start-up")
+            data += chunk
+        return data
+
+    def _probe_layers(self) -> dict[str, str]:
+        worker = self.open_worker(check_layers=False)
+        worker.close()
+        return worker.layers
+
+    def open_worker(self, check_layers: bool = True) -> Worker:
+        """Fork a fresh hardened worker; raises SandboxUnavailable if it lacks a required layer."""
+        with self._lock:
+            if self._process is None or self._process.poll() is not None:
+                self._restart_zygote()
+            req_r, req_w = os.pipe2(os.O_CLOEXEC)
+            resp_r, resp_w = os.pipe2(os.O_CLOEXEC)
+            try:
+                assert self._control is not None
+                socket.send_fds(self._control, [b"F"], [req_r, resp_w])
+                pid = int.from_bytes(self._recv_exact(4), "big")
+            except (OSError, SandboxUnavailable):
+                for fd in (req_r, req_w, resp_r, resp_w):
+                    os.close(fd)
+                self._stop_zygote()
+                raise WorkerFailure("crashed", "the sandbox zygote died; it restarts on the next episode") from None
+            finally:
+                if self._process is not None and self._process.poll() is None:
+                    os.close(req_r)
+                    os.close(resp_w)
+        os.set_blocking(req_w, False)
+        os.set_blocking(resp_r, False)
+        worker = Worker(pid, req_w, resp_r, self.config)
+        ready = worker.receive(time.monotonic() + 10)
+        worker.layers = {k: str(v) for k, v in ready.get("layers", {}).items() if not k.startswith("-")}
+        self.refused = {k[1:]: str(v) for k, v in ready.get("layers", {}).items() if k.startswith("-")}
+        missing = [layer for layer in self.config.required_layers if layer not in worker.layers]
+        if check_layers and missing:
+            worker.kill()
+            raise SandboxUnavailable(_missing_message(missing, worker.layers))
+        return worker
+
+    def _restart_zygote(self) -> None:
+        logger.warning("sandbox zygote is gone; starting a new one")
+        self._stop_zygote()
+        self._start_zygote()
+
+    def _stop_zygote(self) -> None:
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.kill()
+            self._process.wait()
+            self._process = None
+
+    @property
+    def zygote_pid(self) -> int | None:
+        """Pid of the current zygote (for tests and diagnostics)."""
+        return self._process.pid if self._process is not None else None
+
+    def close(self) -> None:
+        """Stop the zygote; its workers die with it (PR_SET_PDEATHSIG)."""
+        with self._lock:
+            self._stop_zygote()
+
+
+def _missing_message(missing: list[str], granted: dict[str, str]) -> str:
+    return (
+        f"refusing to run generated code: isolation layer(s) {', '.join(missing)} required by "
+        f"sandbox.required_layers are not available on this machine (granted: {', '.join(granted) or 'none'}). "
+        "Run on a machine that grants them, or lower sandbox.required_layers knowingly."
+    )
+
+
+def _raise_open_file_limit() -> None:
+    # Each open session holds three descriptors in this process; hundreds of sessions need more than 1024.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(target, 65536), hard))

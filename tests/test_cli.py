@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,13 @@ def test_config_prints_valid_toml_with_hash(tmp_path):
     assert "config hash" in result.stdout and "max_topics = 9" in result.stdout
     (tmp_path / "c.toml").write_text(result.stdout)
     assert run_cli("config", "--config", "c.toml", cwd=tmp_path).stdout == result.stdout
+
+
+def test_closed_pipe_is_not_a_crash(monkeypatch, capsys):
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone, as after `| head` exits
+    with os.fdopen(write_end, "w") as closed:
+        monkeypatch.setattr(sys, "stdout", closed)
+        assert main(["config"]) == 0
+        monkeypatch.undo()
+    assert "Traceback" not in capsys.readouterr().err

@@ -227,11 +227,11 @@ async def run_stages(
     for wanted in (until, only):
         if wanted is not None and wanted not in names:
             raise RunError(f"unknown stage {wanted!r}; stages are: {', '.join(names)}")
+    if only is not None and until is not None:
+        raise RunError("--only and --until cannot be combined")
     folder = RunFolder(Path(run_dir))
     state = folder.open(config)
     all_stats = load_stats(folder.stats_path)
-    if only is not None and until is not None:
-        raise RunError("--only and --until cannot be combined")
     selected = list(stages[: names.index(until) + 1] if until is not None else stages)
     if only is not None:
         selected = [stages[names.index(only)]]

@@ -46,14 +46,20 @@ class StageStats:
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens
 
+    @property
+    def tokens_per_kept(self) -> float | None:
+        """Model tokens (prompt + completion) spent per kept output: the cost of one accepted record."""
+        return (self.prompt_tokens + self.completion_tokens) / self.kept if self.kept else None
+
     def to_json(self) -> dict:
         data = asdict(self)
         data["dropped"] = dict(sorted(self.dropped.items()))
+        data["tokens_per_kept"] = self.tokens_per_kept
         return data
 
     @classmethod
     def from_json(cls, data: dict) -> StageStats:
-        data = dict(data)
+        data = {key: value for key, value in data.items() if key != "tokens_per_kept"}
         data["dropped"] = Counter(data.get("dropped", {}))
         return cls(**data)
 

@@ -283,8 +283,10 @@ CHECKS = [
 
 
 def test_environment_cannot_fool_its_checker(world):
-    source = "import builtins, math, json\nclass T:\n    def __init__(self):\n        self.n = 0\n" \
-             "    def go(self) -> object:\n" + "".join(f"        {line}\n" for line in TAMPER.splitlines())
+    source = (
+        "import builtins, math, json\nclass T:\n    def __init__(self):\n        self.n = 0\n"
+        "    def go(self) -> object:\n" + "".join(f"        {line}\n" for line in TAMPER.splitlines())
+    )
     tool = {"type": "function", "function": {"name": "go", "description": "",
             "parameters": {"type": "object", "properties": {}, "required": []}}}  # fmt: skip
     with Session(world["sandbox"], source, interface=EnvInterface(class_name="T", tools=(tool,))) as session:
@@ -301,9 +303,11 @@ def test_object_with_rigged_eq_cannot_enter_the_state(world):
     assert result.ok
     tool = {"type": "function", "function": {"name": "go", "description": "",
             "parameters": {"type": "object", "properties": {}, "required": []}}}  # fmt: skip
-    source = "class T:\n    def __init__(self):\n        self.n = 0\n    def go(self) -> object:\n" \
-             "        class Any:\n            def __eq__(self, other):\n                return True\n" \
-             "        self.n = Any()\n        return 1\n"
+    source = (
+        "class T:\n    def __init__(self):\n        self.n = 0\n    def go(self) -> object:\n"
+        "        class Any:\n            def __eq__(self, other):\n                return True\n"
+        "        self.n = Any()\n        return 1\n"
+    )
     with Session(world["sandbox"], source, interface=EnvInterface(class_name="T", tools=(tool,))) as session:
         session.call("go")
         with pytest.raises(SessionError, match="not JSON"):

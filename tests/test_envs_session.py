@@ -29,8 +29,10 @@ def sandbox():
 
 def raw_session(sandbox, body, state=None):
     """A session on a one-tool class `T.go()` that skips the lint (to exercise the runtime itself)."""
-    source = "import time, itertools, collections\nclass T:\n    def __init__(self):\n        self.n = 0\n" \
-             "    def go(self) -> object:\n" + "".join(f"        {line}\n" for line in body.splitlines())
+    source = (
+        "import time, itertools, collections\nclass T:\n    def __init__(self):\n        self.n = 0\n"
+        "    def go(self) -> object:\n" + "".join(f"        {line}\n" for line in body.splitlines())
+    )
     tool = {"type": "function", "function": {"name": "go", "description": "",
             "parameters": {"type": "object", "properties": {}, "required": []}}}  # fmt: skip
     return Session(sandbox, source, state, interface=EnvInterface(class_name="T", tools=(tool,)))
@@ -63,9 +65,12 @@ def test_tool_errors_are_results(sandbox):
 
 
 def test_raising_hanging_and_crashing_tools_keep_the_session_usable(sandbox):
-    with raw_session(sandbox, "self.n += 1\nif self.n == 2:\n    raise ValueError('boom')\n"
-                              "if self.n == 3:\n    while True:\n        pass\n"
-                              "if self.n == 4:\n    import ctypes\n    ctypes.string_at(0)\nreturn self.n") as s:
+    with raw_session(
+        sandbox,
+        "self.n += 1\nif self.n == 2:\n    raise ValueError('boom')\n"
+        "if self.n == 3:\n    while True:\n        pass\n"
+        "if self.n == 4:\n    import ctypes\n    ctypes.string_at(0)\nreturn self.n",
+    ) as s:
         assert s.call("go").result == 1
         raised = s.call("go")
         assert raised.error_kind == "raised" and "ValueError: boom" in raised.error

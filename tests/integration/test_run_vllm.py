@@ -14,16 +14,33 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 SMALL = ["--set", "mine.max_seeds=3", "--set", "llm.max_tokens=128", "--set", "llm.structured_retries=1"]
 
 
-def builder(*args: str, cwd: Path, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "builder", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, **kwargs,
-    )
+@pytest.fixture
+def builder():
+    """Start `python -m builder ...`; whatever is still running at the end of the test gets SIGTERM (which stops
+    its vLLM server too), so a failed or timed-out test leaves no processes behind."""
+    started: list[subprocess.Popen] = []
+
+    def start(*args: str, cwd: Path) -> subprocess.Popen:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "builder", *args],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.terminate()
+            process.communicate(timeout=120)
 
 
 def vllm_processes(run_dir: Path) -> list[str]:
@@ -34,7 +51,7 @@ def vllm_processes(run_dir: Path) -> list[str]:
     return [line for line in found.splitlines() if "pgrep" not in line]
 
 
-def test_run_starts_the_server_mines_topics_and_resumes_without_it(tmp_path):
+def test_run_starts_the_server_mines_topics_and_resumes_without_it(tmp_path, builder):
     run_dir = tmp_path / "run"
     process = builder("run", "--run-dir", str(run_dir), *SMALL, cwd=tmp_path)
     out, err = process.communicate(timeout=1800)
@@ -58,7 +75,7 @@ def test_run_starts_the_server_mines_topics_and_resumes_without_it(tmp_path):
     assert pl.read_parquet(run_dir / "collect.parquet").height == 3
 
 
-def test_sigterm_during_a_run_stops_the_server_and_resumes(tmp_path):
+def test_sigterm_during_a_run_stops_the_server_and_resumes(tmp_path, builder):
     run_dir = tmp_path / "run"
     process = builder("run", "--run-dir", str(run_dir), *SMALL, cwd=tmp_path)
     deadline = time.monotonic() + 1200

@@ -155,6 +155,12 @@ class LLMClient:
         message = f"no valid {output_type.__name__} after {len(errors)} replies; last error: {errors[-1]}"
         raise StructuredOutputError(message, raw_text=raw_text, errors=errors, attempts=len(errors))
 
+    async def aclose(self) -> None:
+        """Close the backend's connections, if it has any; call at the end of each event loop that used it."""
+        close = getattr(self.backend, "aclose", None)
+        if close is not None:
+            await close()
+
     def _prepare(self, request: ChatRequest) -> ChatRequest:
         choice = request.tool_choice
         if choice is not None and choice not in TOOL_CHOICE_KEYWORDS and choice not in tool_names(request.tools):

@@ -69,6 +69,12 @@ class OpenAIChatModel:
             raise TransientLLMError(f"the server at {self.base_url} returned no choices")
         return reply_from_completion(completion)
 
+    async def aclose(self) -> None:
+        """Close the connection pool of the current event loop (optional; it is also dropped with the loop)."""
+        if self._sdk is not None and self._loop is asyncio.get_running_loop():
+            await self._sdk.close()
+            self._sdk = None
+
     def _client(self) -> openai.AsyncOpenAI:
         loop = asyncio.get_running_loop()
         if self._sdk is None or self._loop is not loop:

@@ -44,7 +44,9 @@ def model_dir(tmp_path: Path) -> Path:
     return folder
 
 
-def fake_vllm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, delay: float = 0.2, mode: str = "serve") -> None:
+def fake_vllm(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, delay: float = 0.2, mode: str = "serve"
+) -> None:
     script = tmp_path / "fake_vllm.py"
     script.write_text(FAKE_SERVER)
 
@@ -71,9 +73,16 @@ def test_cpu_command_has_the_recipe_flags() -> None:
     assert command[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     text = " ".join(command)
     for flag in (
-        "--model /models/smol", "--served-model-name local", "--host 127.0.0.1", "--port 8123",
-        "--max-model-len 4096", "--enable-auto-tool-choice", "--tool-call-parser hermes",
-        "--tool-strict-level parameter", f"--chat-template {chatml_tools_template()}", "--enforce-eager",
+        "--model /models/smol",
+        "--served-model-name local",
+        "--host 127.0.0.1",
+        "--port 8123",
+        "--max-model-len 4096",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser hermes",
+        "--tool-strict-level parameter",
+        f"--chat-template {chatml_tools_template()}",
+        "--enforce-eager",
     ):
         assert flag in text
     assert "--tensor-parallel-size" not in text and "serve" not in command
@@ -82,7 +91,9 @@ def test_cpu_command_has_the_recipe_flags() -> None:
 
 def test_gpu_command_for_qwen3() -> None:
     config = LLMConfig(
-        model="Qwen/Qwen3-8B", tensor_parallel_size=2, reasoning_parser="qwen3",
+        model="Qwen/Qwen3-8B",
+        tensor_parallel_size=2,
+        reasoning_parser="qwen3",
         extra_server_args=("--gpu-memory-utilization", "0.85"),
     )
     command = server_command(config, "Qwen/Qwen3-8B", "gpu", 8000)
@@ -154,7 +165,9 @@ def test_stop_on_error_inside_the_block(tmp_path: Path, model_dir: Path, monkeyp
 def test_crash_during_start_shows_log_tail(tmp_path: Path, model_dir: Path, monkeypatch) -> None:
     fake_vllm(monkeypatch, tmp_path, mode="crash")
     log = tmp_path / "server.log"
-    with pytest.raises(ServerError, match=r"(?s)exited with code 3 during start-up.*ValueError: no model here"):
+    with pytest.raises(
+        ServerError, match=r"(?s)exited with code 3 during start-up.*ValueError: no model here"
+    ):
         VLLMServer(LLMConfig(model=str(model_dir), device="cpu"), log).start()
     deadline = time.monotonic() + 5
     while alive(child_pid(log)) and time.monotonic() < deadline:

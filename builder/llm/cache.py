@@ -42,7 +42,9 @@ class ResponseCache:
             # One connection shared by the event loop's thread and helper threads; `_lock` serialises use.
             self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: atomic and durable enough for a cache
+            self._db.execute(
+                "PRAGMA synchronous=NORMAL"
+            )  # WAL + NORMAL: atomic and durable enough for a cache
             self._db.execute(_SCHEMA)
             self._db.commit()
         except sqlite3.DatabaseError as error:
@@ -63,7 +65,8 @@ class ResponseCache:
         data = reply.model_dump_json()
         with self._lock:
             self._db.execute(
-                "INSERT OR IGNORE INTO responses (key, reply, created) VALUES (?, ?, ?)", (key, data, time.time())
+                "INSERT OR IGNORE INTO responses (key, reply, created) VALUES (?, ?, ?)",
+                (key, data, time.time()),
             )
             self._db.commit()
 

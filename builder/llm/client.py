@@ -1,8 +1,8 @@
 """The client every stage talks to: one `chat` call with cache, bounded concurrency, retries and accounting.
 
 It wraps any `ChatModel` backend (the OpenAI-compatible one in production, the scripted one in tests), so all
-of its logic is tested without a server. `structured` asks for a pydantic model and re-asks with the validation
-error fed back.
+of its logic is tested without a server. `structured` asks for a pydantic model and re-asks with the
+validation error fed back.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T", bound=BaseModel)
 
 
-def backoff_delay(attempt: int, *, base_s: float, cap_s: float, rng: Callable[[], float] = random.random) -> float:
+def backoff_delay(
+    attempt: int, *, base_s: float, cap_s: float, rng: Callable[[], float] = random.random
+) -> float:
     """Seconds to wait before retry number `attempt + 1`: exponential, capped, with jitter.
 
     Half of the delay is fixed and half random ("equal jitter"), so delays always grow but clients that failed
@@ -42,8 +44,8 @@ class LLMClient:
     """A `ChatModel` that adds what every stage needs around a backend.
 
     Per call: sampling defaults filled in, `strict: true` on tools, a response-cache lookup, at most
-    `max_concurrency` backend requests in flight, a hard `request_timeout_s` per attempt, retries with backoff on
-    `TransientLLMError` and timeouts (never on `LLMRequestError`), reasoning split off the content, and one
+    `max_concurrency` backend requests in flight, a hard `request_timeout_s` per attempt, retries with backoff
+    on `TransientLLMError` and timeouts (never on `LLMRequestError`), reasoning split off the content, and one
     `CallRecord` to `on_call` (and to `totals`), also for cache hits and failures.
 
     Args:
@@ -62,7 +64,7 @@ class LLMClient:
         model_id: str,
         cache: ResponseCache | None = None,
         on_call: Callable[[CallRecord], None] | None = None,
-        default_sampling: Sampling = Sampling(),
+        default_sampling: Sampling | None = None,
         max_concurrency: int = 16,
         request_timeout_s: float = 300.0,
         max_retries: int = 4,
@@ -76,7 +78,7 @@ class LLMClient:
         self.model_id = model_id
         self.cache = cache
         self.on_call = on_call
-        self.default_sampling = default_sampling
+        self.default_sampling = default_sampling or Sampling()
         self.max_concurrency = max_concurrency
         self.request_timeout_s = request_timeout_s
         self.max_retries = max_retries
@@ -163,8 +165,14 @@ class LLMClient:
 
     def _prepare(self, request: ChatRequest) -> ChatRequest:
         choice = request.tool_choice
-        if choice is not None and choice not in TOOL_CHOICE_KEYWORDS and choice not in tool_names(request.tools):
-            raise ValueError(f"tool_choice {choice!r} is neither auto/required/none nor the name of a given tool")
+        if (
+            choice is not None
+            and choice not in TOOL_CHOICE_KEYWORDS
+            and choice not in tool_names(request.tools)
+        ):
+            raise ValueError(
+                f"tool_choice {choice!r} is neither auto/required/none nor the name of a given tool"
+            )
         defaults = self.default_sampling.model_dump()
         given = request.sampling.model_dump(exclude_none=True)
         sampling = Sampling(**{**defaults, **given})
@@ -181,11 +189,17 @@ class LLMClient:
                 last = error
                 if attempt == self.max_retries:
                     break
-                delay = backoff_delay(attempt, base_s=self.backoff_base_s, cap_s=self.backoff_cap_s, rng=self._rng)
-                logger.warning("LLM request failed (%s); retry %d in %.1f s", _describe(error), attempt + 1, delay)
+                delay = backoff_delay(
+                    attempt, base_s=self.backoff_base_s, cap_s=self.backoff_cap_s, rng=self._rng
+                )
+                logger.warning(
+                    "LLM request failed (%s); retry %d in %.1f s", _describe(error), attempt + 1, delay
+                )
                 await self._sleep(delay)
         attempts = self.max_retries + 1
-        raise LLMRequestError(f"LLM request failed after {attempts} attempts: {_describe(last)}", retryable=True)
+        raise LLMRequestError(
+            f"LLM request failed after {attempts} attempts: {_describe(last)}", retryable=True
+        )
 
     def _bound(self) -> asyncio.Semaphore:
         # A semaphore belongs to one event loop; the pipeline may run each stage in its own `asyncio.run`.
@@ -224,7 +238,9 @@ def _describe(error: BaseException | None) -> str:
 
 
 def _feedback(error: str, finish_reason: str) -> str:
-    cut = " The reply was cut off at the token limit; answer more briefly." if finish_reason == "length" else ""
+    cut = (
+        " The reply was cut off at the token limit; answer more briefly." if finish_reason == "length" else ""
+    )
     return (
         f"Your reply was not valid: {error}.{cut} "
         "Answer again with only a JSON object that matches the required schema."

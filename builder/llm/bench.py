@@ -53,11 +53,9 @@ class BenchResult(BaseModel):
             [
                 f"requests: {self.requests} x {self.max_tokens} tokens",
                 f"server (raw HTTP, {self.server_concurrency} in flight): {self.server_tok_s:.1f} tok/s",
-                f"client (full path, cache off, {self.client_concurrency} in flight): "
-                f"{self.client_tok_s:.1f} tok/s",
+                f"client (full path, cache off, {self.client_concurrency} in flight): {self.client_tok_s:.1f} tok/s",
                 f"ratio client/server: {self.ratio:.3f}  {verdict}",
-                f"client overhead per request: p50 {self.overhead_p50_ms:.2f} ms, "
-                f"p99 {self.overhead_p99_ms:.2f} ms",
+                f"client overhead per request: p50 {self.overhead_p50_ms:.2f} ms, p99 {self.overhead_p99_ms:.2f} ms",
             ]
         )
 
@@ -80,13 +78,9 @@ def run_bench(
         return asyncio.run(_measure(config, url, requests, max_tokens, concurrency))
 
 
-async def _measure(
-    config: LLMConfig, url: str, requests: int, max_tokens: int, concurrency: int
-) -> BenchResult:
+async def _measure(config: LLMConfig, url: str, requests: int, max_tokens: int, concurrency: int) -> BenchResult:
     bodies = [_body(config.served_model_name, index, max_tokens) for index in range(requests)]
-    async with httpx.AsyncClient(
-        timeout=config.request_timeout_s, limits=httpx.Limits(max_connections=None)
-    ) as http:
+    async with httpx.AsyncClient(timeout=config.request_timeout_s, limits=httpx.Limits(max_connections=None)) as http:
         await _raw_phase(http, url, bodies[:2], 2)  # warm-up: first requests pay one-off costs
         server_tok_s = await _raw_phase(http, url, bodies, concurrency)
     backend = OpenAIChatModel(
@@ -124,9 +118,7 @@ async def _measure(
     )
 
 
-async def _raw_phase(
-    http: httpx.AsyncClient, url: str, bodies: list[dict[str, Any]], concurrency: int
-) -> float:
+async def _raw_phase(http: httpx.AsyncClient, url: str, bodies: list[dict[str, Any]], concurrency: int) -> float:
     async def one(body: dict[str, Any]) -> int:
         response = await http.post(f"{url}/chat/completions", json=body)
         response.raise_for_status()

@@ -42,9 +42,7 @@ class ResponseCache:
             # One connection shared by the event loop's thread and helper threads; `_lock` serialises use.
             self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(
-                "PRAGMA synchronous=NORMAL"
-            )  # WAL + NORMAL: atomic and durable enough for a cache
+            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: atomic and durable enough for a cache
             self._db.execute(_SCHEMA)
             self._db.commit()
         except sqlite3.DatabaseError as error:
@@ -85,7 +83,5 @@ class ResponseCache:
     def __enter__(self) -> ResponseCache:
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self.close()

@@ -28,9 +28,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T", bound=BaseModel)
 
 
-def backoff_delay(
-    attempt: int, *, base_s: float, cap_s: float, rng: Callable[[], float] = random.random
-) -> float:
+def backoff_delay(attempt: int, *, base_s: float, cap_s: float, rng: Callable[[], float] = random.random) -> float:
     """Seconds to wait before retry number `attempt + 1`: exponential, capped, with jitter.
 
     Half of the delay is fixed and half random ("equal jitter"), so delays always grow but clients that failed
@@ -165,14 +163,8 @@ class LLMClient:
 
     def _prepare(self, request: ChatRequest) -> ChatRequest:
         choice = request.tool_choice
-        if (
-            choice is not None
-            and choice not in TOOL_CHOICE_KEYWORDS
-            and choice not in tool_names(request.tools)
-        ):
-            raise ValueError(
-                f"tool_choice {choice!r} is neither auto/required/none nor the name of a given tool"
-            )
+        if choice is not None and choice not in TOOL_CHOICE_KEYWORDS and choice not in tool_names(request.tools):
+            raise ValueError(f"tool_choice {choice!r} is neither auto/required/none nor the name of a given tool")
         defaults = self.default_sampling.model_dump()
         given = request.sampling.model_dump(exclude_none=True)
         sampling = Sampling(**{**defaults, **given})
@@ -189,17 +181,11 @@ class LLMClient:
                 last = error
                 if attempt == self.max_retries:
                     break
-                delay = backoff_delay(
-                    attempt, base_s=self.backoff_base_s, cap_s=self.backoff_cap_s, rng=self._rng
-                )
-                logger.warning(
-                    "LLM request failed (%s); retry %d in %.1f s", _describe(error), attempt + 1, delay
-                )
+                delay = backoff_delay(attempt, base_s=self.backoff_base_s, cap_s=self.backoff_cap_s, rng=self._rng)
+                logger.warning("LLM request failed (%s); retry %d in %.1f s", _describe(error), attempt + 1, delay)
                 await self._sleep(delay)
         attempts = self.max_retries + 1
-        raise LLMRequestError(
-            f"LLM request failed after {attempts} attempts: {_describe(last)}", retryable=True
-        )
+        raise LLMRequestError(f"LLM request failed after {attempts} attempts: {_describe(last)}", retryable=True)
 
     def _bound(self) -> asyncio.Semaphore:
         # A semaphore belongs to one event loop; the pipeline may run each stage in its own `asyncio.run`.
@@ -238,9 +224,7 @@ def _describe(error: BaseException | None) -> str:
 
 
 def _feedback(error: str, finish_reason: str) -> str:
-    cut = (
-        " The reply was cut off at the token limit; answer more briefly." if finish_reason == "length" else ""
-    )
+    cut = " The reply was cut off at the token limit; answer more briefly." if finish_reason == "length" else ""
     return (
         f"Your reply was not valid: {error}.{cut} "
         "Answer again with only a JSON object that matches the required schema."

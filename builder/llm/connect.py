@@ -64,9 +64,7 @@ def client_for(
         model_id=model_id,
         cache=cache,
         on_call=on_call,
-        default_sampling=Sampling(
-            temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
-        ),
+        default_sampling=Sampling(temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens),
         max_concurrency=config.max_concurrency,
         request_timeout_s=config.request_timeout_s,
         max_retries=config.max_retries,

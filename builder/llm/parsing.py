@@ -142,18 +142,14 @@ class ParsedToolCall(BaseModel):
         return self.error is None
 
 
-def check_tool_call(
-    call: ToolCall, tools: tuple[dict[str, Any], ...] | list[dict[str, Any]]
-) -> ParsedToolCall:
+def check_tool_call(call: ToolCall, tools: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> ParsedToolCall:
     """Decode a tool call's arguments and validate them against the named tool's parameter schema.
 
     Never raises: an unknown tool, arguments that are not a JSON object, or arguments that break the schema
     give a `ParsedToolCall` whose `error` says what is wrong, ready to send back as the tool's result.
     """
     name = call.function.name
-    by_name = {
-        tool["function"]["name"]: tool["function"] for tool in tools if isinstance(tool.get("function"), dict)
-    }
+    by_name = {tool["function"]["name"]: tool["function"] for tool in tools if isinstance(tool.get("function"), dict)}
     if name not in by_name:
         known = ", ".join(sorted(by_name)) or "(none)"
         return ParsedToolCall(id=call.id, name=name, error=f"unknown tool {name!r}; available tools: {known}")
@@ -161,9 +157,7 @@ def check_tool_call(
     try:
         arguments = json.loads(raw) if raw.strip() else {}
     except json.JSONDecodeError as error:
-        message = (
-            f"arguments of {name!r} are not valid JSON ({error.msg} at position {error.pos}): {raw[:200]!r}"
-        )
+        message = f"arguments of {name!r} are not valid JSON ({error.msg} at position {error.pos}): {raw[:200]!r}"
         return ParsedToolCall(id=call.id, name=name, error=message)
     if not isinstance(arguments, dict):
         return ParsedToolCall(id=call.id, name=name, error=f"arguments of {name!r} must be a JSON object")

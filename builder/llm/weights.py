@@ -47,9 +47,7 @@ def is_model_dir(path: Path) -> bool:
 
 def looks_like_path(model: str) -> bool:
     """True if `model` is meant as a local folder rather than a Hub id (`org/name`)."""
-    return (
-        model.startswith(("/", "./", "../", "~")) or Path(model).expanduser().exists() or model.count("/") > 1
-    )
+    return model.startswith(("/", "./", "../", "~")) or Path(model).expanduser().exists() or model.count("/") > 1
 
 
 def resolve_model(model: str) -> tuple[str, bool]:
@@ -69,8 +67,7 @@ def resolve_model(model: str) -> tuple[str, bool]:
             raise ServerError(f"model path {path} does not exist (llm.model = {model!r})")
         if not is_model_dir(path):
             raise ServerError(
-                f"model path {path} holds no model: expected config.json and *.safetensors "
-                f"(llm.model = {model!r})"
+                f"model path {path} holds no model: expected config.json and *.safetensors (llm.model = {model!r})"
             )
         return str(path), True
     return model, hub_model_is_cached(model)

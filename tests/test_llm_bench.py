@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 from llm_stub import StubServer, completion
 
 from builder.config import LLMConfig
-from builder.llm.bench import SUMMARY_KEYS, bench_llm, run_bench
+from builder.llm.bench import SUMMARY_KEYS, bench_llm, count_tokens, run_bench
 
 
 def respond(body: dict) -> tuple[int, dict]:
@@ -38,3 +39,12 @@ def test_bench_json_has_exactly_the_issue_keys(tmp_path: Path) -> None:
         == ("server_tok_s", "client_tok_s", "ratio", "overhead_p50_ms", "overhead_p99_ms")
     )
     assert all(isinstance(value, float) for value in data.values())
+
+
+async def test_every_token_is_counted_across_workers() -> None:
+    async def work(item: int) -> int:
+        await asyncio.sleep(0.001 * (item % 3))
+        return item
+
+    tokens, seconds = await count_tokens(list(range(100)), work, 7)
+    assert tokens == sum(range(100)) and seconds > 0

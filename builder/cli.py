@@ -33,6 +33,14 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
         metavar="SECTION.KEY=VALUE",
         help="override one config value, e.g. --set rollout.samples_per_scenario=4 (repeatable)",
     )
+    parser.add_argument(
+        "--llm-url",
+        dest="overrides",
+        action="append",
+        type=lambda url: f"llm.url={url}",
+        metavar="URL",
+        help="use this OpenAI-compatible endpoint (…/v1) instead of starting vLLM (same as --set llm.url=URL)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,11 +86,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_options(config)
     config.set_defaults(handler=cmd_config)
-    _add_sandbox_commands(commands)
+    bench_commands = _add_sandbox_commands(commands)
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the managed vLLM server in the foreground (Ctrl-C stops it)",
+        description="Start the configured model's vLLM server as `run` would, print its URL, and keep it up.",
+    )
+    _add_config_options(serve)
+    serve.add_argument("--run-dir", type=Path, metavar="DIR", help="server log folder (default: <runs_root>/serve)")
+    serve.set_defaults(handler=cmd_serve)
+
+    bench_llm = bench_commands.add_parser(
+        "llm",
+        help="is the client the bottleneck? (server vs client throughput, client overhead)",
+        description="Measure raw server throughput and full-client-path throughput against one server "
+        "(see docs/llm.md).",
+    )
+    _add_config_options(bench_llm)
+    bench_llm.add_argument("--json", action="store_true", help="print one JSON object")
+    bench_llm.add_argument("--requests", type=int, default=64, metavar="N", help="requests per phase (default 64)")
+    bench_llm.set_defaults(handler=cmd_bench_llm)
     return parser
 
 
-def _add_sandbox_commands(commands: argparse._SubParsersAction) -> None:
+def _add_sandbox_commands(commands: argparse._SubParsersAction) -> argparse._SubParsersAction:
     env = commands.add_parser("env", help="inspect and run one environment file in the sandbox")
     env_commands = env.add_subparsers(dest="env_command", metavar="ACTION", required=True)
     check = env_commands.add_parser("check", help="lint, load and call every tool; exit 1 on problems")
@@ -108,6 +136,7 @@ def _add_sandbox_commands(commands: argparse._SubParsersAction) -> None:
     sandbox.add_argument("--json", action="store_true", help="print one JSON object")
     _add_config_options(sandbox)
     sandbox.set_defaults(handler=cmd_bench_sandbox)
+    return bench_commands
 
 
 def cmd_env_check(args: argparse.Namespace) -> int:
@@ -166,6 +195,21 @@ def cmd_config(args: argparse.Namespace) -> int:
     config: BuildConfig = load_config(args.config, args.overrides)
     print(f"# builder {__version__}, config hash {config_hash(config)}\n")
     print(to_toml(config), end="")
+    return EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from builder.llm.connect import serve
+
+    config = load_config(args.config, args.overrides)
+    return serve(config.llm, args.run_dir or config.run.runs_root / "serve")
+
+
+def cmd_bench_llm(args: argparse.Namespace) -> int:
+    from builder.llm.bench import bench_llm
+
+    config = load_config(args.config, args.overrides)
+    print(bench_llm(config.llm, config.run.runs_root / "bench-llm", as_json=args.json, requests=args.requests))
     return EXIT_OK
 
 

@@ -30,7 +30,11 @@ def completion(
         "created": 0,
         "model": "local",
         "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
-        "usage": {"prompt_tokens": 11, "completion_tokens": completion_tokens, "total_tokens": 11 + completion_tokens},
+        "usage": {
+            "prompt_tokens": 11,
+            "completion_tokens": completion_tokens,
+            "total_tokens": 11 + completion_tokens,
+        },
     }
 
 

@@ -1,4 +1,5 @@
-"""LLMClient logic with the scripted model: structured retries, tools, reasoning, cache, backoff, accounting."""
+"""LLMClient logic with the scripted model: structured retries, tools, reasoning, cache, backoff,
+accounting."""
 
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ class Verdict(BaseModel):
 
 USER = (ChatMessage(role="user", content="judge this"),)
 LOOKUP = function_tool(
-    "lookup", "Look up a key", {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}
+    "lookup",
+    "Look up a key",
+    {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
 )
 
 
@@ -49,7 +52,7 @@ def make_client(model: ScriptedModel, **kwargs: object) -> tuple[LLMClient, list
         sleeps.append(seconds)
 
     kwargs.setdefault("sleep", fake_sleep)
-    client = LLMClient(model, model_id="scripted", on_call=records.append, rng=lambda: 0.5, **kwargs)  # type: ignore[arg-type]
+    client = LLMClient(model, model_id="scripted", on_call=records.append, rng=lambda: 0.5, **kwargs)
     return client, records, sleeps
 
 
@@ -110,7 +113,9 @@ async def test_structured_failure_is_typed_and_carries_raw_text() -> None:
 
 
 async def test_truncated_structured_reply_mentions_token_limit() -> None:
-    model = ScriptedModel.sequence([text_reply('{"keep": tr', finish_reason="length"), '{"keep": true, "score": 1}'])
+    model = ScriptedModel.sequence(
+        [text_reply('{"keep": tr', finish_reason="length"), '{"keep": true, "score": 1}']
+    )
     client, _, _ = make_client(model)
     await client.structured(USER, Verdict)
     assert "cut off at the token limit" in model.requests[1].messages[-1].content
@@ -244,7 +249,9 @@ def test_client_works_across_event_loops() -> None:
     client = LLMClient(ScriptedModel(lambda request: "ok"), model_id="m", max_concurrency=1)
 
     async def three_calls() -> None:
-        await asyncio.wait_for(asyncio.gather(*(client.chat(ChatRequest(messages=USER)) for _ in range(3))), 5)
+        await asyncio.wait_for(
+            asyncio.gather(*(client.chat(ChatRequest(messages=USER)) for _ in range(3))), 5
+        )
 
     for _ in range(2):  # the pipeline may run each stage in its own asyncio.run
         asyncio.run(three_calls())

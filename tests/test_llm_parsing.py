@@ -32,7 +32,10 @@ WEATHER = function_tool(
     "Weather for a city",
     {
         "type": "object",
-        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "properties": {
+            "city": {"type": "string"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        },
         "required": ["city"],
         "additionalProperties": False,
     },
@@ -57,7 +60,9 @@ def call(name: str, arguments: str, call_id: str = "c1") -> ToolCall:
         (None, None, None, None),
     ],
 )
-def test_split_reasoning(text: str | None, field: str | None, content: str | None, reasoning: str | None) -> None:
+def test_split_reasoning(
+    text: str | None, field: str | None, content: str | None, reasoning: str | None
+) -> None:
     assert split_reasoning(text, field) == (content, reasoning)
 
 
@@ -79,7 +84,12 @@ def test_parse_structured_accepts_valid_and_fenced_json() -> None:
 
 @pytest.mark.parametrize(
     ("text", "fragment"),
-    [("", "empty"), ("not json", "Invalid JSON"), ('{"name": "a"}', "age: Field required"), ('{"age": "x"}', "age")],
+    [
+        ("", "empty"),
+        ("not json", "Invalid JSON"),
+        ('{"name": "a"}', "age: Field required"),
+        ('{"age": "x"}', "age"),
+    ],
 )
 def test_parse_structured_errors_are_readable(text: str, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):

@@ -14,7 +14,13 @@ from builder.llm.errors import (
     TransientLLMError,
 )
 from builder.llm.openai_backend import OpenAIChatModel
-from builder.llm.parsing import ParsedToolCall, check_tool_call, check_tool_calls, function_tool, split_reasoning
+from builder.llm.parsing import (
+    ParsedToolCall,
+    check_tool_call,
+    check_tool_calls,
+    function_tool,
+    split_reasoning,
+)
 from builder.llm.scripted import ScriptedModel, text_reply, tool_reply
 from builder.llm.server import VLLMServer
 

@@ -1,7 +1,8 @@
 """The one model interface every stage uses: `ChatRequest` in, `Reply` out, through `ChatModel.chat`.
 
-Messages and tool calls reuse the record structs of `builder.records`, so a reply's message can be appended to a
-trajectory as is. `CallRecord` is what the client reports to an observer after every call (usage accounting).
+Messages and tool calls reuse the record structs of `builder.records`, so a reply's message can be appended to
+a trajectory as is. `CallRecord` is what the client reports to an observer after every call (usage
+accounting).
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ class TokenUsage(_Frozen):
 class Reply(_Frozen):
     """What a model answered.
 
-    `content` never contains reasoning: `<think>…</think>` blocks and a server's separate reasoning field end up
-    in `reasoning`. `finish_reason` is the server's ("stop", "length", "tool_calls", …).
+    `content` never contains reasoning: `<think>…</think>` blocks and a server's separate reasoning field end
+    up in `reasoning`. `finish_reason` is the server's ("stop", "length", "tool_calls", …).
     """
 
     content: str | None = None
@@ -65,15 +66,16 @@ class Reply(_Frozen):
     usage: TokenUsage = TokenUsage()
 
     def message(self) -> ChatMessage:
-        """The assistant message to append to the conversation (reasoning left out, as chat templates expect)."""
+        """The assistant message to append to the conversation (reasoning left out, as chat templates
+        expect)."""
         return ChatMessage(role="assistant", content=self.content, tool_calls=self.tool_calls or None)
 
 
 class CallRecord(_Frozen):
     """One client call, reported to the `on_call` observer.
 
-    Tokens are the reply's usage even when `cached` is true (then nothing was spent in this run); a failed call
-    (`ok` false) has zero tokens and the error message.
+    Tokens are the reply's usage even when `cached` is true (then nothing was spent in this run); a failed
+    call (`ok` false) has zero tokens and the error message.
     """
 
     model: str

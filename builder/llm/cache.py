@@ -63,7 +63,8 @@ class ResponseCache:
         data = reply.model_dump_json()
         with self._lock:
             self._db.execute(
-                "INSERT OR IGNORE INTO responses (key, reply, created) VALUES (?, ?, ?)", (key, data, time.time())
+                "INSERT OR IGNORE INTO responses (key, reply, created) VALUES (?, ?, ?)",
+                (key, data, time.time()),
             )
             self._db.commit()
 

@@ -1,8 +1,8 @@
 """The client every stage talks to: one `chat` call with cache, bounded concurrency, retries and accounting.
 
 It wraps any `ChatModel` backend (the OpenAI-compatible one in production, the scripted one in tests), so all
-of its logic is tested without a server. `structured` asks for a pydantic model and re-asks with the validation
-error fed back.
+of its logic is tested without a server. `structured` asks for a pydantic model and re-asks with the
+validation error fed back.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ class LLMClient:
     """A `ChatModel` that adds what every stage needs around a backend.
 
     Per call: sampling defaults filled in, `strict: true` on tools, a response-cache lookup, at most
-    `max_concurrency` backend requests in flight, a hard `request_timeout_s` per attempt, retries with backoff on
-    `TransientLLMError` and timeouts (never on `LLMRequestError`), reasoning split off the content, and one
+    `max_concurrency` backend requests in flight, a hard `request_timeout_s` per attempt, retries with backoff
+    on `TransientLLMError` and timeouts (never on `LLMRequestError`), reasoning split off the content, and one
     `CallRecord` to `on_call` (and to `totals`), also for cache hits and failures.
 
     Args:
@@ -62,7 +62,7 @@ class LLMClient:
         model_id: str,
         cache: ResponseCache | None = None,
         on_call: Callable[[CallRecord], None] | None = None,
-        default_sampling: Sampling = Sampling(),
+        default_sampling: Sampling | None = None,
         max_concurrency: int = 16,
         request_timeout_s: float = 300.0,
         max_retries: int = 4,
@@ -76,7 +76,7 @@ class LLMClient:
         self.model_id = model_id
         self.cache = cache
         self.on_call = on_call
-        self.default_sampling = default_sampling
+        self.default_sampling = default_sampling or Sampling()
         self.max_concurrency = max_concurrency
         self.request_timeout_s = request_timeout_s
         self.max_retries = max_retries
@@ -154,6 +154,12 @@ class LLMClient:
             conversation.append(ChatMessage(role="user", content=_feedback(errors[-1], reply.finish_reason)))
         message = f"no valid {output_type.__name__} after {len(errors)} replies; last error: {errors[-1]}"
         raise StructuredOutputError(message, raw_text=raw_text, errors=errors, attempts=len(errors))
+
+    async def aclose(self) -> None:
+        """Close the backend's connections, if it has any; call at the end of each event loop that used it."""
+        close = getattr(self.backend, "aclose", None)
+        if close is not None:
+            await close()
 
     def _prepare(self, request: ChatRequest) -> ChatRequest:
         choice = request.tool_choice

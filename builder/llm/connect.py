@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -10,6 +11,7 @@ from builder.config import LLMConfig
 from builder.llm.base import CallRecord
 from builder.llm.cache import ResponseCache
 from builder.llm.client import LLMClient
+from builder.llm.errors import ServerError
 from builder.llm.openai_backend import OpenAIChatModel
 from builder.llm.server import VLLMServer
 from builder.records import Sampling
@@ -68,3 +70,24 @@ def client_for(
         max_retries=config.max_retries,
         structured_retries=config.structured_retries,
     )
+
+
+def serve(config: LLMConfig, run_dir: Path, *, announce: Callable[[str], None] = print) -> int:
+    """`python -m builder serve`: run the managed server in the foreground until Ctrl-C (or SIGTERM).
+
+    Returns:
+        0 after Ctrl-C; the server is stopped either way.
+
+    Raises:
+        ServerError: the server cannot start, or it exits on its own.
+    """
+    log = Path(run_dir) / SERVER_LOG
+    try:
+        with VLLMServer(config, log) as server:
+            announce(f"serving {config.model} as {config.served_model_name!r} at {server.url} (log: {log})")
+            announce("use it with --llm-url / llm.url; Ctrl-C stops it")
+            while (code := server.process.poll() if server.process else 0) is None:
+                time.sleep(1.0)
+            raise ServerError(f"vLLM exited with code {code}.\n{server.log_tail()}")
+    except KeyboardInterrupt:
+        return 0

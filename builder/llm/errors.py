@@ -17,7 +17,8 @@ class LLMRequestError(LLMError):
     """A request failed for good: an HTTP 4xx (the request itself is wrong), or retries ran out.
 
     Attributes:
-        status_code: The HTTP status, or None when no response arrived (retries exhausted on connection errors).
+        status_code: The HTTP status, or None when no response arrived (retries exhausted on connection
+            errors).
         retryable: Whether the last failure was of a retryable kind.
     """
 

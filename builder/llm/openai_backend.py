@@ -1,8 +1,8 @@
 """The production backend: any OpenAI-compatible chat-completions endpoint (vLLM's server in practice).
 
-It only translates: `ChatRequest` to the request body, the response to `Reply`, and errors to the model layer's
-two kinds (retryable `TransientLLMError`, final `LLMRequestError`). Retries, caching and concurrency live in
-`LLMClient`, so they behave the same for every backend.
+It only translates: `ChatRequest` to the request body, the response to `Reply`, and errors to the model
+layer's two kinds (retryable `TransientLLMError`, final `LLMRequestError`). Retries, caching and concurrency
+live in `LLMClient`, so they behave the same for every backend.
 """
 
 from __future__ import annotations
@@ -69,6 +69,13 @@ class OpenAIChatModel:
             raise TransientLLMError(f"the server at {self.base_url} returned no choices")
         return reply_from_completion(completion)
 
+    async def aclose(self) -> None:
+        """Close the connection pool of the current event loop (optional; it is also dropped with the
+        loop)."""
+        if self._sdk is not None and self._loop is asyncio.get_running_loop():
+            await self._sdk.close()
+            self._sdk = None
+
     def _client(self) -> openai.AsyncOpenAI:
         loop = asyncio.get_running_loop()
         if self._sdk is None or self._loop is not loop:
@@ -114,7 +121,10 @@ def reply_from_completion(completion: Any) -> Reply:
     extra = message.model_extra or {}
     reasoning = extra.get("reasoning") or extra.get("reasoning_content")
     calls = tuple(
-        ToolCall(id=call.id, function=FunctionCall(name=call.function.name, arguments=call.function.arguments or ""))
+        ToolCall(
+            id=call.id,
+            function=FunctionCall(name=call.function.name, arguments=call.function.arguments or ""),
+        )
         for call in (message.tool_calls or ())
         if getattr(call, "function", None) is not None
     )

@@ -24,11 +24,13 @@ _FENCED = re.compile(r"^\s*```(?:json)?\s*\n(.*?)\n\s*```\s*$", re.DOTALL)
 def split_reasoning(text: str | None, reasoning_field: str | None = None) -> tuple[str | None, str | None]:
     """Separate reasoning from the answer.
 
-    Handles `<think>…</think>` blocks anywhere, a lone `</think>` (templates such as Qwen3's open the block in the
-    prompt), an unclosed `<think>` (the reply was cut off while thinking), and a server's separate reasoning field.
+    Handles `<think>…</think>` blocks anywhere, a lone `</think>` (templates such as Qwen3's open the block in
+    the prompt), an unclosed `<think>` (the reply was cut off while thinking), and a server's separate
+    reasoning field.
 
     Returns:
-        (content, reasoning): content stripped of reasoning (None if nothing is left); reasoning (None if none).
+        (content, reasoning): content stripped of reasoning (None if nothing is left); reasoning (None if
+        none).
     """
     parts = [reasoning_field] if reasoning_field else []
     if text is not None:
@@ -143,8 +145,8 @@ class ParsedToolCall(BaseModel):
 def check_tool_call(call: ToolCall, tools: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> ParsedToolCall:
     """Decode a tool call's arguments and validate them against the named tool's parameter schema.
 
-    Never raises: an unknown tool, arguments that are not a JSON object, or arguments that break the schema give
-    a `ParsedToolCall` whose `error` says what is wrong, ready to send back as the tool's result.
+    Never raises: an unknown tool, arguments that are not a JSON object, or arguments that break the schema
+    give a `ParsedToolCall` whose `error` says what is wrong, ready to send back as the tool's result.
     """
     name = call.function.name
     by_name = {tool["function"]["name"]: tool["function"] for tool in tools if isinstance(tool.get("function"), dict)}

@@ -64,7 +64,8 @@ def text_reply(content: str, *, finish_reason: str = "stop", reasoning: str | No
 
 
 def tool_reply(*calls: tuple[str, str | dict], content: str | None = None) -> Reply:
-    """A reply calling tools: each call is (name, arguments) with arguments as raw text (may be malformed) or a dict."""
+    """A reply calling tools: each call is (name, arguments) with arguments as raw text (may be malformed) or
+    a dict."""
     tool_calls = tuple(
         ToolCall(
             id=f"call_{index}",

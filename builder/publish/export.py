@@ -161,8 +161,11 @@ def _feature(dtype: pl.DataType) -> object:
 def write_split(frame: pl.DataFrame, root: Path, config: str, split: str, max_shard_bytes: int) -> SplitFiles:
     """Write one split as `data/<config>/<split>-NNNNN-of-NNNNN.parquet` shards of at most ~`max_shard_bytes`.
 
-    An empty split still gets one (empty) shard, so its `data_files` pattern always matches.
+    An empty split writes nothing: `datasets` cannot load a split without rows ("corresponds to no data"), so
+    the card leaves it out.
     """
+    if frame.height == 0:
+        return SplitFiles(config=config, split=split, paths=(), num_examples=0, num_bytes=0, download_size=0)
     features = features_of(frame.schema)
     table = frame.to_arrow().cast(features.arrow_schema)
     shards = max(1, math.ceil(table.nbytes / max_shard_bytes))

@@ -93,6 +93,28 @@ def test_every_config_and_split_loads_by_tag_over_http(served):
     assert out["pinned"]["rows"] == 4 and out["pinned"]["messages"]["tool_calls"][0]["id"] == "call-1"
     assert "has no tag v9.9.9" in out["missing"] and "v0.1.0, v0.2.0" in out["missing"]
 
+    # Offline, the pinned loader serves exactly the cached tag, and refuses a tag it never saw (where plain
+    # load_dataset would fall back to "the latest cached version").
+    offline = textwrap.dedent(
+        """
+        import json
+        from builder.publish.loading import load_pinned
+        sft = load_pinned("acme/envs", "sft", "0.1.0", split="train")
+        try:
+            load_pinned("acme/envs", "sft", "0.3.0")
+            missing = "loaded"
+        except Exception as error:
+            missing = type(error).__name__
+        print(json.dumps({"rows": sft.num_rows, "missing": missing}))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", offline], env={**env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+        timeout=240, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"rows": 4, "missing": "LocalEntryNotFoundError"}
+
 
 def test_the_server_stops_and_frees_its_port(tmp_path):
     import urllib.request

@@ -129,6 +129,7 @@ def test_cli_publish_then_export_against_the_previous_version(tmp_path, capsys):
     manifest = json.loads((tmp_path / "release" / "0.2.0" / "release.json").read_text())
     assert manifest["previous_version"] == "0.1.0"
     assert main(["publish", "--version", "nope", *sets]) == 1
+    assert main(["publish", "--version", "0.3.0", "--repo", "no-slash", *sets]) == 1
 
 
 # ------------------------------------------------------------------------------------------------ hf backend

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -54,6 +55,8 @@ class PublishResult:
 def make_backend(config: BuildConfig, backend: str | None = None, repo: str | None = None) -> Backend:
     """The backend named by `backend` (default `hub.backend`) for `repo` (default `hub.repo`)."""
     name, repo = backend or config.hub.backend, repo or config.hub.repo
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", repo):
+        raise PublishError(f"repository {repo!r} is not ORG/NAME")
     if name == "git":
         return GitBackend(config.hub.root, repo)
     if name == "hf":

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_llm.add_argument("--json", action="store_true", help="print one JSON object")
     bench_llm.add_argument("--requests", type=int, default=64, metavar="N", help="requests per phase (default 64)")
     bench_llm.set_defaults(handler=cmd_bench_llm)
+    _add_release_commands(commands)
     return parser
 
 
@@ -165,6 +167,42 @@ def cmd_bench_sandbox(args: argparse.Namespace) -> int:
     return bench_sandbox(args.json, load_config(args.config, args.overrides).sandbox)
 
 
+def _add_release_commands(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser(
+        "export",
+        help="write a release folder (Hub layout, card, manifest) from the store, without publishing",
+        description="Export the store to <hub.release_root>/<version>/: Parquet shards, dataset card, plots, "
+        "release.json. The changelog is written against the repository's previous version.",
+    )
+    publish = commands.add_parser(
+        "publish",
+        help="export the store and publish it as a new tagged version",
+        description="Export the store and publish it as version X (tag vX) to the local Hub (git) or the "
+        "Hugging Face Hub (hf). An existing version is refused; a failed publish leaves earlier versions intact.",
+    )
+    for sub in (export, publish):
+        _add_config_options(sub)
+        sub.add_argument("--version", required=True, metavar="X", help="semantic version, e.g. 0.1.0")
+        sub.add_argument("--repo", metavar="ORG/NAME", help="dataset repository (default: hub.repo)")
+        sub.add_argument("--backend", choices=["git", "hf"], help="where to publish (default: hub.backend)")
+        sub.add_argument("--run-dir", type=Path, metavar="DIR", help="run folder whose stats.json the card shows")
+    publish.add_argument("--dry-run", action="store_true", help="export to a temporary folder, report, write nothing")
+    export.set_defaults(handler=cmd_export)
+    publish.set_defaults(handler=cmd_publish)
+
+    hub = commands.add_parser("hub", help="the local Hub").add_subparsers(dest="hub_command", required=True)
+    serve = hub.add_parser(
+        "serve",
+        help="serve the local Hub over the Hugging Face Hub API (olah, read-only) until Ctrl-C",
+        description="Start olah over hub.root so that HF_ENDPOINT=http://HOST:PORT and "
+        'load_dataset("ORG/NAME", "sft", revision="v0.1.0") work as against the real Hub.',
+    )
+    _add_config_options(serve)
+    serve.add_argument("--host", help="address to listen on (default: hub.host)")
+    serve.add_argument("--port", type=int, help="port (default: hub.port)")
+    serve.set_defaults(handler=cmd_hub_serve)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from builder.pipeline import run_pipeline
 
@@ -211,6 +249,54 @@ def cmd_bench_llm(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     print(bench_llm(config.llm, config.run.runs_root / "bench-llm", as_json=args.json, requests=args.requests))
     return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from builder.publish.publish import export_version
+
+    config = load_config(args.config, args.overrides)
+    out, manifest = export_version(config, args.version, args.repo, args.backend, _stats_path(args))
+    print(f"exported {manifest['tag']} to {out}: {_counts(manifest)}")
+    return EXIT_OK
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from builder.publish.publish import publish
+
+    config = load_config(args.config, args.overrides)
+    result = publish(
+        config, args.version, repo=args.repo, backend=args.backend, dry_run=args.dry_run, stats_path=_stats_path(args)
+    )
+    if result.dry_run:
+        print(f"dry run: would publish {result.tag} to {result.location} ({len(result.files)} files); nothing written")
+    else:
+        print(f"published {result.tag} to {result.location} (commit {result.commit})")
+    print(f"rows: {_counts(result.manifest)}")
+    print("changes: " + " ".join(result.manifest["changelog"][0]["changes"]))
+    return EXIT_OK
+
+
+def cmd_hub_serve(args: argparse.Namespace) -> int:
+    from builder.publish.server import serve
+
+    config = load_config(args.config, args.overrides)
+    host, port = args.host or config.hub.host, args.port or config.hub.port
+    signum = serve(config.hub.root, host, port, config.hub.olah_python)
+    print(f"stopped the local Hub ({signal.Signals(signum).name})", file=sys.stderr)
+    return 128 + signum
+
+
+def _stats_path(args: argparse.Namespace) -> Path | None:
+    if args.run_dir is None:
+        return None
+    path = args.run_dir / "stats.json"
+    if not path.exists():
+        raise RunError(f"{args.run_dir} has no stats.json (is it a run folder?)")
+    return path
+
+
+def _counts(manifest: dict) -> str:
+    return ", ".join(f"{key}={count}" for key, count in manifest["counts"].items())
 
 
 def _log_to_file(path: Path) -> None:

@@ -187,9 +187,27 @@ class StoreConfig(Section):
 
 class HubConfig(Section):
     backend: Literal["git", "hf"] = Field("git", description="git: a local Hub of bare repos; hf: the real Hub.")
-    root: Path = Field(Path("hub"), description="Root of the local Hub (git backend).")
-    repo: str = Field("local/builder-envs", description="Dataset repository, ORG/NAME.")
+    root: Path = Field(Path("hub"), description="Root of the local Hub (git backend): <root>/datasets/ORG/NAME.")
+    repo: str = Field(
+        "local/builder-envs",
+        pattern=r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$",
+        description="Dataset repository, ORG/NAME.",
+    )
     private: bool = Field(False, description="Create the repository private (hf backend).")
+    release_root: Path = Field(Path("release"), description="Exports go to <release_root>/<version>/.")
+    max_shard_mb: float = Field(
+        256.0,
+        gt=0,
+        description="Largest Parquet shard (in-memory Arrow size); the local Hub server reads whole files into RAM.",
+    )
+    license: str = Field("apache-2.0", description="License id written into the dataset card.")
+    host: str = Field("127.0.0.1", description="Address the local Hub server (`hub serve`) listens on.")
+    port: int = Field(8090, ge=1, le=65535, description="Port of the local Hub server.")
+    olah_python: Path | None = Field(
+        None,
+        description="Python with olah installed, for `hub serve` (None: this one if it has olah, else a private "
+        "venv made on first use under ~/.cache/builder).",
+    )
 
 
 class BuildConfig(Section):

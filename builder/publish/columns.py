@@ -1,0 +1,72 @@
+"""What every published column means: the card's column tables are rendered from here (a test keeps it complete)."""
+
+from __future__ import annotations
+
+ROW_MEANING = {
+    "environments": "an environment class: code, tool schemas, state schema, quality scores",
+    "scenarios": "a task in one environment: initial state, checks, gold actions",
+    "sft": "a verified trajectory: messages and tools, for supervised fine-tuning",
+}
+
+_PROVENANCE = (
+    "where the row came from: `builder_version`, `config_hash`, `model`, `sampling`, `prompt_version`, "
+    "`parent_ids` (ids of the records it was made from)"
+)
+
+COLUMN_DOCS: dict[str, dict[str, str]] = {
+    "environments": {
+        "env_id": "`env-<16 hex>`: sha256 of the code; scenarios and trajectories refer to it",
+        "name": "snake_case name, e.g. `library_loans`",
+        "class_name": "the one class `code` defines",
+        "description": "what the environment simulates",
+        "domain": "domain label, e.g. `library`",
+        "code": "the whole Python module (**untrusted code**: run it only in a sandbox)",
+        "code_sha256": "sha256 of `code`, to check the code you run is the code published",
+        "tools": "JSON: OpenAI function schemas of the tools (the public methods), in method order",
+        "num_tools": "number of tools",
+        "state_schema": "JSON: JSON schema of the state attributes",
+        "num_scenarios": "number of scenarios of this environment in this release",
+        "scores": 'JSON: quality scores by name, e.g. `{"dual_agent": 0.91}`',
+        "evaluation": "JSON: evidence behind the acceptance (gate results, tester/checker summary)",
+        "plan_id": "id of the environment plan the code was written from",
+        "schema_version": "version of the record layout",
+        "provenance": _PROVENANCE,
+    },
+    "scenarios": {
+        "scenario_id": "`scenario-<16 hex>`: hash of env_id, initial state, task and mode",
+        "env_id": "the environment this scenario runs in",
+        "mode": "`non_conversational` (the whole task up front) or `conversational` (a simulated user)",
+        "task": "what the user wants done",
+        "initial_state": "JSON: attribute name → value, applied to a fresh environment instance",
+        "user": "conversational mode: the simulated user's `profile`, `known_up_front`, `reveal_when_asked`, "
+        "`ending`; null otherwise",
+        "checklist": "the task as statements about the final state",
+        "checks": "one Python `check(initial_state, final_state) -> bool` per checklist item (untrusted code)",
+        "gold_actions": "a tool-call sequence that solves the task: `name`, `arguments` (JSON)",
+        "difficulty": "`easy`, `medium` or `hard`",
+        "num_rollouts": "agent rollouts made for this scenario",
+        "pass_rate": "share of those rollouts that passed every check (null without rollouts)",
+        "verification": "JSON: evidence that the gold actions pass every check and no check is vacuous",
+        "schema_version": "version of the record layout",
+        "provenance": _PROVENANCE,
+    },
+    "sft": {
+        "trajectory_id": "`traj-<16 hex>`: hash of scenario, model, sampling and sample index",
+        "scenario_id": "the scenario that was solved",
+        "env_id": "its environment (always in the `train` split)",
+        "mode": "as in `scenarios`",
+        "messages": "the conversation: `role`, `content`, `tool_calls` (`id`, `type`, `function` with `name` and "
+        "`arguments` as JSON text), `tool_call_id`, `name`",
+        "tools": "JSON: the tool schemas the agent saw",
+        "reward": "fraction of checks passed (1.0 here: only solved trajectories are published)",
+        "checks_passed": "one verdict per check, in the scenario's `checks` order",
+        "num_turns": "assistant messages in the conversation",
+        "num_tool_calls": "tool calls the agent made",
+        "end_reason": "why the rollout ended, e.g. `answered`, `user_stop`",
+        "model": "the agent model",
+        "sampling": "the agent's sampling: `temperature`, `top_p`, `max_tokens`, `seed`",
+        "usage": "model `calls`, `prompt_tokens` and `completion_tokens` the rollout took",
+        "schema_version": "version of the record layout",
+        "provenance": _PROVENANCE,
+    },
+}

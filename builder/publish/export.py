@@ -1,0 +1,198 @@
+"""Store → release tables: the three published configs, split by environment, written as bounded Parquet shards.
+
+Configs and splits: `environments` and `scenarios` with `train` and `rl` (never sharing an environment), `sft`
+with `train` only (verified trajectories of `train` environments). Column types are declared as `datasets`
+features and the Arrow data is cast to them before writing, so `load_dataset` reads back exactly these types:
+messages as structs, free-form JSON as strings, plain `string`/`list` rather than polars' large variants.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+from datasets import Features, List, Value
+
+CONFIG_SPLITS: dict[str, tuple[str, ...]] = {
+    "environments": ("train", "rl"),
+    "scenarios": ("train", "rl"),
+    "sft": ("train",),
+}
+
+ENVIRONMENT_COLUMNS = (
+    "env_id", "name", "class_name", "description", "domain", "code", "code_sha256", "tools", "num_tools",
+    "state_schema", "num_scenarios", "scores", "evaluation", "plan_id", "schema_version", "provenance",
+)  # fmt: skip
+SCENARIO_COLUMNS = (
+    "scenario_id", "env_id", "mode", "task", "initial_state", "user", "checklist", "checks", "gold_actions",
+    "difficulty", "num_rollouts", "pass_rate", "verification", "schema_version", "provenance",
+)  # fmt: skip
+SFT_COLUMNS = (
+    "trajectory_id", "scenario_id", "env_id", "mode", "messages", "tools", "reward", "checks_passed",
+    "num_turns", "num_tool_calls", "end_reason", "model", "sampling", "usage", "schema_version", "provenance",
+)  # fmt: skip
+
+
+def is_rl_environment(env_id: str, rl_fraction: float) -> bool:
+    """Whether an environment belongs to the held-out `rl` split rather than `train`.
+
+    Pure and deterministic: the first 8 bytes of sha256(env_id), read as a fraction of 2**64, are compared with
+    `rl_fraction` (`select.rl_env_fraction`). An environment therefore keeps its split across runs and releases,
+    as long as the fraction is unchanged, and raising the fraction only moves environments from train to rl.
+    """
+    digest = hashlib.sha256(env_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < rl_fraction
+
+
+@dataclass(frozen=True)
+class SplitFiles:
+    """What was written for one config and split: shard paths relative to the release root, and sizes."""
+
+    config: str
+    split: str
+    paths: tuple[str, ...]
+    num_examples: int
+    num_bytes: int
+    download_size: int
+
+
+def build_tables(
+    environments: pl.DataFrame, scenarios: pl.DataFrame, trajectories: pl.DataFrame, rl_fraction: float
+) -> dict[str, dict[str, pl.DataFrame]]:
+    """Release tables `{config: {split: frame}}` from the store's frames (schemas of `builder.tables.schema`).
+
+    Only accepted environments are published, with their scenarios; `sft` holds solved trajectories of `train`
+    environments. Rows are sorted by id, so the same store always gives the same files.
+    """
+    envs = environments.filter(pl.col("status") == "accepted")
+    rl_ids = {env_id for env_id in envs["id"].to_list() if is_rl_environment(env_id, rl_fraction)}
+    scen = _scenario_table(scenarios.filter(pl.col("env_id").is_in(envs["id"].implode())), trajectories)
+    env = _environment_table(envs, scen)
+    sft = _sft_table(trajectories.filter(pl.col("env_id").is_in(env["env_id"].implode()) & pl.col("solved")))
+    in_rl = pl.col("env_id").is_in(list(rl_ids))
+    return {
+        "environments": {"train": env.filter(~in_rl), "rl": env.filter(in_rl)},
+        "scenarios": {"train": scen.filter(~in_rl), "rl": scen.filter(in_rl)},
+        "sft": {"train": sft.filter(~in_rl)},
+    }
+
+
+def _environment_table(envs: pl.DataFrame, scenarios: pl.DataFrame) -> pl.DataFrame:
+    counts = scenarios.group_by("env_id").agg(pl.len().cast(pl.Int64).alias("num_scenarios"))
+    return (
+        envs.rename({"id": "env_id"})
+        .with_columns(
+            pl.col("code").map_elements(_sha256, return_dtype=pl.String).alias("code_sha256"),
+            pl.col("tools").map_elements(lambda text: len(json.loads(text)), return_dtype=pl.Int64).alias("num_tools"),
+        )
+        .join(counts, on="env_id", how="left")
+        .with_columns(pl.col("num_scenarios").fill_null(0))
+        .select(ENVIRONMENT_COLUMNS)
+        .sort("env_id")
+    )
+
+
+def _scenario_table(scenarios: pl.DataFrame, trajectories: pl.DataFrame) -> pl.DataFrame:
+    rates = trajectories.group_by("scenario_id").agg(
+        pl.len().cast(pl.Int64).alias("num_rollouts"), pl.col("solved").cast(pl.Float64).mean().alias("pass_rate")
+    )
+    return (
+        scenarios.rename({"id": "scenario_id"})
+        .join(rates, on="scenario_id", how="left")
+        .with_columns(pl.col("num_rollouts").fill_null(0))
+        .select(SCENARIO_COLUMNS)
+        .sort("scenario_id")
+    )
+
+
+def _sft_table(trajectories: pl.DataFrame) -> pl.DataFrame:
+    messages = pl.col("messages")
+    return (
+        trajectories.rename({"id": "trajectory_id"})
+        .with_columns(
+            messages.list.eval(pl.element().struct.field("role") == "assistant")
+            .list.sum()
+            .cast(pl.Int64)
+            .alias("num_turns"),
+            messages.list.eval(pl.element().struct.field("tool_calls").list.len().fill_null(0))
+            .list.sum()
+            .cast(pl.Int64)
+            .alias("num_tool_calls"),
+        )
+        .select(SFT_COLUMNS)
+        .sort("trajectory_id")
+    )
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------ features
+
+
+_VALUES = {pl.String: "string", pl.Int64: "int64", pl.Float64: "float64", pl.Boolean: "bool"}
+
+
+def features_of(schema: pl.Schema) -> Features:
+    """The `datasets` features of a frame: what `load_dataset` will report for the published Parquet."""
+    return Features({name: _feature(dtype) for name, dtype in schema.items()})
+
+
+def _feature(dtype: pl.DataType) -> object:
+    if isinstance(dtype, pl.List):
+        return List(_feature(dtype.inner))
+    if isinstance(dtype, pl.Struct):
+        return {field.name: _feature(field.dtype) for field in dtype.fields}
+    for polars_type, name in _VALUES.items():
+        if dtype == polars_type:
+            return Value(name)
+    raise TypeError(f"no datasets feature for polars type {dtype}")
+
+
+# ------------------------------------------------------------------------------------------------- writing
+
+
+def write_split(frame: pl.DataFrame, root: Path, config: str, split: str, max_shard_bytes: int) -> SplitFiles:
+    """Write one split as `data/<config>/<split>-NNNNN-of-NNNNN.parquet` shards of at most ~`max_shard_bytes`.
+
+    An empty split writes nothing: `datasets` cannot load a split without rows ("corresponds to no data"), so
+    the card leaves it out.
+    """
+    if frame.height == 0:
+        return SplitFiles(config=config, split=split, paths=(), num_examples=0, num_bytes=0, download_size=0)
+    features = features_of(frame.schema)
+    table = frame.to_arrow().cast(features.arrow_schema)
+    shards = max(1, math.ceil(table.nbytes / max_shard_bytes))
+    rows_per_shard = max(1, math.ceil(table.num_rows / shards))
+    folder = root / "data" / config
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index in range(shards):
+        relative = f"data/{config}/{split}-{index:05d}-of-{shards:05d}.parquet"
+        pq.write_table(table.slice(index * rows_per_shard, rows_per_shard), root / relative)
+        paths.append(relative)
+    return SplitFiles(
+        config=config,
+        split=split,
+        paths=tuple(paths),
+        num_examples=table.num_rows,
+        num_bytes=table.nbytes,
+        download_size=sum((root / path).stat().st_size for path in paths),
+    )
+
+
+def write_tables(
+    tables: dict[str, dict[str, pl.DataFrame]], root: Path, max_shard_bytes: int
+) -> dict[tuple[str, str], SplitFiles]:
+    """Write every config and split under `root`; returns what was written, keyed by (config, split)."""
+    return {
+        (config, split): write_split(frame, root, config, split, max_shard_bytes)
+        for config, splits in tables.items()
+        for split, frame in splits.items()
+    }

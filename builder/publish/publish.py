@@ -1,0 +1,233 @@
+"""Export a release folder from the store, and publish it to a backend as a tagged version.
+
+`export_release` writes `<release_root>/<version>/` (data shards, plots, card, manifest) atomically.
+`publish` checks the version is new, exports, then makes one commit and one tag on the backend; with
+`dry_run` it exports into a temporary folder, reports what would be published and writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from builder import __version__
+from builder.config import BuildConfig, config_hash
+from builder.publish.backends import Backend, GitBackend, HfBackend, release_files
+from builder.publish.card import CardInputs, render_card
+from builder.publish.export import build_tables, write_tables
+from builder.publish.plots import write_plots
+from builder.publish.release import (
+    MANIFEST,
+    PublishError,
+    build_manifest,
+    changes,
+    history_with,
+    parse_version,
+    previous_version,
+    tag_of,
+)
+from builder.stats import load_stats
+from builder.store import Store
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """What a publish did (or, for a dry run, would do)."""
+
+    version: str
+    tag: str
+    location: str
+    commit: str | None
+    files: tuple[str, ...]
+    manifest: dict
+    dry_run: bool
+
+
+def make_backend(config: BuildConfig, backend: str | None = None, repo: str | None = None) -> Backend:
+    """The backend named by `backend` (default `hub.backend`) for `repo` (default `hub.repo`)."""
+    name, repo = backend or config.hub.backend, repo or config.hub.repo
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", repo):
+        raise PublishError(f"repository {repo!r} is not ORG/NAME")
+    if name == "git":
+        return GitBackend(config.hub.root, repo)
+    if name == "hf":
+        return HfBackend(repo, private=config.hub.private)
+    raise PublishError(f"unknown backend {name!r}; backends are git and hf")
+
+
+def export_release(
+    config: BuildConfig,
+    version: str,
+    out: Path,
+    *,
+    repo: str | None = None,
+    previous: dict | None = None,
+    stats_path: Path | None = None,
+) -> dict:
+    """Write the release folder `out` and return its manifest; it is built beside `out` and renamed into place,
+    so a failed export leaves no half-written folder (an existing `out` is replaced).
+
+    `previous` is the previous release's manifest, for the changelog; `stats_path` a run's stats.json, for the
+    card's per-stage table.
+    """
+    version, repo = parse_version(version), repo or config.hub.repo
+    store = Store(config.store.path, lock_timeout_s=config.store.lock_timeout_s)
+    frames = {name: store.read_frame(name) for name in ("environments", "scenarios", "trajectories")}
+    tables = build_tables(
+        frames["environments"], frames["scenarios"], frames["trajectories"], config.select.rl_env_fraction
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        manifest = _write_release(config, version, repo, scratch, frames, tables, previous, stats_path)
+        if out.exists():
+            shutil.rmtree(out)
+        scratch.rename(out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return manifest
+
+
+def _write_release(
+    config: BuildConfig,
+    version: str,
+    repo: str,
+    root: Path,
+    frames: dict[str, pl.DataFrame],
+    tables: dict[str, dict[str, pl.DataFrame]],
+    previous: dict | None,
+    stats_path: Path | None,
+) -> dict:
+    """Data shards, plots, card, then the manifest (last, since it hashes every other file)."""
+    files = write_tables(tables, root, max_shard_bytes=int(config.hub.max_shard_mb * 2**20))
+    counts = {f"{c}/{s}": f.num_examples for (c, s), f in files.items()}
+    contents = {
+        "environments": sorted(pl.concat(list(tables["environments"].values()))["env_id"].to_list()),
+        "scenarios": sorted(pl.concat(list(tables["scenarios"].values()))["scenario_id"].to_list()),
+    }
+    history = history_with(previous, version, changes(previous, contents, counts))
+    inputs = CardInputs(
+        repo=repo,
+        version=version,
+        previous_version=previous["version"] if previous else None,
+        config_hash=config_hash(config),
+        builder_version=__version__,
+        license=config.hub.license,
+        tables=tables,
+        files=files,
+        plots=write_plots(tables, root),
+        history=history,
+        stats=load_stats(stats_path) if stats_path else {},
+        export_counts=export_counts(frames, tables),
+    )
+    (root / "README.md").write_text(render_card(inputs), encoding="utf-8")
+    manifest = build_manifest(
+        version=version,
+        previous=previous,
+        root=root,
+        config_hash=config_hash(config),
+        builder_version=__version__,
+        repo=repo,
+        contents=contents,
+        counts=counts,
+        history=history,
+    )
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return manifest
+
+
+def export_counts(frames: dict[str, pl.DataFrame], tables: dict[str, dict[str, pl.DataFrame]]) -> dict[str, dict]:
+    """Kept and dropped by reason at export: which stored rows did not make it into the release, and why."""
+    envs = frames["environments"]
+    env_dropped = envs.filter(pl.col("status") != "accepted")["status"].value_counts()
+    trajectories = frames["trajectories"]
+    published_envs = set(pl.concat(list(tables["environments"].values()))["env_id"].to_list())
+    train_envs = set(tables["environments"]["train"]["env_id"].to_list())
+    dropped = {"environment_not_accepted": 0, "environment_in_rl_split": 0, "unsolved": 0}
+    for row in trajectories.select("env_id", "solved").to_dicts():
+        if row["env_id"] not in published_envs:
+            dropped["environment_not_accepted"] += 1
+        elif row["env_id"] not in train_envs:
+            dropped["environment_in_rl_split"] += 1
+        elif not row["solved"]:
+            dropped["unsolved"] += 1
+    return {
+        "environments": {
+            "in": envs.height,
+            "kept": len(published_envs),
+            "dropped": {f"status_{row['status']}": row["count"] for row in env_dropped.to_dicts()},
+        },
+        "sft": {"in": trajectories.height, "kept": tables["sft"]["train"].height, "dropped": dropped},
+    }
+
+
+def publish(
+    config: BuildConfig,
+    version: str,
+    *,
+    repo: str | None = None,
+    backend: str | None = None,
+    dry_run: bool = False,
+    stats_path: Path | None = None,
+    target: Backend | None = None,
+) -> PublishResult:
+    """Export the store as `version` and publish it; refuses a version the repository already has.
+
+    The release folder is `<hub.release_root>/<version>/` (a temporary folder for a dry run, removed after).
+    `target` overrides the backend made from the config (tests pass a recording fake).
+
+    Raises:
+        PublishError: the version is invalid or already published, or the backend refused the write.
+    """
+    version, repo = parse_version(version), repo or config.hub.repo
+    tag = tag_of(version)
+    target = target or make_backend(config, backend, repo)
+    tags = target.tags()
+    if tag in tags:
+        raise PublishError(f"{repo} already has {tag} at {target.location()}; versions are immutable, pick a new one")
+    previous = _previous_manifest(target, previous_version(version, tags))
+    scratch = Path(tempfile.mkdtemp(prefix="builder-dry-run-")) if dry_run else None
+    out = scratch / version if scratch else config.hub.release_root / version
+    try:
+        manifest = export_release(config, version, out, repo=repo, previous=previous, stats_path=stats_path)
+        files = tuple(release_files(out))
+        commit = None if dry_run else target.publish(out, tag, f"Release {version}")
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return PublishResult(version, tag, target.location(), commit, files, manifest, dry_run)
+
+
+def export_version(
+    config: BuildConfig,
+    version: str,
+    repo: str | None = None,
+    backend: str | None = None,
+    stats_path: Path | None = None,
+) -> tuple[Path, dict]:
+    """Export `version` to `<hub.release_root>/<version>/` with its changelog against the repository's previous
+    version (read from the backend), without publishing; returns the folder and the manifest."""
+    version, repo = parse_version(version), repo or config.hub.repo
+    target = make_backend(config, backend, repo)
+    previous = _previous_manifest(target, previous_version(version, target.tags()))
+    out = config.hub.release_root / version
+    return out, export_release(config, version, out, repo=repo, previous=previous, stats_path=stats_path)
+
+
+def _previous_manifest(target: Backend, version: str | None) -> dict | None:
+    if version is None:
+        return None
+    raw = target.read_file(tag_of(version), MANIFEST)
+    if raw is None:
+        logger.warning("%s has no %s; the changelog starts afresh", tag_of(version), MANIFEST)
+        return None
+    return json.loads(raw)

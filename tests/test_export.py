@@ -1,0 +1,196 @@
+"""Export: environment-disjoint splits, column types `datasets` reads back exactly, bounded shards, the card."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from builder.config import load_config
+from builder.publish.columns import COLUMN_DOCS
+from builder.publish.export import CONFIG_SPLITS, build_tables, features_of, is_rl_environment, write_tables
+from builder.publish.publish import export_release
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from release_store import fill_store  # noqa: E402
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def assert_golden(name: str, data: object) -> None:
+    """Compare with tests/golden/<name>; UPDATE_GOLDEN=1 rewrites it (review the diff)."""
+    path = GOLDEN / name
+    text = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), f"{path} is missing; run with UPDATE_GOLDEN=1 to create it"
+    assert text == path.read_text(encoding="utf-8"), f"{name} differs from its golden; UPDATE_GOLDEN=1 refreshes it"
+
+
+@pytest.fixture
+def release_config(tmp_path):
+    fill_store(tmp_path / "store")
+    return load_config(
+        None,
+        [f"store.path={json.dumps(str(tmp_path / 'store'))}", "select.rl_env_fraction=0.3",
+         f"hub.root={json.dumps(str(tmp_path / 'hub'))}", f"hub.release_root={json.dumps(str(tmp_path / 'release'))}"],
+    )  # fmt: skip
+
+
+def tables_of(config):
+    from builder.store import Store
+
+    store = Store(config.store.path)
+    frames = [store.read_frame(name) for name in ("environments", "scenarios", "trajectories")]
+    return build_tables(*frames, rl_fraction=config.select.rl_env_fraction)
+
+
+def test_split_is_deterministic_monotone_and_covers_the_extremes():
+    ids = [f"env-{i:016x}" for i in range(200)]
+    assert not any(is_rl_environment(env_id, 0.0) for env_id in ids)
+    assert all(is_rl_environment(env_id, 1.0) for env_id in ids)
+    low = {env_id for env_id in ids if is_rl_environment(env_id, 0.2)}
+    high = {env_id for env_id in ids if is_rl_environment(env_id, 0.5)}
+    assert low <= high  # raising the fraction only moves environments from train to rl
+    assert 20 <= len(low) <= 60 and 70 <= len(high) <= 130
+    assert low == {env_id for env_id in ids if is_rl_environment(env_id, 0.2)}
+
+
+def test_export_schema_matches_golden(release_config):
+    tables = tables_of(release_config)
+    schemas = {  # a list per config, so the golden keeps the column order
+        config: [[name, feature] for name, feature in features_of(tables[config][splits[0]].schema).to_dict().items()]
+        for config, splits in CONFIG_SPLITS.items()
+    }
+    assert_golden("export_features.json", schemas)
+    for config, splits in CONFIG_SPLITS.items():
+        assert {tables[config][split].schema == tables[config][splits[0]].schema for split in splits} == {True}
+
+
+def test_splits_never_share_an_environment_and_sft_is_verified_train_only(release_config):
+    tables = tables_of(release_config)
+    train = set(tables["environments"]["train"]["env_id"])
+    rl = set(tables["environments"]["rl"]["env_id"])
+    assert train and rl and not train & rl
+    assert len(train | rl) == 3  # the rejected environment is not published
+    assert set(tables["scenarios"]["train"]["env_id"]) <= train
+    assert set(tables["scenarios"]["rl"]["env_id"]) <= rl
+    sft = tables["sft"]["train"]
+    assert sft.height == 4 and set(sft["env_id"]) <= train and sft["reward"].to_list() == [1.0] * 4
+    assert sft["num_turns"].to_list() == [2] * 4 and sft["num_tool_calls"].to_list() == [1] * 4
+    scenarios = pl.concat(list(tables["scenarios"].values()))
+    assert scenarios["pass_rate"].to_list() == [0.5] * 6 and scenarios["num_rollouts"].to_list() == [2] * 6
+
+
+def test_every_published_column_is_documented(release_config):
+    tables = tables_of(release_config)
+    for config, splits in CONFIG_SPLITS.items():
+        assert list(tables[config][splits[0]].columns) == list(COLUMN_DOCS[config])
+
+
+def test_shards_are_bounded_and_read_back_whole(release_config, tmp_path):
+    tables = tables_of(release_config)
+    files = write_tables(tables, tmp_path / "out", max_shard_bytes=1500)
+    sft = files[("sft", "train")]
+    assert len(sft.paths) > 1 and sft.paths[0].endswith(f"-00000-of-{len(sft.paths):05d}.parquet")
+    back = pl.concat([pl.read_parquet(tmp_path / "out" / path) for path in sft.paths])
+    assert back["trajectory_id"].to_list() == tables["sft"]["train"]["trajectory_id"].to_list()
+    assert files[("environments", "rl")].num_examples == 1
+
+
+class _Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_release_loads_with_datasets_exactly_and_without_warnings(release_config, tmp_path):
+    from datasets import load_dataset
+
+    out = tmp_path / "release" / "0.1.0"
+    manifest = export_release(release_config, "0.1.0", out)
+    card = (out / "README.md").read_text()
+    front = yaml.safe_load(card.split("---\n")[1])
+    infos = {info["config_name"]: info for info in front["dataset_info"]}
+    warnings = _Warnings()
+    logging.getLogger("datasets").addHandler(warnings)
+    try:
+        for config, splits in CONFIG_SPLITS.items():
+            loaded = load_dataset(str(out), config, cache_dir=str(tmp_path / "cache"))
+            assert sorted(loaded) == sorted(splits)
+            for split in splits:
+                assert loaded[split].num_rows == manifest["counts"][f"{config}/{split}"]
+                assert loaded[split].features.to_dict() == _yaml_features(infos[config]["features"])
+    finally:
+        logging.getLogger("datasets").removeHandler(warnings)
+    assert warnings.messages == []
+    message = loaded["train"][0]["messages"][2]
+    assert message["content"] is None and message["tool_calls"][0]["function"]["arguments"] == '{"item_id": "i0"}'
+    assert json.loads(loaded["train"][0]["tools"])[0]["type"] == "function"
+
+
+def _yaml_features(yaml_features: list[dict]) -> dict:
+    from datasets import Features
+
+    return Features._from_yaml_list(yaml_features).to_dict()
+
+
+def test_card_has_every_section_and_its_plots_exist(release_config, tmp_path):
+    out = tmp_path / "release" / "0.1.0"
+    export_release(release_config, "0.1.0", out)
+    card = (out / "README.md").read_text()
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert front["license"] == "apache-2.0" and "reinforcement-learning" in front["task_categories"]
+    assert [c["config_name"] for c in front["configs"]] == ["environments", "scenarios", "sft"]
+    assert front["configs"][0]["data_files"][1] == {"split": "rl", "path": "data/environments/rl-*"}
+    for heading in ("## Load it", "## Use an environment with a trainer", "## Columns", "### Kept and dropped",
+                    "### Models and sampling", "### Cost", "## Plots", "## Version and changelog"):  # fmt: skip
+        assert heading in card
+    assert "Environment code is code" in card and "$" not in card.replace("$ ", "")
+    assert 'load_dataset("local/builder-envs", "sft", revision="v0.1.0")' in card
+    assert "| export: environments | 4 | 3 | 1 | status_rejected: 1 |" in card
+    assert "`agent-model` | temperature=1.0, max_tokens=512 | 4 |" in card
+    plots = [line.split("](")[1].rstrip(")") for line in card.splitlines() if line.startswith("![")]
+    assert len(plots) == 5 and all((out / plot).read_bytes()[:4] == b"\x89PNG" for plot in plots)
+
+
+def test_card_shows_the_run_stats_when_given(release_config, tmp_path):
+    from builder.stats import StageStats, save_stats
+
+    stats = StageStats(stage="evaluate", inputs=10, kept=7, prompt_tokens=1000, completion_tokens=200, llm_calls=5)
+    stats.dropped.update({"gold_fails": 2, "timeout": 1})
+    save_stats(tmp_path / "stats.json", {"evaluate": stats})
+    out = tmp_path / "release" / "0.1.0"
+    export_release(release_config, "0.1.0", out, stats_path=tmp_path / "stats.json")
+    card = (out / "README.md").read_text()
+    assert "| evaluate | 10 | 7 | 3 | gold_fails: 2, timeout: 1 |" in card
+    assert "5 model calls: 1,000 prompt and 200 completion tokens" in card
+
+
+def test_empty_splits_are_left_out_of_the_card_and_the_rest_loads(release_config, tmp_path):
+    from datasets import load_dataset
+
+    config = release_config.model_copy(
+        update={"select": release_config.select.model_copy(update={"rl_env_fraction": 0})}
+    )
+    manifest = export_release(config, "0.0.1", tmp_path / "out")
+    assert (
+        manifest["counts"]["environments/rl"] == 0
+        and not (tmp_path / "out" / "data" / "environments" / "rl-*").exists()
+    )
+    assert "| `environments` | `rl` | 0 (not in this release) |" in (tmp_path / "out" / "README.md").read_text()
+    loaded = load_dataset(str(tmp_path / "out"), "environments", cache_dir=str(tmp_path / "cache"))
+    assert list(loaded) == ["train"] and loaded["train"].num_rows == 3
+    empty = load_config(None, [f"store.path={json.dumps(str(tmp_path / 'empty'))}"])
+    assert set(export_release(empty, "0.0.1", tmp_path / "empty-out")["counts"].values()) == {0}
+    assert "configs" not in (tmp_path / "empty-out" / "README.md").read_text().split("---")[1]

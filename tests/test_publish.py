@@ -1,0 +1,247 @@
+"""Publishing: versions as tags, refusal to overwrite, dry runs, failure safety, and the hf backend's API calls."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from builder.cli import main
+from builder.config import load_config
+from builder.publish.backends import GitBackend, HfBackend
+from builder.publish.publish import publish
+from builder.publish.release import PublishError, parse_version, previous_version, released_versions
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from release_store import fill_store  # noqa: E402
+from test_export import assert_golden  # noqa: E402
+
+
+def make_config(tmp_path: Path, repo: str = "acme/envs"):
+    overrides = {
+        "store.path": tmp_path / "store",
+        "hub.root": tmp_path / "hub",
+        "hub.release_root": tmp_path / "release",
+        "hub.repo": repo,
+    }
+    sets = [f"{key}={json.dumps(str(value))}" for key, value in overrides.items()]
+    return load_config(None, [*sets, "select.rl_env_fraction=0.3"])
+
+
+def git(bare: Path, *args: str) -> str:
+    return subprocess.run(["git", "--git-dir", str(bare), *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_versions_are_semver_and_ordered():
+    assert parse_version("v1.2.3") == "1.2.3" and parse_version("0.1.0-rc.1") == "0.1.0-rc.1"
+    for bad in ("1.2", "01.2.3", "latest", "1.2.3.4"):
+        with pytest.raises(PublishError):
+            parse_version(bad)
+    tags = ["v0.2.0", "v0.10.0", "v0.2.0-rc.1", "other", "v0.9.1"]
+    assert released_versions(tags) == ["0.2.0-rc.1", "0.2.0", "0.9.1", "0.10.0"]
+    assert previous_version("0.10.0", tags) == "0.9.1" and previous_version("0.1.0", tags) is None
+
+
+def test_git_publish_two_versions_with_manifest_and_changelog(tmp_path):
+    config = make_config(tmp_path)
+    fill_store(config.store.path)
+    first = publish(config, "0.1.0")
+    fill_store(config.store.path, generation=2)
+    second = publish(config, "0.2.0")
+    bare = tmp_path / "hub" / "datasets" / "acme" / "envs"
+    assert sorted(git(bare, "tag", "--list").split()) == ["v0.1.0", "v0.2.0"]
+    assert git(bare, "rev-parse", "v0.2.0^{commit}").strip() == second.commit == git(bare, "rev-parse", "main").strip()
+    assert git(bare, "rev-parse", "v0.1.0^{commit}").strip() == first.commit
+    listed = sorted(git(bare, "ls-tree", "-r", "--name-only", "v0.1.0").split())
+    assert listed == sorted(first.files)
+    assert "release.json" in listed and "data/sft/train-00000-of-00001.parquet" in listed
+    manifest = json.loads(git(bare, "show", "v0.2.0:release.json"))
+    assert manifest["previous_version"] == "0.1.0" and manifest["counts"]["sft/train"] == 8
+    changes = manifest["changelog"][0]["changes"]
+    assert "environments: 1 added, 0 removed (4 now)." in changes and "sft/train: 4 → 8 rows." in changes
+    assert [entry["version"] for entry in manifest["changelog"]] == ["0.2.0", "0.1.0"]
+    card = git(bare, "show", "v0.2.0:README.md")
+    assert "### 0.2.0" in card and "- environments: 1 added, 0 removed (4 now)." in card
+    for path, entry in manifest["files"].items():  # content hashes match what git holds
+        blob = subprocess.run(["git", "--git-dir", str(bare), "show", f"v0.2.0:{path}"], capture_output=True).stdout
+        assert len(blob) == entry["bytes"]
+
+
+def test_existing_version_is_refused_and_nothing_changes(tmp_path):
+    config = make_config(tmp_path)
+    fill_store(config.store.path)
+    publish(config, "0.1.0")
+    bare = tmp_path / "hub" / "datasets" / "acme" / "envs"
+    refs = git(bare, "show-ref")
+    fill_store(config.store.path, generation=2)
+    with pytest.raises(PublishError, match="already has v0.1.0"):
+        publish(config, "v0.1.0")
+    assert git(bare, "show-ref") == refs
+    assert main(["publish", "--version", "0.1.0", "--set", f"store.path={json.dumps(str(config.store.path))}",
+                 "--set", f"hub.root={json.dumps(str(config.hub.root))}", "--repo", "acme/envs"]) == 1  # fmt: skip
+
+
+def test_a_failed_publish_leaves_the_previous_version_intact(tmp_path, monkeypatch):
+    config = make_config(tmp_path)
+    fill_store(config.store.path)
+    publish(config, "0.1.0")
+    bare = tmp_path / "hub" / "datasets" / "acme" / "envs"
+    # A racing publisher creates v0.2.0 after our checks: the atomic ref update must refuse, not overwrite.
+    git(bare, "tag", "v0.2.0", "v0.1.0")
+    refs = git(bare, "show-ref")
+    monkeypatch.setattr(GitBackend, "tags", lambda self: [])
+    fill_store(config.store.path, generation=2)
+    with pytest.raises(PublishError, match="nothing changed"):
+        publish(config, "0.2.0")
+    assert git(bare, "show-ref") == refs  # main and both tags exactly as before
+
+
+def test_dry_run_writes_nothing(tmp_path, capsys):
+    config = make_config(tmp_path)
+    fill_store(config.store.path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    result = publish(config, "0.1.0", dry_run=True)
+    assert result.dry_run and result.commit is None and "README.md" in result.files
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert not (tmp_path / "hub").exists() and not (tmp_path / "release").exists()
+    args = ["publish", "--version", "0.1.0", "--dry-run", "--set", f"store.path={json.dumps(str(config.store.path))}",
+            "--set", f"hub.root={json.dumps(str(config.hub.root))}"]  # fmt: skip
+    assert main(args) == 0
+    assert "dry run: would publish v0.1.0" in capsys.readouterr().out
+    assert not (tmp_path / "hub").exists()
+
+
+def test_cli_publish_then_export_against_the_previous_version(tmp_path, capsys):
+    config = make_config(tmp_path)
+    fill_store(config.store.path)
+    sets = []
+    for key in ("store.path", "hub.root", "hub.release_root"):
+        section, name = key.split(".")
+        sets += ["--set", f"{key}={json.dumps(str(getattr(getattr(config, section), name)))}"]
+    assert main(["publish", "--version", "0.1.0", "--repo", "acme/envs", *sets]) == 0
+    assert "published v0.1.0" in capsys.readouterr().out
+    fill_store(config.store.path, generation=2)
+    assert main(["export", "--version", "0.2.0", "--repo", "acme/envs", *sets]) == 0
+    manifest = json.loads((tmp_path / "release" / "0.2.0" / "release.json").read_text())
+    assert manifest["previous_version"] == "0.1.0"
+    assert main(["publish", "--version", "nope", *sets]) == 1
+    assert main(["publish", "--version", "0.3.0", "--repo", "no-slash", *sets]) == 1
+
+
+# ------------------------------------------------------------------------------------------------ hf backend
+
+
+class FakeHfApi:
+    """Records HfApi calls and keeps just enough state (files per commit, tags) to answer like the Hub."""
+
+    endpoint = "https://huggingface.co"
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.calls: list[list] = []
+        self.repos: set[str] = set()
+        self.main: dict[str, bytes] = {}
+        self.tags: dict[str, dict[str, bytes]] = {}
+        self.tmp = tmp_path
+        self.commits = 0
+
+    def repo_exists(self, repo_id, repo_type=None):
+        self.calls.append(["repo_exists", repo_id, repo_type])
+        return repo_id in self.repos
+
+    def create_repo(self, repo_id, repo_type=None, private=False, exist_ok=False):
+        self.calls.append(["create_repo", repo_id, repo_type, private, exist_ok])
+        if repo_id not in self.repos:
+            self.repos.add(repo_id)
+            self.main = {".gitattributes": b"*.parquet filter=lfs\n"}
+
+    def list_repo_refs(self, repo_id, repo_type=None):
+        self.calls.append(["list_repo_refs", repo_id, repo_type])
+        return SimpleNamespace(tags=[SimpleNamespace(name=tag) for tag in sorted(self.tags)], branches=[])
+
+    def list_repo_files(self, repo_id, repo_type=None, revision=None):
+        self.calls.append(["list_repo_files", repo_id, repo_type, revision])
+        return sorted(self.main)
+
+    def hf_hub_download(self, repo_id, filename, repo_type=None, revision=None):
+        self.calls.append(["hf_hub_download", repo_id, filename, repo_type, revision])
+        path = self.tmp / f"download-{len(self.calls)}"
+        path.write_bytes(self.tags[revision][filename])
+        return str(path)
+
+    def create_commit(self, repo_id, operations, commit_message, repo_type=None, revision=None):
+        ops = []
+        for op in operations:
+            if type(op).__name__ == "CommitOperationAdd":
+                self.main[op.path_in_repo] = Path(op.path_or_fileobj).read_bytes()
+                ops.append(["add", op.path_in_repo])
+            else:
+                self.main.pop(op.path_in_repo)
+                ops.append(["delete", op.path_in_repo])
+        self.calls.append(["create_commit", repo_id, commit_message, repo_type, revision, ops])
+        self.commits += 1
+        return SimpleNamespace(oid=f"{self.commits:040x}")
+
+    def create_tag(self, repo_id, tag, tag_message=None, revision=None, repo_type=None):
+        self.calls.append(["create_tag", repo_id, tag, tag_message, revision, repo_type])
+        self.tags[tag] = dict(self.main)
+
+
+def test_hf_backend_makes_the_recorded_sequence_of_hub_calls(tmp_path):
+    config = make_config(tmp_path, repo="acme/envs")
+    fill_store(config.store.path)
+    api = FakeHfApi(tmp_path)
+    hub = HfBackend("acme/envs", private=True, api=api)
+    publish(config, "0.1.0", backend="hf", target=hub)
+    fill_store(config.store.path, generation=2)
+    publish(config, "0.2.0", backend="hf", target=hub)
+    with pytest.raises(PublishError, match="already has v0.2.0"):
+        publish(config, "0.2.0", backend="hf", target=hub)
+    assert_golden("hf_calls.json", api.calls)
+    manifest = json.loads(api.tags["v0.2.0"]["release.json"])
+    assert manifest["previous_version"] == "0.1.0" and manifest["changelog"][1]["version"] == "0.1.0"
+
+
+def test_hf_backend_deletes_files_the_new_release_no_longer_has(tmp_path):
+    api = FakeHfApi(tmp_path)
+    api.repos.add("acme/envs")
+    api.main = {".gitattributes": b"", "README.md": b"old", "data/sft/train-00000-of-00002.parquet": b"x"}
+    folder = tmp_path / "release"
+    (folder / "data" / "sft").mkdir(parents=True)
+    (folder / "README.md").write_text("new")
+    (folder / "data" / "sft" / "train-00000-of-00001.parquet").write_bytes(b"y")
+    HfBackend("acme/envs", api=api).publish(folder, "v1.0.0", "Release 1.0.0")
+    assert sorted(api.main) == [".gitattributes", "README.md", "data/sft/train-00000-of-00001.parquet"]
+    assert api.calls[-2][-1][-1] == ["delete", "data/sft/train-00000-of-00002.parquet"]
+
+
+def test_the_fake_uses_hfapis_real_parameter_names():
+    import inspect
+
+    from huggingface_hub import HfApi
+
+    used = {
+        "repo_exists": {"repo_type"},
+        "create_repo": {"repo_type", "private", "exist_ok"},
+        "list_repo_refs": {"repo_type"},
+        "list_repo_files": {"repo_type", "revision"},
+        "hf_hub_download": {"repo_type", "revision"},
+        "create_commit": {"operations", "commit_message", "repo_type", "revision"},
+        "create_tag": {"tag", "tag_message", "revision", "repo_type"},
+    }
+    for method, names in used.items():
+        assert names <= set(inspect.signature(getattr(HfApi, method)).parameters), method
+
+
+@pytest.mark.parametrize("command", [["publish"], ["export"], ["hub", "serve"]])
+def test_release_commands_have_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for option in {"publish": ("--version", "--repo", "--backend", "--dry-run"), "export": ("--version", "--run-dir"),
+                   "hub": ("--host", "--port")}[command[0]]:  # fmt: skip
+        assert option in out

@@ -228,6 +228,8 @@ class BuildConfig(Section):
 
 
 # Keys that change how a run executes but not what it produces: a resumed run may change them freely.
+# Whole sections: where the store and the Hub live and how releases are published never change a run's output.
+OPERATIONAL_SECTIONS = frozenset({"store", "hub"})
 OPERATIONAL_KEYS = frozenset(
     {
         "run.runs_root",
@@ -238,12 +240,7 @@ OPERATIONAL_KEYS = frozenset(
         "llm.max_concurrency",
         "llm.request_timeout_s",
         "llm.max_retries",
-        "store.path",
-        "store.lock_timeout_s",
-        "hub.backend",
-        "hub.root",
-        "hub.repo",
-        "hub.private",
+        "llm.cache",
     }
 )
 
@@ -251,6 +248,8 @@ OPERATIONAL_KEYS = frozenset(
 def config_hash(config: BuildConfig) -> str:
     """A stable 16-hex-digit hash of everything in the config that can change the output."""
     data = config.model_dump(mode="json")
+    for section in OPERATIONAL_SECTIONS:
+        data.pop(section)
     for key in OPERATIONAL_KEYS:
         section, name = key.split(".")
         data[section].pop(name, None)

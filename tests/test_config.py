@@ -100,6 +100,7 @@ def test_hash_is_stable_and_ignores_operational_keys():
     assert len(base) == 16
     assert config_hash(load_config(None, ["llm.url=http://x/v1", "llm.max_concurrency=64"])) == base
     assert config_hash(load_config(None, ["llm.temperature=0.1"])) != base
+    assert config_hash(load_config(None, ["hub.repo=me/other", "store.path=elsewhere"])) == base
 
 
 def test_config_is_frozen():

@@ -13,7 +13,15 @@ from builder.seeds import api_bank_request, read_seeds, toolace_request
 from builder.stages.collect import cheap_filter_reason, collect
 from builder.stats import StageStats
 
-API_BANK = Path(__file__).parents[2] / "shared" / "seeds" / "api-bank-lv3-train.json"
+# The shared seed data sits beside the checkout (../shared); look upward so worktrees find it too.
+API_BANK = next(
+    (
+        p / "shared" / "seeds" / "api-bank-lv3-train.json"
+        for p in Path(__file__).resolve().parents
+        if (p / "shared" / "seeds" / "api-bank-lv3-train.json").exists()
+    ),
+    Path(__file__).parents[2] / "shared" / "seeds" / "api-bank-lv3-train.json",
+)
 
 
 def context(tmp_path, *overrides: str) -> StageContext:

@@ -216,6 +216,9 @@ class Environment(Record):
     reason: str | None = Field(None, description="Stable reason code when rejected.")
     scores: JSON = Field(default_factory=dict, description="Quality scores by name, e.g. dual_agent.")
     evaluation: JSON = Field(default_factory=dict, description="Evidence behind the verdict.")
+    synthesis: JSON = Field(
+        default_factory=dict, description="How the code was written: requests, regenerated pieces, automatic fixes."
+    )
 
 
 class Action(Frozen):

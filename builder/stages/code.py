@@ -1,0 +1,171 @@
+"""code: write an environment module from its plan, piece by piece, and repair what fails.
+
+One request writes the class with its constructor (the state piece); one request per operation writes that
+operation's method, all concurrently. The pieces are cleaned (`code_pieces`), assembled into one module, linted,
+checked against the return contract, and their derived tool schemas compared with the plan (`code_assembly`).
+Each failing piece — and only it — is regenerated with its exact errors fed back, at most `code.repair_attempts`
+times. The generated code is never run here: evaluate loads it in the sandbox.
+
+Rejection reasons: `code_unparsable` (a piece never parsed or never defined its method), `code_state_mismatch`
+(the constructor never set the planned state), `code_contract` (lint or return-contract problems remained),
+`code_schema_mismatch` (a tool's parameters never matched the plan), `llm_request`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from builder.envs.schema import inspect_source
+from builder.llm import ChatRequest, LLMRequestError
+from builder.prompts import prompt, prompt_version
+from builder.records import ChatMessage, Environment, EnvPlan, OperationPlan, Record, Sampling
+from builder.runner import Rejected, StageContext
+from builder.stages._llm import system_user
+from builder.stages.code_assembly import assemble, module_errors, state_schema
+from builder.stages.code_pieces import STATE, Piece, PieceError, docstring, method_piece, signature, state_piece
+from builder.stages.plan import describe_entity
+from builder.stages.plan_rules import snake_case
+
+# Error codes in the order they decide the rejection reason when several pieces fail differently.
+_REASONS = (
+    ({"syntax", "missing_class", "missing_init", "missing_method"}, "code_unparsable"),
+    ({"state_mismatch"}, "code_state_mismatch"),
+    ({"schema_mismatch"}, "code_schema_mismatch"),
+)
+RAW_OUTPUT_LIMIT = 20_000
+
+
+async def code(plan: EnvPlan, ctx: StageContext) -> list[Record]:
+    """A candidate Environment whose module passes the lint and whose tools match the plan, or a rejection."""
+    sampling = Sampling(temperature=ctx.config.llm.temperature, max_tokens=ctx.config.code.max_tokens)
+    operations = {op.name: op for op in plan.operations}
+    requests = {STATE: system_user(prompt("code_state"), state_request(plan))}
+    requests |= {op.name: system_user(prompt("code_method"), method_request(plan, op)) for op in plan.operations}
+    raw: dict[str, str] = {}
+    pieces: dict[str, Piece] = {}
+    errors: dict[str, list[PieceError]] = {}
+    generated: Counter[str] = Counter()
+    todo = list(requests)
+    for _ in range(ctx.config.code.repair_attempts + 1):
+        # Plain text, not JSON with a `code` field: code inside a JSON string must escape every quote, backslash
+        # and newline, which models get wrong more often than fences, and the JSON wrapper would add no check
+        # that `ast` and the lint do not already do. Fences and prose are stripped deterministically.
+        replies = await asyncio.gather(*(_write(ctx, plan, _conversation(requests[k], raw, errors, k), sampling)
+                                         for k in todo))  # fmt: skip
+        for key, (text, truncated) in zip(todo, replies, strict=True):
+            raw[key] = text
+            generated[key] += 1
+            made = (
+                state_piece(text, plan, truncated) if key == STATE else method_piece(text, operations[key], truncated)
+            )
+            if isinstance(made, Piece):
+                pieces[key] = made
+                errors.pop(key, None)
+            else:
+                errors[key] = made
+        if not errors:
+            assembly = assemble(plan, pieces[STATE], [pieces[op.name] for op in plan.operations])
+            errors = module_errors(assembly, plan)
+            if not errors:
+                synthesis = {
+                    "requests": sum(generated.values()),
+                    "regenerated": {key: count - 1 for key, count in sorted(generated.items()) if count > 1},
+                    "fixes": {key: list(piece.fixes) for key, piece in sorted(pieces.items()) if piece.fixes},
+                    "added_imports": list(assembly.added_imports),
+                }
+                return [_environment(ctx, plan, assembly.source, sampling, synthesis)]
+        todo = sorted(errors)
+    raise Rejected(ctx.reject(plan, _reason(errors), _detail(errors), raw_output=_raw(raw, errors)))
+
+
+async def _write(ctx: StageContext, plan: EnvPlan, messages: list[ChatMessage], sampling: Sampling) -> tuple[str, bool]:
+    """The model's text and whether it hit the token limit."""
+    try:
+        reply = await ctx.llm.chat(ChatRequest(messages=tuple(messages), sampling=sampling))
+    except LLMRequestError as error:
+        if error.retryable:
+            raise  # the server is gone: stop the run, a rerun resumes
+        raise Rejected(ctx.reject(plan, "llm_request", str(error)[:2000])) from None
+    return reply.content or "", reply.finish_reason == "length"
+
+
+def _conversation(
+    request: list[ChatMessage], raw: dict[str, str], errors: dict[str, list[PieceError]], key: str
+) -> list[ChatMessage]:
+    """The piece's request, plus its last reply and that reply's errors when it is being regenerated.
+
+    Only the last attempt is shown, so the context stays bounded however many repairs are allowed.
+    """
+    if key not in errors:
+        return list(request)
+    listed = "\n".join(f"- {error}" for error in errors[key])
+    what = "class with its constructor" if key == STATE else f"method {key}"
+    feedback = f"That code has these problems:\n{listed}\nWrite the whole corrected {what} again, code only."
+    return [*request, ChatMessage(role="assistant", content=raw[key]), ChatMessage(role="user", content=feedback)]
+
+
+def _context(plan: EnvPlan) -> list[str]:
+    lines = [f"Class: {plan.class_name} — {plan.description}", "State attributes:"]
+    lines += [f"- {describe_entity(entity)}" for entity in plan.entities]
+    if plan.rules:
+        lines.append("Rules:")
+        lines += [f"{number}. {rule}" for number, rule in enumerate(plan.rules, 1)]
+    return lines
+
+
+def state_request(plan: EnvPlan) -> str:
+    """The user message of the state piece: the class, its state attributes and rules."""
+    return "\n".join(_context(plan) + [f"Write the class {plan.class_name} with its __init__."])
+
+
+def method_request(plan: EnvPlan, op: OperationPlan) -> str:
+    """The user message of one method: the class context, the operation, and its exact header to start from."""
+    lines = _context(plan)
+    others = [other.name for other in plan.operations if other.name != op.name]
+    lines.append(f"Other tools (written separately): {', '.join(others)}")
+    kind = "a query (it must not change the state)" if op.kind == "query" else "a state change"
+    lines.append(f"\nWrite the method {op.name}, {kind}: {op.description}")
+    if op.reads or op.writes:
+        lines.append(f"It reads: {', '.join(op.reads) or 'nothing'}; it writes: {', '.join(op.writes) or 'nothing'}.")
+    if op.enforces:
+        lines.append(f"It enforces rules {', '.join(map(str, op.enforces))}.")
+    header = signature(op) + "\n" + "\n".join("    " + line if line else "" for line in docstring(op).splitlines())
+    lines.append(f"Start with exactly:\n{header}")
+    return "\n".join(lines)
+
+
+def _reason(errors: dict[str, list[PieceError]]) -> str:
+    codes = {error.code for found in errors.values() for error in found}
+    return next((reason for group, reason in _REASONS if codes & group), "code_contract")
+
+
+def _detail(errors: dict[str, list[PieceError]]) -> str:
+    parts = [f"{key}: " + "; ".join(map(str, found)) for key, found in sorted(errors.items())]
+    return " | ".join(parts)[:2000]
+
+
+def _raw(raw: dict[str, str], errors: dict[str, list[PieceError]]) -> str:
+    """The last reply of every failing piece, each under a header naming the piece."""
+    text = "\n".join(f"# ---- piece {key} ----\n{raw.get(key, '')}" for key in sorted(errors))
+    return text[:RAW_OUTPUT_LIMIT]
+
+
+def _environment(ctx: StageContext, plan: EnvPlan, source: str, sampling: Sampling, synthesis: dict) -> Environment:
+    versions = f"{prompt_version('code_state')}+{prompt_version('code_method')}"
+    provenance = ctx.provenance(
+        [plan.id, plan.topic_id], model=ctx.llm.model_id, sampling=sampling, prompt_version=versions
+    )
+    return Environment(
+        provenance=provenance,
+        plan_id=plan.id,
+        name=plan.name or snake_case(plan.class_name.removesuffix("Env")),
+        class_name=plan.class_name,
+        description=plan.description,
+        domain=plan.domain,
+        code=source,
+        tools=list(inspect_source(source).tools),
+        state_schema=state_schema(plan),
+        status="candidate",
+        synthesis=synthesis,
+    )

@@ -330,3 +330,12 @@ async def test_undefined_names_are_fed_back_when_no_import_can_fix_them(tmp_path
     assert "[undefined_name] line 10: lookup is not defined" in feedback
     assert "[undefined_name] line 10: os is not defined" in feedback
     assert "lookup" not in env.code
+
+
+async def test_a_helper_defined_twice_is_reported_on_the_later_piece(tmp_path):
+    twice = CODE["get_book"] + "\n\ndef _open_loans(self, member_id: str) -> list:\n    return []\n"
+    model = scripted({"get_book": [twice]})
+    (env,) = await code(library_plan(), context(tmp_path, model))
+    feedback = requests_for(model, "get_book")[1].messages[-1].content
+    assert "[duplicate_definition] line 15: _open_loans is already defined" in feedback
+    assert env.code.count("def _open_loans") == 1

@@ -148,6 +148,12 @@ def module_errors(assembly: Assembly, plan: EnvPlan) -> dict[str, list[PieceErro
     if errors:
         return errors
     cls = next(node for node in ast.parse(assembly.source).body if isinstance(node, ast.ClassDef))
+    seen: set[str] = set()
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            if node.name in seen:  # a later definition silently replaces the earlier one
+                add(node.lineno, "duplicate_definition", f"{node.name} is already defined; rename this one")
+            seen.add(node.name)
     for method in tool_methods(cls):
         for line, code, message in return_problems(method):
             add(line, code, message)

@@ -241,6 +241,8 @@ def test_method_pieces_keep_private_helpers_and_drop_other_tools():
     assert piece.fixes == ("dropped_extra_definitions",)
     missing = method_piece("def a(self):\n    return 1\n\ndef b(self):\n    return 2\n", op)
     assert missing == [PieceError("missing_method", "define the method `def get_book(self, ...)`; defined: a, b")]
+    asynchronous = method_piece("async def get_book(self, book_id: str) -> dict:\n    return {}\n", op)
+    assert asynchronous == [PieceError("async_tool", "get_book must be a plain `def`, not `async def`")]
 
 
 def test_state_piece_fixes():

@@ -188,6 +188,8 @@ def method_piece(text: str, op: OperationPlan, truncated: bool = False) -> Piece
     if target is None and len(public) == 1:
         target = public[0]
         fixes.append(f"renamed_method:{target.name}")
+    if target is None and any(isinstance(n, ast.AsyncFunctionDef) and n.name == op.name for n in ast.walk(tree)):
+        return [PieceError("async_tool", f"{op.name} must be a plain `def`, not `async def`")]
     if target is None:
         got = ", ".join(d.name for d in defs) or "none"
         return [PieceError("missing_method", f"define the method `def {op.name}(self, ...)`; defined: {got}")]

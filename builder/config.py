@@ -154,6 +154,11 @@ class CodeConfig(Section):
     max_tokens: int = Field(
         768, ge=64, description="Completion budget of one piece (the state code, or one operation's method)."
     )
+    load_check: bool = Field(
+        True,
+        description="Load each assembled module in the sandbox (import, construct, snapshot the state); a failure "
+        "is fed back to the state piece like any other error.",
+    )
 
 
 class EvaluateConfig(Section):

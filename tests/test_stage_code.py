@@ -4,13 +4,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from builder.config import load_config
+from builder.config import SandboxConfig, load_config
 from builder.envs.lint import lint
 from builder.envs.schema import inspect_source
 from builder.llm import ChatRequest, LLMRequestError, ScriptedModel
 from builder.llm.connect import client_for
 from builder.records import Environment, EnvPlan, Topic
 from builder.runner import BatchStage, ItemStage, Rejected, StageContext, run_stages
+from builder.sandbox.runtime import Sandbox
 from builder.stages.code import code
 from builder.stages.code_assembly import missing_imports, schema_problems, state_schema
 from builder.stages.code_pieces import Piece, PieceError, extract_code, method_piece, signature, state_piece
@@ -66,9 +67,19 @@ def scripted(overrides=None):
     return ScriptedModel(answer)
 
 
-def context(tmp_path, model, *overrides, stage="code"):
-    config = load_config(None, list(overrides))
-    return StageContext(config, "hash", tmp_path, StageStats(stage), llm=client_for(config.llm, model, model_id="m"))
+def context(tmp_path, model, *overrides, sandbox=None):
+    """A code-stage context; without `sandbox` the load check is off (most tests need no sandbox worker)."""
+    config = load_config(None, [*([] if sandbox else ["code.load_check=false"]), *overrides])
+    llm = client_for(config.llm, model, model_id="m")
+    return StageContext(
+        config, "hash", tmp_path, StageStats("code"), llm=llm, open_sandbox=sandbox and (lambda: sandbox)
+    )
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(SandboxConfig()) as runtime:
+        yield runtime
 
 
 def requests_for(model, key):
@@ -286,7 +297,7 @@ def test_missing_imports_come_from_the_allow_list():
 # ---------------------------------------------------------------------------------------- through the runner
 
 
-async def test_topic_to_plan_to_code_through_the_runner(tmp_path):
+async def test_topic_to_plan_to_code_through_the_runner(tmp_path, sandbox):
     state = (FIXTURES / "library_state.json").read_text()
     operations = (FIXTURES / "library_operations.json").read_text()
 
@@ -313,7 +324,7 @@ async def test_topic_to_plan_to_code_through_the_runner(tmp_path):
     )
     config = load_config(None, [])
     llm = client_for(config.llm, ScriptedModel(answer), model_id="m")
-    stats = await run_stages(stages, config, tmp_path / "run", llm=lambda _stats: llm)
+    stats = await run_stages(stages, config, tmp_path / "run", llm=lambda _stats: llm, sandbox=lambda: sandbox)
     assert (stats["plan"].kept, stats["code"].kept) == (1, 1)
     frame = pl.read_parquet(tmp_path / "run" / "code.parquet")
     (row,) = frame.to_dicts()
@@ -341,3 +352,21 @@ async def test_a_helper_defined_twice_is_reported_on_the_later_piece(tmp_path):
     feedback = requests_for(model, "get_book")[1].messages[-1].content
     assert "[duplicate_definition] line 15: _open_loans is already defined" in feedback
     assert env.code.count("def _open_loans") == 1
+
+
+async def test_the_module_is_loaded_in_the_sandbox_and_a_failing_constructor_is_regenerated(tmp_path, sandbox):
+    crashing = CODE["__init__"].replace("self.loans = {}", "self.loans = {}\n        self.books['b0'] = 1 / 0")
+    model = scripted({"__init__": [crashing]})
+    (env,) = await code(library_plan(), context(tmp_path, model, sandbox=sandbox))
+    feedback = requests_for(model, "__init__")[1].messages[-1].content
+    assert "[load_failed]" in feedback and "ZeroDivisionError" in feedback
+    assert "1 / 0" not in env.code and env.synthesis["regenerated"] == {"__init__": 1}
+
+
+async def test_a_module_that_never_loads_is_rejected(tmp_path, sandbox):
+    crashing = CODE["__init__"].replace("self.loans = {}", "self.loans = {}\n        self.books['b0'] = 1 / 0")
+    model = scripted({"__init__": [crashing] * 3})
+    with pytest.raises(Rejected) as verdict:
+        await code(library_plan(), context(tmp_path, model, "code.repair_attempts=1", sandbox=sandbox))
+    assert verdict.value.rejection.reason == "code_load_failed"
+    assert "1 / 0" in verdict.value.rejection.raw_output

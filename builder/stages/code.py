@@ -4,11 +4,13 @@ One request writes the class with its constructor (the state piece); one request
 operation's method, all concurrently. The pieces are cleaned (`code_pieces`), assembled into one module, linted,
 checked against the return contract, and their derived tool schemas compared with the plan (`code_assembly`).
 Each failing piece — and only it — is regenerated with its exact errors fed back, at most `code.repair_attempts`
-times. The generated code is never run here: evaluate loads it in the sandbox.
+times. The generated code is never run in this process: with `code.load_check` the assembled module is loaded
+in a sandbox worker (import, constructor, state snapshot), and a failure goes back to the state piece.
 
-Rejection reasons: `code_unparsable` (a piece never parsed or never defined its method), `code_state_mismatch`
-(the constructor never set the planned state), `code_contract` (lint or return-contract problems remained),
-`code_schema_mismatch` (a tool's parameters never matched the plan), `llm_request`.
+Rejection reasons: `code_unparsable` (a piece never parsed or never defined its method), `code_load_failed`
+(the module never loaded in the sandbox), `code_state_mismatch` (the constructor never set the planned state),
+`code_contract` (lint, return-contract or undefined-name problems remained), `code_schema_mismatch` (a tool's
+parameters never matched the plan), `llm_request`.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+from builder.envs.lint import ContractError
 from builder.envs.schema import inspect_source
+from builder.envs.session import Session, SessionError
 from builder.llm import ChatRequest, LLMRequestError
 from builder.prompts import prompt, prompt_version
 from builder.records import ChatMessage, Environment, EnvPlan, OperationPlan, Record, Sampling
 from builder.runner import Rejected, StageContext
+from builder.sandbox.runtime import Sandbox
 from builder.stages._llm import system_user
 from builder.stages.code_assembly import assemble, module_errors, state_schema
 from builder.stages.code_pieces import STATE, Piece, PieceError, docstring, method_piece, signature, state_piece
@@ -30,6 +35,7 @@ from builder.stages.plan_rules import snake_case
 # Error codes in the order they decide the rejection reason when several pieces fail differently.
 _REASONS = (
     ({"syntax", "missing_class", "missing_init", "missing_method"}, "code_unparsable"),
+    ({"load_failed"}, "code_load_failed"),
     ({"state_mismatch"}, "code_state_mismatch"),
     ({"schema_mismatch"}, "code_schema_mismatch"),
 )
@@ -67,6 +73,8 @@ async def code(plan: EnvPlan, ctx: StageContext) -> list[Record]:
         if not errors:
             assembly = assemble(plan, pieces[STATE], [pieces[op.name] for op in plan.operations])
             errors = module_errors(assembly, plan)
+            if not errors and ctx.config.code.load_check:
+                errors = await asyncio.to_thread(load_errors, ctx.sandbox, assembly.source, plan)
             if not errors:
                 synthesis = {
                     "requests": sum(generated.values()),
@@ -88,6 +96,24 @@ async def _write(ctx: StageContext, plan: EnvPlan, messages: list[ChatMessage], 
             raise  # the server is gone: stop the run, a rerun resumes
         raise Rejected(ctx.reject(plan, "llm_request", str(error)[:2000])) from None
     return reply.content or "", reply.finish_reason == "length"
+
+
+def load_errors(sandbox: Sandbox, source: str, plan: EnvPlan) -> dict[str, list[PieceError]]:
+    """Load the module in a sandbox worker and read its state; problems belong to the state piece.
+
+    Blocking (the sandbox API is synchronous): call it in a thread. Only module import, the constructor and the
+    state snapshot run here, so a failure is the constructor's (or a default value's) doing.
+    """
+    try:
+        with Session(sandbox, source) as session:
+            state = session.snapshot()
+    except (SessionError, ContractError) as error:
+        return {STATE: [PieceError("load_failed", f"{error}")]}
+    wrong = [e.collection for e in plan.entities if not isinstance(state.get(e.collection), dict)]
+    if wrong:
+        message = f"after __init__, {', '.join(f'self.{name}' for name in wrong)} must be dicts"
+        return {STATE: [PieceError("state_mismatch", message)]}
+    return {}
 
 
 def _conversation(

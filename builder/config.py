@@ -139,7 +139,7 @@ class PlanConfig(Section):
         2, ge=0, description="Re-asks per plan part (state, operations) with the validation errors fed back."
     )
     max_tokens: int = Field(
-        1024, ge=64, description="Completion budget of one plan request (the state and the operations are asked apart)."
+        1024, ge=64, description="Completion budget of one plan request (state, operations); capped by llm.max_tokens."
     )
 
     @model_validator(mode="after")
@@ -152,7 +152,7 @@ class PlanConfig(Section):
 class CodeConfig(Section):
     repair_attempts: int = Field(3, ge=0, description="Regenerations of a failing piece with the error fed back.")
     max_tokens: int = Field(
-        768, ge=64, description="Completion budget of one piece (the state code, or one operation's method)."
+        768, ge=64, description="Completion budget of one piece (state code or one method); capped by llm.max_tokens."
     )
     load_check: bool = Field(
         True,

@@ -230,3 +230,12 @@ def test_unknown_types_fail_schema_validation():
     bad["entities"][0]["attributes"][1]["type"] = "tuple"
     with pytest.raises(ValueError):
         StateDraft.model_validate(bad)
+
+
+async def test_llm_max_tokens_caps_the_plan_budget(tmp_path):
+    model = scripted()
+    await plan(topic(), context(tmp_path, model))
+    assert {r.sampling.max_tokens for r in model.requests} == {1024}
+    capped = scripted()
+    await plan(topic(), context(tmp_path, capped, "llm.max_tokens=128"))
+    assert {r.sampling.max_tokens for r in capped.requests} == {128}

@@ -44,7 +44,10 @@ RAW_OUTPUT_LIMIT = 20_000
 
 async def code(plan: EnvPlan, ctx: StageContext) -> list[Record]:
     """A candidate Environment whose module passes the lint and whose tools match the plan, or a rejection."""
-    sampling = Sampling(temperature=ctx.config.llm.temperature, max_tokens=ctx.config.code.max_tokens)
+    # llm.max_tokens caps every synthesis call; the stage's own budget may only be smaller.
+    sampling = Sampling(
+        temperature=ctx.config.llm.temperature, max_tokens=min(ctx.config.code.max_tokens, ctx.config.llm.max_tokens)
+    )
     operations = {op.name: op for op in plan.operations}
     requests = {STATE: system_user(prompt("code_state"), state_request(plan))}
     requests |= {op.name: system_user(prompt("code_method"), method_request(plan, op)) for op in plan.operations}

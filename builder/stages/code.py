@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from dataclasses import dataclass, field
 
 from builder.envs.lint import ContractError
 from builder.envs.schema import inspect_source
@@ -27,7 +28,7 @@ from builder.records import ChatMessage, Environment, EnvPlan, OperationPlan, Re
 from builder.runner import Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages._llm import system_user
-from builder.stages.code_assembly import assemble, module_errors, state_schema
+from builder.stages.code_assembly import Assembly, assemble, module_errors, state_schema
 from builder.stages.code_pieces import STATE, Piece, PieceError, docstring, method_piece, signature, state_piece
 from builder.stages.plan import describe_entity
 from builder.stages.plan_rules import snake_case
@@ -42,52 +43,80 @@ _REASONS = (
 RAW_OUTPUT_LIMIT = 20_000
 
 
+@dataclass
+class _Synthesis:
+    """One environment in the making: each piece's request, last reply, clean code and open errors."""
+
+    plan: EnvPlan
+    requests: dict[str, list[ChatMessage]]
+    raw: dict[str, str] = field(default_factory=dict)
+    pieces: dict[str, Piece] = field(default_factory=dict)
+    errors: dict[str, list[PieceError]] = field(default_factory=dict)
+    generated: Counter[str] = field(default_factory=Counter)
+
+    def take(self, key: str, text: str, truncated: bool) -> None:
+        """Record a reply for piece `key`: its clean piece, or its errors."""
+        self.raw[key] = text
+        self.generated[key] += 1
+        if key == STATE:
+            made = state_piece(text, self.plan, truncated)
+        else:
+            made = method_piece(text, next(op for op in self.plan.operations if op.name == key), truncated)
+        if isinstance(made, Piece):
+            self.pieces[key] = made
+            self.errors.pop(key, None)
+        else:
+            self.errors[key] = made
+
+    def conversation(self, key: str) -> list[ChatMessage]:
+        """The piece's request, plus its last reply and that reply's errors when it is being regenerated.
+
+        Only the last attempt is shown, so the context stays bounded however many repairs are allowed.
+        """
+        if key not in self.errors:
+            return list(self.requests[key])
+        listed = "\n".join(f"- {error}" for error in self.errors[key])
+        what = "class with its constructor" if key == STATE else f"method {key}"
+        feedback = f"That code has these problems:\n{listed}\nWrite the whole corrected {what} again, code only."
+        reply = ChatMessage(role="assistant", content=self.raw[key])
+        return [*self.requests[key], reply, ChatMessage(role="user", content=feedback)]
+
+    def summary(self, assembly: Assembly) -> dict:
+        """What `Environment.synthesis` records: requests, regenerations, fixes and added imports."""
+        return {
+            "requests": sum(self.generated.values()),
+            "regenerated": {key: count - 1 for key, count in sorted(self.generated.items()) if count > 1},
+            "fixes": {key: list(piece.fixes) for key, piece in sorted(self.pieces.items()) if piece.fixes},
+            "added_imports": list(assembly.added_imports),
+        }
+
+
 async def code(plan: EnvPlan, ctx: StageContext) -> list[Record]:
     """A candidate Environment whose module passes the lint and whose tools match the plan, or a rejection."""
     # llm.max_tokens caps every synthesis call; the stage's own budget may only be smaller.
-    sampling = Sampling(
-        temperature=ctx.config.llm.temperature, max_tokens=min(ctx.config.code.max_tokens, ctx.config.llm.max_tokens)
-    )
-    operations = {op.name: op for op in plan.operations}
+    max_tokens = min(ctx.config.code.max_tokens, ctx.config.llm.max_tokens)
+    sampling = Sampling(temperature=ctx.config.llm.temperature, max_tokens=max_tokens)
     requests = {STATE: system_user(prompt("code_state"), state_request(plan))}
     requests |= {op.name: system_user(prompt("code_method"), method_request(plan, op)) for op in plan.operations}
-    raw: dict[str, str] = {}
-    pieces: dict[str, Piece] = {}
-    errors: dict[str, list[PieceError]] = {}
-    generated: Counter[str] = Counter()
+    work = _Synthesis(plan, requests)
     todo = list(requests)
     for _ in range(ctx.config.code.repair_attempts + 1):
         # Plain text, not JSON with a `code` field: code inside a JSON string must escape every quote, backslash
         # and newline, which models get wrong more often than fences, and the JSON wrapper would add no check
         # that `ast` and the lint do not already do. Fences and prose are stripped deterministically.
-        replies = await asyncio.gather(*(_write(ctx, plan, _conversation(requests[k], raw, errors, k), sampling)
-                                         for k in todo))  # fmt: skip
+        replies = await asyncio.gather(*(_write(ctx, plan, work.conversation(key), sampling) for key in todo))
         for key, (text, truncated) in zip(todo, replies, strict=True):
-            raw[key] = text
-            generated[key] += 1
-            made = (
-                state_piece(text, plan, truncated) if key == STATE else method_piece(text, operations[key], truncated)
-            )
-            if isinstance(made, Piece):
-                pieces[key] = made
-                errors.pop(key, None)
-            else:
-                errors[key] = made
-        if not errors:
-            assembly = assemble(plan, pieces[STATE], [pieces[op.name] for op in plan.operations])
-            errors = module_errors(assembly, plan)
-            if not errors and ctx.config.code.load_check:
-                errors = await asyncio.to_thread(load_errors, ctx.sandbox, assembly.source, plan)
-            if not errors:
-                synthesis = {
-                    "requests": sum(generated.values()),
-                    "regenerated": {key: count - 1 for key, count in sorted(generated.items()) if count > 1},
-                    "fixes": {key: list(piece.fixes) for key, piece in sorted(pieces.items()) if piece.fixes},
-                    "added_imports": list(assembly.added_imports),
-                }
-                return [_environment(ctx, plan, assembly.source, sampling, synthesis)]
-        todo = sorted(errors)
-    raise Rejected(ctx.reject(plan, _reason(errors), _detail(errors), raw_output=_raw(raw, errors)))
+            work.take(key, text, truncated)
+        if not work.errors:
+            assembly = assemble(plan, work.pieces[STATE], [work.pieces[op.name] for op in plan.operations])
+            work.errors = module_errors(assembly, plan)
+            if not work.errors and ctx.config.code.load_check:
+                work.errors = await asyncio.to_thread(load_errors, ctx.sandbox, assembly.source, plan)
+            if not work.errors:
+                return [_environment(ctx, plan, assembly.source, sampling, work.summary(assembly))]
+        todo = sorted(work.errors)
+    errors = work.errors
+    raise Rejected(ctx.reject(plan, _reason(errors), _detail(errors), raw_output=_raw(work.raw, errors)))
 
 
 async def _write(ctx: StageContext, plan: EnvPlan, messages: list[ChatMessage], sampling: Sampling) -> tuple[str, bool]:
@@ -117,21 +146,6 @@ def load_errors(sandbox: Sandbox, source: str, plan: EnvPlan) -> dict[str, list[
         message = f"after __init__, {', '.join(f'self.{name}' for name in wrong)} must be dicts"
         return {STATE: [PieceError("state_mismatch", message)]}
     return {}
-
-
-def _conversation(
-    request: list[ChatMessage], raw: dict[str, str], errors: dict[str, list[PieceError]], key: str
-) -> list[ChatMessage]:
-    """The piece's request, plus its last reply and that reply's errors when it is being regenerated.
-
-    Only the last attempt is shown, so the context stays bounded however many repairs are allowed.
-    """
-    if key not in errors:
-        return list(request)
-    listed = "\n".join(f"- {error}" for error in errors[key])
-    what = "class with its constructor" if key == STATE else f"method {key}"
-    feedback = f"That code has these problems:\n{listed}\nWrite the whole corrected {what} again, code only."
-    return [*request, ChatMessage(role="assistant", content=raw[key]), ChatMessage(role="user", content=feedback)]
 
 
 def _context(plan: EnvPlan) -> list[str]:

@@ -371,3 +371,10 @@ async def test_a_module_that_never_loads_is_rejected(tmp_path, sandbox):
         await code(library_plan(), context(tmp_path, model, "code.repair_attempts=1", sandbox=sandbox))
     assert verdict.value.rejection.reason == "code_load_failed"
     assert "1 / 0" in verdict.value.rejection.raw_output
+
+
+def test_absurd_nesting_is_a_syntax_error_not_a_crash():
+    op = library_plan().operations[0]
+    deep = "def get_book(self, book_id: str) -> dict:\n    return " + "1+" * 200_000 + "1\n"
+    (error,) = method_piece(deep, op)
+    assert error.code == "syntax"

@@ -83,7 +83,7 @@ def _drop_trailing_prose(code: str) -> str:
 def _parses(code: str) -> bool:
     try:
         ast.parse(code)
-    except SyntaxError:
+    except (SyntaxError, RecursionError, MemoryError):
         return False
     return True
 
@@ -91,6 +91,8 @@ def _parses(code: str) -> bool:
 def _parse(code: str, truncated: bool) -> ast.Module | PieceError:
     try:
         return ast.parse(code)
+    except (RecursionError, MemoryError):  # absurdly deep nesting: the parser gives up before any syntax error
+        return PieceError("syntax", "the code is nested too deeply to parse; write simpler code")
     except SyntaxError as error:
         cut = " The reply was cut off at the token limit; write shorter code." if truncated else ""
         lines = code.splitlines()

@@ -72,6 +72,10 @@ def normal_kind(value: Any) -> Any:
 DraftType = Annotated[PlanType, BeforeValidator(normal_type)]
 
 
+# List caps also go into the JSON schema, so constrained decoding cannot run away generating items until the
+# token budget cuts the JSON off; the operation count is checked by validation, since its bounds are config.
+
+
 class AttributeDraft(BaseModel):
     name: str
     type: DraftType
@@ -81,7 +85,7 @@ class AttributeDraft(BaseModel):
 class EntityDraft(BaseModel):
     name: str = Field(description="snake_case singular, e.g. member")
     key: str = Field(description="the attribute that identifies a record, e.g. member_id")
-    attributes: list[AttributeDraft]
+    attributes: list[AttributeDraft] = Field(max_length=16)
 
 
 class StateDraft(BaseModel):
@@ -89,8 +93,8 @@ class StateDraft(BaseModel):
 
     class_name: str = Field(description="PascalCase ending in Env, e.g. LibraryLoansEnv")
     description: str
-    entities: list[EntityDraft]
-    rules: list[str] = Field(description="business rules and constraints, one sentence each")
+    entities: list[EntityDraft] = Field(max_length=MAX_ENTITIES)
+    rules: list[str] = Field(max_length=12, description="business rules and constraints, one sentence each")
 
 
 class ParameterDraft(BaseModel):
@@ -104,11 +108,11 @@ class OperationDraft(BaseModel):
     name: str = Field(description="snake_case verb phrase, e.g. borrow_book")
     kind: Annotated[Literal["query", "change"], BeforeValidator(normal_kind)]
     description: str
-    parameters: list[ParameterDraft]
+    parameters: list[ParameterDraft] = Field(max_length=10)
     returns: str = Field(description="what the result holds on success")
-    enforces: list[int] = Field(description="numbers of the rules it enforces")
-    reads: list[str] = Field(description="entities it reads")
-    writes: list[str] = Field(description="entities it changes; empty for a query")
+    enforces: list[int] = Field(max_length=12, description="numbers of the rules it enforces")
+    reads: list[str] = Field(max_length=MAX_ENTITIES, description="entities it reads")
+    writes: list[str] = Field(max_length=MAX_ENTITIES, description="entities it changes; empty for a query")
 
 
 class OperationsDraft(BaseModel):

@@ -131,9 +131,16 @@ class MineConfig(Section):
 
 
 class PlanConfig(Section):
-    min_operations: int = Field(4, ge=1, description="Fewest tools an environment may have.")
-    max_operations: int = Field(12, ge=1, description="Most tools an environment may have.")
-    repair_attempts: int = Field(2, ge=0, description="Plan repairs with the errors fed back.")
+    min_operations: int = Field(
+        4, ge=2, description="Fewest tools an environment may have (it needs at least one query and one change)."
+    )
+    max_operations: int = Field(12, ge=2, description="Most tools an environment may have.")
+    repair_attempts: int = Field(
+        2, ge=0, description="Re-asks per plan part (state, operations) with the validation errors fed back."
+    )
+    max_tokens: int = Field(
+        1024, ge=64, description="Completion budget of one plan request (state, operations); capped by llm.max_tokens."
+    )
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> PlanConfig:
@@ -144,6 +151,14 @@ class PlanConfig(Section):
 
 class CodeConfig(Section):
     repair_attempts: int = Field(3, ge=0, description="Regenerations of a failing piece with the error fed back.")
+    max_tokens: int = Field(
+        768, ge=64, description="Completion budget of one piece (state code or one method); capped by llm.max_tokens."
+    )
+    load_check: bool = Field(
+        True,
+        description="Load each assembled module in the sandbox (import, construct, snapshot the state); a failure "
+        "is fed back to the state piece like any other error.",
+    )
 
 
 class EvaluateConfig(Section):

@@ -145,21 +145,28 @@ class Topic(Record):
     usefulness: float = Field(0.0, description="0-1: how useful an agent trained on it would be.")
 
 
+# Types a planned attribute or parameter may have: each maps to one Python hint and one JSON schema.
+PlanType = Literal["str", "int", "float", "bool", "list[str]", "list[int]", "list[float]", "list[dict]", "dict"]
+
+
 class AttributePlan(Frozen):
     name: str
-    type: str
+    type: PlanType
     description: str = ""
 
 
 class EntityPlan(Frozen):
+    """A kind of record in the state, stored as `self.<collection>: dict[key value, record dict]`."""
+
     name: str
     key: str = Field(description="The attribute that identifies an instance.")
     attributes: tuple[AttributePlan, ...]
+    collection: str = Field("", description="The instance attribute holding the records, e.g. `members`.")
 
 
 class ParameterPlan(Frozen):
     name: str
-    type: str
+    type: PlanType
     description: str = ""
     required: bool = True
 
@@ -170,7 +177,7 @@ class OperationPlan(Frozen):
     description: str
     parameters: tuple[ParameterPlan, ...] = ()
     returns: str = ""
-    enforces: tuple[str, ...] = Field((), description="Rules this operation enforces.")
+    enforces: tuple[int, ...] = Field((), description="1-based numbers of the rules this operation enforces.")
     reads: tuple[str, ...] = Field((), description="Entities it reads.")
     writes: tuple[str, ...] = Field((), description="Entities it writes (empty for queries).")
 
@@ -179,9 +186,11 @@ class EnvPlan(Record):
     """The design of one environment: its state, rules and tools, before any code exists."""
 
     KIND = "plan"
-    ID_FIELDS = ("topic_id", "class_name", "description", "entities", "rules", "operations")
+    ID_FIELDS = ("topic_id", "name", "domain", "class_name", "description", "entities", "rules", "operations")
 
     topic_id: str
+    name: str = Field("", description="The topic's snake_case name, e.g. library_loans.")
+    domain: str = ""
     class_name: str
     description: str
     entities: tuple[EntityPlan, ...]
@@ -207,6 +216,9 @@ class Environment(Record):
     reason: str | None = Field(None, description="Stable reason code when rejected.")
     scores: JSON = Field(default_factory=dict, description="Quality scores by name, e.g. dual_agent.")
     evaluation: JSON = Field(default_factory=dict, description="Evidence behind the verdict.")
+    synthesis: JSON = Field(
+        default_factory=dict, description="How the code was written: requests, regenerated pieces, automatic fixes."
+    )
 
 
 class Action(Frozen):

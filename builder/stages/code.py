@@ -1,0 +1,214 @@
+"""code: write an environment module from its plan, piece by piece, and repair what fails.
+
+One request writes the class with its constructor (the state piece); one request per operation writes that
+operation's method, all concurrently. The pieces are cleaned (`code_pieces`), assembled into one module, linted,
+checked against the return contract, and their derived tool schemas compared with the plan (`code_assembly`).
+Each failing piece — and only it — is regenerated with its exact errors fed back, at most `code.repair_attempts`
+times. The generated code is never run in this process: with `code.load_check` the assembled module is loaded
+in a sandbox worker (import, constructor, state snapshot), and a failure goes back to the state piece.
+
+Rejection reasons: `code_unparsable` (a piece never parsed or never defined its method), `code_load_failed`
+(the module never loaded in the sandbox), `code_state_mismatch` (the constructor never set the planned state),
+`code_contract` (lint, return-contract or undefined-name problems remained), `code_schema_mismatch` (a tool's
+parameters never matched the plan), `llm_request`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field
+
+from builder.envs.lint import ContractError
+from builder.envs.schema import inspect_source
+from builder.envs.session import Session, SessionError
+from builder.llm import ChatRequest, LLMRequestError
+from builder.prompts import prompt, prompt_version
+from builder.records import ChatMessage, Environment, EnvPlan, OperationPlan, Record, Sampling
+from builder.runner import Rejected, StageContext
+from builder.sandbox.runtime import Sandbox
+from builder.stages._llm import system_user
+from builder.stages.code_assembly import Assembly, assemble, module_errors, state_schema
+from builder.stages.code_pieces import STATE, Piece, PieceError, docstring, method_piece, signature, state_piece
+from builder.stages.plan import describe_entity
+from builder.stages.plan_rules import snake_case
+
+# Error codes in the order they decide the rejection reason when several pieces fail differently.
+_REASONS = (
+    ({"syntax", "missing_class", "missing_init", "missing_method"}, "code_unparsable"),
+    ({"load_failed"}, "code_load_failed"),
+    ({"state_mismatch"}, "code_state_mismatch"),
+    ({"schema_mismatch"}, "code_schema_mismatch"),
+)
+RAW_OUTPUT_LIMIT = 20_000
+
+
+@dataclass
+class _Synthesis:
+    """One environment in the making: each piece's request, last reply, clean code and open errors."""
+
+    plan: EnvPlan
+    requests: dict[str, list[ChatMessage]]
+    raw: dict[str, str] = field(default_factory=dict)
+    pieces: dict[str, Piece] = field(default_factory=dict)
+    errors: dict[str, list[PieceError]] = field(default_factory=dict)
+    generated: Counter[str] = field(default_factory=Counter)
+
+    def take(self, key: str, text: str, truncated: bool) -> None:
+        """Record a reply for piece `key`: its clean piece, or its errors."""
+        self.raw[key] = text
+        self.generated[key] += 1
+        if key == STATE:
+            made = state_piece(text, self.plan, truncated)
+        else:
+            made = method_piece(text, next(op for op in self.plan.operations if op.name == key), truncated)
+        if isinstance(made, Piece):
+            self.pieces[key] = made
+            self.errors.pop(key, None)
+        else:
+            self.errors[key] = made
+
+    def conversation(self, key: str) -> list[ChatMessage]:
+        """The piece's request, plus its last reply and that reply's errors when it is being regenerated.
+
+        Only the last attempt is shown, so the context stays bounded however many repairs are allowed.
+        """
+        if key not in self.errors:
+            return list(self.requests[key])
+        listed = "\n".join(f"- {error}" for error in self.errors[key])
+        what = "class with its constructor" if key == STATE else f"method {key}"
+        feedback = f"That code has these problems:\n{listed}\nWrite the whole corrected {what} again, code only."
+        reply = ChatMessage(role="assistant", content=self.raw[key])
+        return [*self.requests[key], reply, ChatMessage(role="user", content=feedback)]
+
+    def summary(self, assembly: Assembly) -> dict:
+        """What `Environment.synthesis` records: requests, regenerations, fixes and added imports."""
+        return {
+            "requests": sum(self.generated.values()),
+            "regenerated": {key: count - 1 for key, count in sorted(self.generated.items()) if count > 1},
+            "fixes": {key: list(piece.fixes) for key, piece in sorted(self.pieces.items()) if piece.fixes},
+            "added_imports": list(assembly.added_imports),
+        }
+
+
+async def code(plan: EnvPlan, ctx: StageContext) -> list[Record]:
+    """A candidate Environment whose module passes the lint and whose tools match the plan, or a rejection."""
+    # llm.max_tokens caps every synthesis call; the stage's own budget may only be smaller.
+    max_tokens = min(ctx.config.code.max_tokens, ctx.config.llm.max_tokens)
+    sampling = Sampling(temperature=ctx.config.llm.temperature, max_tokens=max_tokens)
+    requests = {STATE: system_user(prompt("code_state"), state_request(plan))}
+    requests |= {op.name: system_user(prompt("code_method"), method_request(plan, op)) for op in plan.operations}
+    work = _Synthesis(plan, requests)
+    todo = list(requests)
+    for _ in range(ctx.config.code.repair_attempts + 1):
+        # Plain text, not JSON with a `code` field: code inside a JSON string must escape every quote, backslash
+        # and newline, which models get wrong more often than fences, and the JSON wrapper would add no check
+        # that `ast` and the lint do not already do. Fences and prose are stripped deterministically.
+        replies = await asyncio.gather(*(_write(ctx, plan, work.conversation(key), sampling) for key in todo))
+        for key, (text, truncated) in zip(todo, replies, strict=True):
+            work.take(key, text, truncated)
+        if not work.errors:
+            assembly = assemble(plan, work.pieces[STATE], [work.pieces[op.name] for op in plan.operations])
+            work.errors = module_errors(assembly, plan)
+            if not work.errors and ctx.config.code.load_check:
+                work.errors = await asyncio.to_thread(load_errors, ctx.sandbox, assembly.source, plan)
+            if not work.errors:
+                return [_environment(ctx, plan, assembly.source, sampling, work.summary(assembly))]
+        todo = sorted(work.errors)
+    errors = work.errors
+    raise Rejected(ctx.reject(plan, _reason(errors), _detail(errors), raw_output=_raw(work.raw, errors)))
+
+
+async def _write(ctx: StageContext, plan: EnvPlan, messages: list[ChatMessage], sampling: Sampling) -> tuple[str, bool]:
+    """The model's text and whether it hit the token limit."""
+    try:
+        reply = await ctx.llm.chat(ChatRequest(messages=tuple(messages), sampling=sampling))
+    except LLMRequestError as error:
+        if error.retryable:
+            raise  # the server is gone: stop the run, a rerun resumes
+        raise Rejected(ctx.reject(plan, "llm_request", str(error)[:2000])) from None
+    return reply.content or "", reply.finish_reason == "length"
+
+
+def load_errors(sandbox: Sandbox, source: str, plan: EnvPlan) -> dict[str, list[PieceError]]:
+    """Load the module in a sandbox worker and read its state; problems belong to the state piece.
+
+    Blocking (the sandbox API is synchronous): call it in a thread. Only module import, the constructor and the
+    state snapshot run here, so a failure is the constructor's (or a default value's) doing.
+    """
+    try:
+        with Session(sandbox, source) as session:
+            state = session.snapshot()
+    except (SessionError, ContractError) as error:
+        return {STATE: [PieceError("load_failed", f"{error}")]}
+    wrong = [e.collection for e in plan.entities if not isinstance(state.get(e.collection), dict)]
+    if wrong:
+        message = f"after __init__, {', '.join(f'self.{name}' for name in wrong)} must be dicts"
+        return {STATE: [PieceError("state_mismatch", message)]}
+    return {}
+
+
+def _context(plan: EnvPlan) -> list[str]:
+    lines = [f"Class: {plan.class_name} — {plan.description}", "State attributes:"]
+    lines += [f"- {describe_entity(entity)}" for entity in plan.entities]
+    if plan.rules:
+        lines.append("Rules:")
+        lines += [f"{number}. {rule}" for number, rule in enumerate(plan.rules, 1)]
+    return lines
+
+
+def state_request(plan: EnvPlan) -> str:
+    """The user message of the state piece: the class, its state attributes and rules."""
+    return "\n".join(_context(plan) + [f"Write the class {plan.class_name} with its __init__."])
+
+
+def method_request(plan: EnvPlan, op: OperationPlan) -> str:
+    """The user message of one method: the class context, the operation, and its exact header to start from."""
+    lines = _context(plan)
+    others = [other.name for other in plan.operations if other.name != op.name]
+    lines.append(f"Other tools (written separately): {', '.join(others)}")
+    kind = "a query (it must not change the state)" if op.kind == "query" else "a state change"
+    lines.append(f"\nWrite the method {op.name}, {kind}: {op.description}")
+    if op.reads or op.writes:
+        lines.append(f"It reads: {', '.join(op.reads) or 'nothing'}; it writes: {', '.join(op.writes) or 'nothing'}.")
+    if op.enforces:
+        lines.append(f"It enforces rules {', '.join(map(str, op.enforces))}.")
+    header = signature(op) + "\n" + "\n".join("    " + line if line else "" for line in docstring(op).splitlines())
+    lines.append(f"Start with exactly:\n{header}")
+    return "\n".join(lines)
+
+
+def _reason(errors: dict[str, list[PieceError]]) -> str:
+    codes = {error.code for found in errors.values() for error in found}
+    return next((reason for group, reason in _REASONS if codes & group), "code_contract")
+
+
+def _detail(errors: dict[str, list[PieceError]]) -> str:
+    parts = [f"{key}: " + "; ".join(map(str, found)) for key, found in sorted(errors.items())]
+    return " | ".join(parts)[:2000]
+
+
+def _raw(raw: dict[str, str], errors: dict[str, list[PieceError]]) -> str:
+    """The last reply of every failing piece, each under a header naming the piece."""
+    text = "\n".join(f"# ---- piece {key} ----\n{raw.get(key, '')}" for key in sorted(errors))
+    return text[:RAW_OUTPUT_LIMIT]
+
+
+def _environment(ctx: StageContext, plan: EnvPlan, source: str, sampling: Sampling, synthesis: dict) -> Environment:
+    versions = f"{prompt_version('code_state')}+{prompt_version('code_method')}"
+    provenance = ctx.provenance(
+        [plan.id, plan.topic_id], model=ctx.llm.model_id, sampling=sampling, prompt_version=versions
+    )
+    return Environment(
+        provenance=provenance,
+        plan_id=plan.id,
+        name=plan.name or snake_case(plan.class_name.removesuffix("Env")),
+        class_name=plan.class_name,
+        description=plan.description,
+        domain=plan.domain,
+        code=source,
+        tools=list(inspect_source(source).tools),
+        state_schema=state_schema(plan),
+        status="candidate",
+        synthesis=synthesis,
+    )

@@ -16,12 +16,13 @@ from typing import Any
 
 from builder.config import BuildConfig
 from builder.llm import CallRecord, ChatRequest, LLMClient, Reply, open_llm
-from builder.records import SeedTask, Topic
+from builder.records import Environment, Scenario, SeedTask, Topic
 from builder.runner import BatchStage, ItemStage, Stage, run_stages
 from builder.sandbox.runtime import Sandbox
 from builder.stages.collect import collect
 from builder.stages.dedupe import dedupe
 from builder.stages.mine import mine
+from builder.stages.scenarios import scenarios
 from builder.stats import StageStats
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ STAGES: tuple[Stage, ...] = (
     BatchStage("collect", collect, input=None, output=SeedTask),
     ItemStage("mine", mine, input=SeedTask, output=Topic),
     BatchStage("dedupe", dedupe, input=Topic, output=Topic),
+    ItemStage("scenarios", scenarios, input=Environment, output=Scenario),
 )
 
 

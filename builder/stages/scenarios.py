@@ -38,6 +38,12 @@ from builder.stages._scenario_verify import Evidence, default_state, load_state,
 from builder.store import Store
 
 PROMPTS = ("scenario_state", "scenario_task", "scenario_check", "scenario_gold")
+# Every reason code this stage gives (stable: aggregated in stats and the dataset card; see docs/scenarios.md).
+REASONS = (
+    "not_accepted", "env_load_failed", "state_invalid", "state_load_failed", "state_too_small", "state_inconsistent",
+    "task_invalid", "check_invalid", "gold_invalid", "check_broken", "gold_call_failed", "too_few_calls",
+    "no_state_change", "already_solved", "gold_fails_checks", "negative_control_failed", "duplicate", "llm_request",
+)  # fmt: skip
 STATE_CHARS = 6000  # the state shown in prompts is cut to this many characters
 CODE_SAMPLING_TEMPERATURE = 0.2  # checks and gold sequences are precise code: sample close to greedy
 

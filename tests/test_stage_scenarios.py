@@ -210,6 +210,11 @@ def test_state_gates_count_records_and_follow_references():
         f"{name} holds 1 records; give it at least 2 realistic records" for name in ("members", "loans", "books")
     ]
     assert reference_problems(state) == ["loans[0].member_id = 'm9' is not a known member"]
+    # A bare object schema is refined from the default state; a detailed one is kept as given.
+    given = object_schema({"members": {"type": "object"}, "today": {"type": "string", "format": "date"}}, state)
+    assert given["properties"]["members"]["additionalProperties"]["properties"] == {"name": {"type": "string"}}
+    assert given["properties"]["today"] == {"type": "string", "format": "date"}
+    assert given["required"] == ["members", "today"]
 
 
 async def test_state_with_dangling_references_is_rejected(tmp_path, sandbox):
@@ -352,3 +357,54 @@ async def test_stage_in_the_runner_counts_yield_cost_and_duplicates(tmp_path, sa
     rejected = pl.read_parquet(tmp_path / "run" / "scenarios.rejected.parquet")
     assert sorted(rejected["reason"]) == ["duplicate", "not_accepted"]
     assert len(Store(tmp_path / "store").scenarios()) == 2
+
+
+STAMPED = '''"""A desk that stamps each ticket with the clock: the same calls give different states."""
+
+import time
+
+
+class DeskEnv:
+    def __init__(self):
+        self.tickets = {}
+
+    def list_tickets(self) -> list:
+        """All ticket ids.
+
+        Returns:
+            The ids, sorted.
+        """
+        return sorted(self.tickets)
+
+    def open_ticket(self, title: str) -> dict:
+        """Open a ticket.
+
+        Args:
+            title: What the ticket is about.
+
+        Returns:
+            {"success": true, "ticket_id": ...}.
+        """
+        ticket_id = f"t{len(self.tickets) + 1}"
+        self.tickets[ticket_id] = {"title": title, "opened_ns": time.time_ns()}
+        return {"success": True, "ticket_id": ticket_id}
+'''
+
+
+async def test_gold_whose_replay_differs_is_rejected(tmp_path, sandbox):
+    interface = inspect_source(STAMPED)
+    env = Environment(
+        provenance={"config_hash": "hash"}, plan_id="plan-desk", name="desk", class_name="DeskEnv",
+        description="A ticket desk.", domain="test", code=STAMPED, tools=list(interface.tools), state_schema={},
+        status="accepted",
+    )  # fmt: skip
+    item = "Has a ticket titled 'printer' been opened?"
+    task = {**TASK, "checklist": [item]}
+    code = (
+        "def check(initial_state, final_state):\n"
+        "    return any(t['title'] == 'printer' for t in final_state['tickets'].values())\n"
+    )
+    gold = [{"name": "list_tickets", "arguments": {}}, {"name": "open_ticket", "arguments": {"title": "printer"}}]
+    model = scripted(state={"tickets": {}}, task=task, checks={item: code}, gold=[gold])
+    (rejection,) = await scenarios(env, context(tmp_path, model, sandbox, "scenarios.repair_attempts=0"))
+    assert rejection.reason == "gold_nondeterministic"

@@ -26,6 +26,11 @@ def object_schema(state_schema: Any, example: dict[str, Any]) -> dict[str, Any]:
         properties = dict(state_schema)
     else:
         properties = {key: infer_schema(value) for key, value in example.items()}
+    for key, prop in properties.items():
+        # A bare {"type": "object"} says nothing of the records inside; the default state may show them.
+        if isinstance(prop, dict) and set(prop) <= {"type", "description"} and example.get(key):
+            described = {"description": prop["description"]} if "description" in prop else {}
+            properties[key] = {**infer_schema(example[key]), **described}
     return {
         "type": "object",
         "properties": properties,

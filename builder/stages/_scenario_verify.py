@@ -152,7 +152,7 @@ def verify(
     """Run every gate in order and stop at the first that fails (its reason code and the evidence so far).
 
     Reason codes: check_broken (lint, raises, non-bool, timeout), gold_call_failed, too_few_calls,
-    no_state_change, already_solved, gold_fails_checks, negative_control_failed.
+    no_state_change, gold_nondeterministic, already_solved, gold_fails_checks, negative_control_failed.
     """
     linted = {i: "; ".join(problems) for i, source in enumerate(checks) if (problems := lint_check(source))}
     if linted:
@@ -185,6 +185,10 @@ def verify(
     if not changing:
         detail = "no gold call changed the state; the task must require at least one change"
         return Evidence(reason="no_state_change", detail=detail, gold_problems=(detail,), **seen)
+    # The stored gold must reproduce: rollouts and the negative control replay it in fresh sessions.
+    if run_actions(sandbox, code, initial_state, actions)[1] != final_state:
+        detail = "replaying the gold sequence from the initial state gave a different final state"
+        return Evidence(reason="gold_nondeterministic", detail=detail, gold_problems=(detail,), **seen)
 
     specs = checks_from_scenario(checks)
     on_initial = run_checks(sandbox, specs, initial_state, initial_state).checks

@@ -22,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
+import traceback
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -29,6 +31,7 @@ from pydantic import BaseModel, Field
 
 from builder.envs.lint import ContractError
 from builder.envs.session import SessionError, diff_states
+from builder.errors import BuilderError
 from builder.prompts import prompt, prompt_version
 from builder.records import Action, ChatMessage, Environment, Record, Rejection, Sampling, Scenario, UserScript
 from builder.runner import Rejected, StageContext
@@ -37,12 +40,15 @@ from builder.stages._scenario_state import object_schema, reference_problems, si
 from builder.stages._scenario_verify import Evidence, default_state, load_state, verify
 from builder.store import Store
 
+logger = logging.getLogger(__name__)
+
 PROMPTS = ("scenario_state", "scenario_task", "scenario_check", "scenario_gold")
 # Every reason code this stage gives (stable: aggregated in stats and the dataset card; see docs/scenarios.md).
 REASONS = (
     "not_accepted", "env_load_failed", "state_invalid", "state_load_failed", "state_too_small", "state_inconsistent",
     "task_invalid", "check_invalid", "gold_invalid", "check_broken", "gold_call_failed", "too_few_calls",
-    "no_state_change", "already_solved", "gold_fails_checks", "negative_control_failed", "duplicate", "llm_request",
+    "no_state_change", "gold_nondeterministic", "already_solved", "gold_fails_checks", "negative_control_failed",
+    "duplicate", "llm_request",
 )  # fmt: skip
 STATE_CHARS = 6000  # the state shown in prompts is cut to this many characters
 CODE_SAMPLING_TEMPERATURE = 0.2  # checks and gold sequences are precise code: sample close to greedy
@@ -89,8 +95,9 @@ async def scenarios(env: Environment, ctx: StageContext) -> list[Record]:
     Rejects the whole environment with `not_accepted` (its status is not "accepted") or `env_load_failed` (its
     default state does not load). Slot rejections have subject `<env id>/scenario-<slot>` and these reasons:
     state_invalid, state_load_failed, state_too_small, state_inconsistent, task_invalid, check_invalid,
-    gold_invalid, check_broken, gold_call_failed, too_few_calls, no_state_change, already_solved,
-    gold_fails_checks, negative_control_failed, duplicate, llm_request.
+    gold_invalid, check_broken, gold_call_failed, too_few_calls, no_state_change, gold_nondeterministic,
+    already_solved, gold_fails_checks, negative_control_failed, duplicate, llm_request (and `exception:<Type>`
+    for a slot that hit an unexpected error, logged with its traceback).
     """
     if env.status != "accepted":
         raise Rejected(ctx.reject(env, "not_accepted", f"status is {env.status!r}; only accepted environments"))
@@ -125,6 +132,11 @@ async def _slot(env: Environment, ctx: StageContext, slot: int, example: dict[st
         if rejection.subject_id == env.id:  # from `ask`: give it this slot's subject, so slots do not collide
             return _reject_slot(ctx, env, slot, rejection.reason, rejection.detail, rejection.raw_output)
         return rejection
+    except (asyncio.CancelledError, BuilderError):
+        raise  # an interrupt, a dead server or an operator error stops the run; it says nothing about this slot
+    except Exception as error:  # noqa: BLE001 - like the runner: one bad slot must not cost the others
+        logger.error("scenarios: %s slot %d failed:\n%s", env.id, slot, traceback.format_exc())
+        return _reject_slot(ctx, env, slot, f"exception:{type(error).__name__}", str(error))
 
 
 def _reject_slot(
@@ -290,6 +302,7 @@ async def _build(env: Environment, ctx: StageContext, slot: int, example: dict[s
         if evidence.reason == "already_solved":
             draft = await _task(env, ctx, state, feedback=f"{draft.task.task}\nWhy: {evidence.detail}")
             await _fill(env, ctx, state, draft)
+            blame_gold_next = True
         elif evidence.reason == "check_broken" or (evidence.reason == "gold_fails_checks" and not blame_gold_next):
             await _repair_checks(env, ctx, state, draft, evidence)
             blame_gold_next = True

@@ -25,6 +25,7 @@ import json
 import logging
 import traceback
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -77,16 +78,17 @@ class CheckCode(BaseModel):
     code: str = Field(description="Python source defining `def check(initial_state, final_state) -> bool`.")
 
 
+@dataclass
 class Draft:
-    """The pieces of one scenario under construction, with the conversations that produced them (for repairs)."""
+    """The pieces of one scenario under construction, with the conversations that produced them (for repairs).
+    Mutable on purpose: repairs replace pieces in place; only verified drafts become (frozen) `Scenario`s."""
 
-    def __init__(self, task: TaskDraft, task_messages: list[ChatMessage]) -> None:
-        self.task = task
-        self.task_messages = task_messages
-        self.checks: list[str] = []
-        self.check_messages: list[list[ChatMessage]] = []
-        self.gold: list[dict[str, Any]] = []
-        self.gold_messages: list[ChatMessage] = []
+    task: TaskDraft
+    task_messages: list[ChatMessage]
+    checks: list[str] = field(default_factory=list)
+    check_messages: list[list[ChatMessage]] = field(default_factory=list)
+    gold: list[dict[str, Any]] = field(default_factory=list)
+    gold_messages: list[ChatMessage] = field(default_factory=list)
 
 
 async def scenarios(env: Environment, ctx: StageContext) -> list[Record]:

@@ -18,7 +18,7 @@ from builder.stages.scenarios import REASONS, scenarios
 from builder.stats import StageStats
 from builder.store import Store
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 BANK = (Path(__file__).parent.parent / "fixtures" / "envs" / "bank.py").read_text()
 
@@ -28,7 +28,7 @@ async def test_scenarios_with_the_real_model(tmp_path):
         None,
         [
             f'store.path="{tmp_path / "store"}"',
-            "scenarios.per_environment=2",
+            "scenarios.per_environment=1",
             "scenarios.repair_attempts=1",
             "llm.max_tokens=512",
             "llm.structured_retries=1",
@@ -60,7 +60,7 @@ async def test_scenarios_with_the_real_model(tmp_path):
     slots = {r.subject_id for r in results if isinstance(r, Rejection)}
     kept = [r for r in results if isinstance(r, Scenario)]
     if not any(r.subject_id == env.id for r in results if isinstance(r, Rejection)):
-        assert len(slots) + len({s.verification["scenario_group"] for s in kept}) == 2  # each slot accounted for
+        assert len(slots) + len({s.verification["scenario_group"] for s in kept}) == 1  # the slot is accounted for
     for rejection in results:
         if isinstance(rejection, Rejection):
             assert rejection.reason in REASONS and rejection.stage == "scenarios"

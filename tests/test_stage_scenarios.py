@@ -104,16 +104,10 @@ def schema_name(request: ChatRequest) -> str:
     return request.response_format["json_schema"]["name"] if request.response_format else ""
 
 
-def replies(value):
-    """A reply source: a fixed value, or a list consumed in order (its last item repeats)."""
-    queue = list(value) if isinstance(value, list) and value and isinstance(value[0], list | dict | str) else None
-
-    def next_value():
-        if queue is None:
-            return value
-        return queue.pop(0) if len(queue) > 1 else queue[0]
-
-    return next_value
+def replies(values: list):
+    """Successive replies, one per request; the last one repeats."""
+    queue = list(values)
+    return lambda: queue.pop(0) if len(queue) > 1 else queue[0]
 
 
 def scripted(state=BANK_STATE, task=TASK, checks=CHECKS, gold=(GOLD,)):

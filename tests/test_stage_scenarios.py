@@ -402,3 +402,14 @@ async def test_gold_whose_replay_differs_is_rejected(tmp_path, sandbox):
     model = scripted(state={"tickets": {}}, task=task, checks={item: code}, gold=[gold])
     (rejection,) = await scenarios(env, context(tmp_path, model, sandbox, "scenarios.repair_attempts=0"))
     assert rejection.reason == "gold_nondeterministic"
+
+
+async def test_check_false_after_gold_repairs_the_gold_first_then_the_check(tmp_path, sandbox):
+    wrong = "def check(initial_state, final_state):\n    return final_state['accounts']['acc-2']['frozen'] == 'yes'\n"
+    model = scripted(checks={**CHECKS, FROZEN: [wrong, CHECKS[FROZEN]]})
+    plain, _ = await scenarios(environment("bank"), context(tmp_path, model, sandbox, "scenarios.repair_attempts=2"))
+    assert plain.verification["repairs"] == ["gold_fails_checks", "gold_fails_checks"]
+    assert plain.checks[2] == CHECKS[FROZEN]
+    assert len(requests_of(model, "GoldSolution")) == 2  # the first repair went to the gold
+    (repair,) = [r for r in requests_of(model, "CheckCode") if len(r.messages) > 2]
+    assert "returned False" in repair.messages[-1].content and "accounts.acc-2.frozen" in repair.messages[-1].content

@@ -177,7 +177,9 @@ class ScenariosConfig(Section):
         description="Fewest records each collection of records (a map or list of objects) must hold in "
         "a generated initial state.",
     )
-    min_gold_calls: int = Field(2, ge=1, description="Fewest tool calls the gold sequence of a task may have.")
+    min_gold_calls: int = Field(
+        3, ge=1, description="Fewest tool calls the gold sequence of a task may have (look-ups included)."
+    )
 
 
 class RolloutConfig(Section):

@@ -398,7 +398,8 @@ async def test_gold_whose_replay_differs_is_rejected(tmp_path, sandbox):
         "def check(initial_state, final_state):\n"
         "    return any(t['title'] == 'printer' for t in final_state['tickets'].values())\n"
     )
-    gold = [{"name": "list_tickets", "arguments": {}}, {"name": "open_ticket", "arguments": {"title": "printer"}}]
+    look = {"name": "list_tickets", "arguments": {}}
+    gold = [look, {"name": "open_ticket", "arguments": {"title": "printer"}}, look]
     model = scripted(state={"tickets": {}}, task=task, checks={item: code}, gold=[gold])
     (rejection,) = await scenarios(env, context(tmp_path, model, sandbox, "scenarios.repair_attempts=0"))
     assert rejection.reason == "gold_nondeterministic"
@@ -413,3 +414,24 @@ async def test_check_false_after_gold_repairs_the_gold_first_then_the_check(tmp_
     assert len(requests_of(model, "GoldSolution")) == 2  # the first repair went to the gold
     (repair,) = [r for r in requests_of(model, "CheckCode") if len(r.messages) > 2]
     assert "returned False" in repair.messages[-1].content and "accounts.acc-2.frozen" in repair.messages[-1].content
+
+
+async def test_environment_whose_default_state_does_not_load_is_rejected(tmp_path, sandbox):
+    broken = STAMPED.replace("self.tickets = {}", "self.tickets = {}\n        raise RuntimeError('no desk today')")
+    interface = inspect_source(broken)
+    env = Environment(
+        provenance={"config_hash": "hash"}, plan_id="plan-desk", name="desk", class_name="DeskEnv",
+        description="A ticket desk.", domain="test", code=broken, tools=list(interface.tools), state_schema={},
+        status="accepted",
+    )  # fmt: skip
+    with pytest.raises(Rejected) as verdict:
+        await scenarios(env, context(tmp_path, scripted(), sandbox))
+    assert verdict.value.rejection.reason == "env_load_failed" and "no desk today" in verdict.value.rejection.detail
+
+
+async def test_gold_too_short_is_rejected(tmp_path, sandbox):
+    model = scripted(gold=[GOLD[2:]])
+    (rejection,) = await scenarios(
+        environment("bank"), context(tmp_path, model, sandbox, "scenarios.repair_attempts=0")
+    )
+    assert rejection.reason == "too_few_calls"

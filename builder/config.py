@@ -168,8 +168,33 @@ class EvaluateConfig(Section):
 
 
 class ScenariosConfig(Section):
-    per_environment: int = Field(2, ge=1, description="Scenarios to generate per accepted environment.")
-    repair_attempts: int = Field(2, ge=0, description="Regenerations of a failing piece with evidence fed back.")
+    per_environment: int = Field(
+        2,
+        ge=1,
+        description="Scenarios (initial state + task) to generate per accepted environment; each is "
+        "emitted once per mode in `modes`.",
+    )
+    modes: tuple[Literal["non_conversational", "conversational"], ...] = Field(
+        ("non_conversational", "conversational"),
+        min_length=1,
+        description="Modes each verified scenario is emitted in: the full task in the first message, and/or a "
+        "user script for a simulated user.",
+    )
+    repair_attempts: int = Field(
+        2,
+        ge=0,
+        description="Regenerations with the evidence fed back: of the initial state, and (separately) "
+        "rounds of task, check and gold-sequence repairs, before the scenario is rejected.",
+    )
+    min_records: int = Field(
+        3,
+        ge=1,
+        description="Fewest records each collection of records (a map or list of objects) must hold in "
+        "a generated initial state.",
+    )
+    min_gold_calls: int = Field(
+        3, ge=1, description="Fewest tool calls the gold sequence of a task may have (look-ups included)."
+    )
 
 
 class RolloutConfig(Section):

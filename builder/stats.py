@@ -11,6 +11,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+DERIVED = ("tokens_per_kept", "yield", "per_kept")  # keys of `to_json` computed from the counters, not state
+
 
 @dataclass
 class StageStats:
@@ -52,14 +54,28 @@ class StageStats:
         return (self.prompt_tokens + self.completion_tokens) / self.kept if self.kept else None
 
     def to_json(self) -> dict:
+        """The counters plus derived figures: `tokens_per_kept`, `yield` (kept / (kept + dropped)) and `per_kept`
+        (model calls, tokens and wall seconds per kept record; None while nothing is kept)."""
         data = asdict(self)
         data["dropped"] = dict(sorted(self.dropped.items()))
         data["tokens_per_kept"] = self.tokens_per_kept
+        decided = self.kept + self.dropped_total
+        data["yield"] = round(self.kept / decided, 4) if decided else None
+        data["per_kept"] = (
+            {
+                "llm_calls": round(self.llm_calls / self.kept, 2),
+                "prompt_tokens": round(self.prompt_tokens / self.kept, 1),
+                "completion_tokens": round(self.completion_tokens / self.kept, 1),
+                "wall_s": round(self.wall_s / self.kept, 3),
+            }
+            if self.kept
+            else None
+        )
         return data
 
     @classmethod
     def from_json(cls, data: dict) -> StageStats:
-        data = {key: value for key, value in data.items() if key != "tokens_per_kept"}
+        data = {key: value for key, value in data.items() if key not in DERIVED}
         data["dropped"] = Counter(data.get("dropped", {}))
         return cls(**data)
 

@@ -1,0 +1,143 @@
+"""Initial states for scenarios: the structured-output model built from an environment's state schema, and the
+static gates a generated state must pass before it is loaded (records per entity, references between entities).
+
+Pure functions over JSON data; nothing here runs generated code.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, ClassVar
+
+import jsonschema
+from pydantic import RootModel, model_validator
+
+
+def object_schema(state_schema: Any, example: dict[str, Any]) -> dict[str, Any]:
+    """The state schema as one JSON object schema with every attribute required.
+
+    Accepts a full object schema (`{"type": "object", "properties": ...}`) or a mapping attribute -> schema (both
+    occur in plans); an empty or missing schema is inferred from `example`, the class's default state, so
+    environments without a recorded schema still get a constrained output.
+    """
+    if isinstance(state_schema, dict) and isinstance(state_schema.get("properties"), dict):
+        properties = dict(state_schema["properties"])
+    elif isinstance(state_schema, dict) and state_schema and all(isinstance(v, dict) for v in state_schema.values()):
+        properties = dict(state_schema)
+    else:
+        properties = {key: infer_schema(value) for key, value in example.items()}
+    for key, prop in properties.items():
+        # A bare {"type": "object"} says nothing of the records inside; the default state may show them.
+        if isinstance(prop, dict) and set(prop) <= {"type", "description"} and example.get(key):
+            described = {"description": prop["description"]} if "description" in prop else {}
+            properties[key] = {**infer_schema(example[key]), **described}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def infer_schema(value: Any) -> dict[str, Any]:
+    """A JSON schema describing `value`'s shape: a dict whose values are all records becomes a map of records."""
+    if isinstance(value, bool):
+        return {"type": "boolean"}
+    if isinstance(value, int):
+        return {"type": "integer"}
+    if isinstance(value, float):
+        return {"type": "number"}
+    if isinstance(value, str):
+        return {"type": "string"}
+    if isinstance(value, list):
+        return {"type": "array", "items": infer_schema(value[0])} if value else {"type": "array"}
+    if isinstance(value, dict):
+        if value and all(isinstance(item, dict) for item in value.values()):
+            return {"type": "object", "additionalProperties": infer_schema(next(iter(value.values())))}
+        return {
+            "type": "object",
+            "properties": {key: infer_schema(item) for key, item in value.items()},
+            "required": list(value),
+        }
+    return {}
+
+
+def state_model(schema: dict[str, Any]) -> type[RootModel[dict[str, Any]]]:
+    """A pydantic type for structured output whose JSON schema is `schema` and which validates against it."""
+
+    class InitialState(RootModel[dict[str, Any]]):
+        SCHEMA: ClassVar[dict[str, Any]] = schema
+
+        @classmethod
+        def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+            return copy.deepcopy(cls.SCHEMA)
+
+        @model_validator(mode="after")
+        def _matches_schema(self) -> InitialState:
+            problem = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(self.root))
+            if problem is not None:
+                where = "/".join(str(part) for part in problem.absolute_path) or "(state)"
+                raise ValueError(f"{where}: {problem.message}"[:500])
+            return self
+
+    return InitialState
+
+
+def record_collections(schema: dict[str, Any]) -> list[str]:
+    """State attributes that hold collections of records (a map of objects or an array of objects)."""
+    names = []
+    for name, prop in schema.get("properties", {}).items():
+        if not isinstance(prop, dict):
+            continue
+        items = prop.get("items") if prop.get("type") == "array" else prop.get("additionalProperties")
+        if isinstance(items, dict) and items.get("type") == "object":
+            names.append(name)
+    return names
+
+
+def size_problems(state: dict[str, Any], schema: dict[str, Any], min_records: int) -> list[str]:
+    """One message per record collection with fewer than `min_records` records."""
+    return [
+        f"{name} holds {len(state.get(name) or ())} records; give it at least {min_records} realistic records"
+        for name in record_collections(schema)
+        if isinstance(state.get(name), dict | list) and len(state[name]) < min_records
+    ]
+
+
+def reference_problems(state: dict[str, Any], limit: int = 5) -> list[str]:
+    """Dangling references: a record field `<entity>_id` whose value is no key (or id) of the `<entity>s` collection.
+
+    A heuristic on naming alone: fields whose stem names no collection are not checked.
+    """
+    problems: list[str] = []
+    for collection, records in state.items():
+        for label, record in _records(records):
+            for field, value in record.items():
+                if not (isinstance(field, str) and field.endswith("_id") and isinstance(value, str)):
+                    continue
+                known = _known_ids(state, field.removesuffix("_id"))
+                if known is not None and value not in known:
+                    problems.append(
+                        f"{collection}[{label}].{field} = {value!r} is not a known {field.removesuffix('_id')}"
+                    )
+                    if len(problems) >= limit:
+                        return problems
+    return problems
+
+
+def _records(collection: Any) -> list[tuple[str, dict[str, Any]]]:
+    if isinstance(collection, dict) and collection and all(isinstance(v, dict) for v in collection.values()):
+        return [(repr(key), value) for key, value in collection.items()]
+    if isinstance(collection, list):
+        return [(str(i), value) for i, value in enumerate(collection) if isinstance(value, dict)]
+    return []
+
+
+def _known_ids(state: dict[str, Any], stem: str) -> set[str] | None:
+    for name in (f"{stem}s", f"{stem}es", stem, f"{stem[:-1]}ies" if stem.endswith("y") else None):
+        target = state.get(name) if name else None
+        if isinstance(target, dict) and all(isinstance(v, dict) for v in target.values()):
+            return set(target)
+        if isinstance(target, list) and target and all(isinstance(v, dict) for v in target):
+            return {str(v[key]) for v in target for key in ("id", f"{stem}_id") if key in v}
+    return None

@@ -1,0 +1,227 @@
+"""Proving a scenario in the sandbox: the initial state loads and answers every tool, the check functions are
+clean, the gold action sequence runs and satisfies every check, the initial state does not, and every
+state-changing gold call is needed by some check (negative control).
+
+Everything here blocks on the sandbox; call it with `asyncio.to_thread`. Generated code (the environment and
+the checks) only ever runs in sandbox workers; this module parses checks but never executes them.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from builder.envs.checks import CheckResult, checks_from_scenario, run_checks
+from builder.envs.lint import lint
+from builder.envs.probe import generate_arguments
+from builder.envs.session import Session, SessionError, ToolResult
+from builder.sandbox.runtime import Sandbox
+
+# Tool failures that say the state (or the code) is broken, as opposed to an answered domain error.
+CRASH_KINDS = frozenset({"raised", "timeout", "crashed", "memory", "not_json", "too_large", "protocol"})
+RESULT_CHARS = 300  # tool results kept as evidence are cut to this many characters
+
+
+class Evidence(BaseModel):
+    """What verification observed. `reason` is None when the scenario passed every gate.
+
+    `check_problems` maps a check's index to what is wrong with it (lint, raised, not a bool, timed out);
+    `gold_problems` lists failing gold calls; both feed the repair prompts.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    reason: str | None = None
+    detail: str = ""
+    check_problems: dict[int, str] = {}
+    gold_problems: tuple[str, ...] = ()
+    gold: tuple[dict[str, Any], ...] = ()
+    state_changing_calls: tuple[int, ...] = ()
+    checks_on_initial: tuple[bool, ...] = ()
+    checks_on_final: tuple[bool, ...] = ()
+    negative_control: tuple[dict[str, Any], ...] = ()
+    vacuous_checks: tuple[int, ...] = ()
+    final_state: dict[str, Any] | None = None
+
+
+# ------------------------------------------------------------------------------------------- initial state
+
+
+def default_state(sandbox: Sandbox, code: str) -> dict[str, Any]:
+    """The state the class's `__init__` builds. Raises SessionError (or ContractError) if it does not load."""
+    with Session(sandbox, code, {}) as session:
+        return session.snapshot()
+
+
+def load_state(sandbox: Sandbox, code: str, state: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+    """Load `state`, read it back, and call every tool once with arguments taken from it.
+
+    Returns:
+        (the full initial state as the environment holds it, problems); the state is None when it did not load.
+        A tool that raises, hangs, crashes or returns non-JSON on this state is a problem; a tool that answers
+        with a domain error (`{"success": false, ...}`) is not.
+    """
+    try:
+        with Session(sandbox, code, state) as session:
+            loaded = session.snapshot()
+            problems = []
+            for tool in session.tools:
+                name = tool["function"]["name"]
+                arguments = generate_arguments(tool["function"]["parameters"], loaded)
+                result = session.call(name, arguments)
+                if not result.ok and result.error_kind in CRASH_KINDS:
+                    problems.append(f"{name}({json.dumps(arguments)}) failed on this state: {result.error}")
+            session.snapshot()  # tools must leave a JSON state behind, too
+    except SessionError as error:
+        return None, [str(error)]
+    return loaded, problems
+
+
+# ------------------------------------------------------------------------------------------------- checks
+
+
+def lint_check(source: str) -> list[str]:
+    """Problems of one check module: the environment lint's code rules, plus exactly one function
+    `check(initial_state, final_state)` at the top level and no classes."""
+    found = [p for p in lint(source) if p.code not in ("no_env_class", "multiple_env_classes", "no_tools")]
+    problems = [str(p) for p in found]
+    if any(p.code == "syntax" for p in found):
+        return problems
+    tree = ast.parse(source)
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "check"]
+    if any(isinstance(node, ast.ClassDef) for node in tree.body):
+        problems.append("define no classes; write one function `check`")
+    if len(functions) != 1:
+        problems.append("define exactly one top-level function `def check(initial_state, final_state) -> bool`")
+    elif [arg.arg for arg in functions[0].args.args] != ["initial_state", "final_state"]:
+        problems.append("the signature must be exactly `def check(initial_state: dict, final_state: dict) -> bool`")
+    return problems
+
+
+def _check_errors(results: tuple[CheckResult, ...], on: str) -> dict[int, str]:
+    return {i: f"on the {on} state: {r.error}" for i, r in enumerate(results) if r.error is not None}
+
+
+# --------------------------------------------------------------------------------------------------- gold
+
+
+def _refused(result: ToolResult) -> bool:
+    """A tool answered with a domain error: `{"success": false}` or an `error` without success."""
+    value = result.result
+    return isinstance(value, dict) and (
+        value.get("success") is False or ("error" in value and not value.get("success"))
+    )
+
+
+def run_actions(
+    sandbox: Sandbox, code: str, state: dict[str, Any], actions: list[dict[str, Any]]
+) -> tuple[list[tuple[ToolResult, bool]], dict[str, Any]]:
+    """Execute `actions` in a fresh session from `state`: each result with whether it changed the state, and the
+    final state."""
+    outcomes = []
+    with Session(sandbox, code, state) as session:
+        before = session.snapshot()
+        for action in actions:
+            result = session.call(action["name"], action["arguments"])
+            after = session.snapshot()
+            outcomes.append((result, after != before))
+            before = after
+        return outcomes, before
+
+
+def _describe_call(index: int, action: dict[str, Any], result: ToolResult) -> str:
+    answer = result.error if not result.ok else json.dumps(result.result, ensure_ascii=False)
+    return f"call {index + 1} {action['name']}({json.dumps(action['arguments'], ensure_ascii=False)}) -> {answer}"[:600]
+
+
+# ----------------------------------------------------------------------------------------------- verify
+
+
+def verify(
+    sandbox: Sandbox,
+    code: str,
+    initial_state: dict[str, Any],
+    actions: list[dict[str, Any]],
+    checks: list[str],
+    *,
+    min_gold_calls: int = 1,
+) -> Evidence:
+    """Run every gate in order and stop at the first that fails (its reason code and the evidence so far).
+
+    Reason codes: check_broken (lint, raises, non-bool, timeout), gold_call_failed, too_few_calls,
+    no_state_change, gold_nondeterministic, already_solved, gold_fails_checks, negative_control_failed.
+    """
+    linted = {i: "; ".join(problems) for i, source in enumerate(checks) if (problems := lint_check(source))}
+    if linted:
+        return Evidence(reason="check_broken", detail=_join(linted), check_problems=linted)
+    try:
+        outcomes, final_state = run_actions(sandbox, code, initial_state, actions)
+    except SessionError as error:
+        return Evidence(reason="gold_call_failed", detail=str(error), gold_problems=(str(error),))
+    gold = tuple(
+        {
+            "name": a["name"],
+            "ok": r.ok and not _refused(r),
+            "state_changed": changed,
+            "result": r.content()[:RESULT_CHARS],
+        }
+        for a, (r, changed) in zip(actions, outcomes, strict=True)
+    )
+    changing = tuple(i for i, (_, changed) in enumerate(outcomes) if changed)
+    seen: dict[str, Any] = {"gold": gold, "state_changing_calls": changing, "final_state": final_state}
+    failed = tuple(
+        _describe_call(i, a, r)
+        for i, (a, (r, _)) in enumerate(zip(actions, outcomes, strict=True))
+        if not r.ok or _refused(r)
+    )
+    if failed:
+        return Evidence(reason="gold_call_failed", detail=" | ".join(failed), gold_problems=failed, **seen)
+    if len(actions) < min_gold_calls:
+        detail = f"the gold sequence has {len(actions)} calls; the task must need at least {min_gold_calls}"
+        return Evidence(reason="too_few_calls", detail=detail, gold_problems=(detail,), **seen)
+    if not changing:
+        detail = "no gold call changed the state; the task must require at least one change"
+        return Evidence(reason="no_state_change", detail=detail, gold_problems=(detail,), **seen)
+    # The stored gold must reproduce: rollouts and the negative control replay it in fresh sessions.
+    if run_actions(sandbox, code, initial_state, actions)[1] != final_state:
+        detail = "replaying the gold sequence from the initial state gave a different final state"
+        return Evidence(reason="gold_nondeterministic", detail=detail, gold_problems=(detail,), **seen)
+
+    specs = checks_from_scenario(checks)
+    on_initial = run_checks(sandbox, specs, initial_state, initial_state).checks
+    on_final = run_checks(sandbox, specs, initial_state, final_state).checks
+    seen |= {
+        "checks_on_initial": tuple(r.passed for r in on_initial),
+        "checks_on_final": tuple(r.passed for r in on_final),
+    }
+    errors = _check_errors(on_initial, "initial") | _check_errors(on_final, "final")
+    if errors:
+        return Evidence(reason="check_broken", detail=_join(errors), check_problems=errors, **seen)
+    if all(r.passed for r in on_initial):
+        detail = "every check already passes on the initial state: the task asks for nothing that is not done"
+        return Evidence(reason="already_solved", detail=detail, **seen)
+    false = {i: "returned False on the state after the gold sequence" for i, r in enumerate(on_final) if not r.passed}
+    if false:
+        return Evidence(reason="gold_fails_checks", detail=_join(false), check_problems=false, **seen)
+
+    ablations, never_failed = [], {i for i, r in enumerate(on_initial) if r.passed}
+    for removed in changing:
+        kept = [a for i, a in enumerate(actions) if i != removed]
+        _, ablated_state = run_actions(sandbox, code, initial_state, kept)
+        results = run_checks(sandbox, specs, initial_state, ablated_state).checks
+        failing = [i for i, r in enumerate(results) if not r.passed]
+        never_failed -= set(failing)
+        ablations.append({"removed": removed, "name": actions[removed]["name"], "failing_checks": failing})
+    seen |= {"negative_control": tuple(ablations), "vacuous_checks": tuple(sorted(never_failed))}
+    unnoticed = [a for a in ablations if not a["failing_checks"]]
+    if unnoticed:
+        detail = "; ".join(f"without call {a['removed'] + 1} ({a['name']}) every check still passes" for a in unnoticed)
+        return Evidence(reason="negative_control_failed", detail=detail, gold_problems=(detail,), **seen)
+    return Evidence(**seen)
+
+
+def _join(problems: dict[int, str]) -> str:
+    return " | ".join(f"check {i + 1}: {text}" for i, text in sorted(problems.items()))[:2000]

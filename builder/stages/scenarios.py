@@ -1,0 +1,408 @@
+"""scenarios: per accepted environment, verified scenarios (initial state, task, checklist, checks, gold actions).
+
+For each of `scenarios.per_environment` slots the model writes, in turn, an initial state (structured output
+constrained by the environment's state schema), a task with a user script and a checklist, one check function per
+checklist item, and a gold action sequence. Nothing is trusted until the sandbox has shown it:
+
+1. the state loads, reads back as JSON and every tool answers on it without crashing; every collection of
+   records holds `min_records` records and `<entity>_id` fields point at existing records;
+2. every check lints clean and returns a real bool on the initial and the final state;
+3. the gold sequence runs without a failing or refused call, has `min_gold_calls` calls and changes the state;
+4. not every check already passes on the initial state; every check passes after the gold sequence;
+5. negative control: dropping any one state-changing gold call makes at least one check fail. Checks that never
+   failed on any state tried are kept but reported as vacuous.
+
+A failing piece is regenerated with the evidence fed back (`scenarios.repair_attempts` times for the state, and
+as many rounds for task, checks and gold); then the slot becomes a rejection with the reason code of the last
+failure. A verified scenario is emitted once per mode in `scenarios.modes` and upserted into the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from builder.envs.lint import ContractError
+from builder.envs.session import SessionError, diff_states
+from builder.errors import BuilderError
+from builder.prompts import prompt, prompt_version
+from builder.records import Action, ChatMessage, Environment, Record, Rejection, Sampling, Scenario, UserScript
+from builder.runner import Rejected, StageContext
+from builder.stages._llm import ask, system_user
+from builder.stages._scenario_state import object_schema, reference_problems, size_problems, state_model
+from builder.stages._scenario_verify import Evidence, default_state, load_state, verify
+from builder.store import Store
+
+logger = logging.getLogger(__name__)
+
+PROMPTS = ("scenario_state", "scenario_task", "scenario_check", "scenario_gold")
+# Every reason code this stage gives (stable: aggregated in stats and the dataset card; see docs/scenarios.md).
+REASONS = (
+    "not_accepted", "env_load_failed", "state_invalid", "state_load_failed", "state_too_small", "state_inconsistent",
+    "task_invalid", "check_invalid", "gold_invalid", "check_broken", "gold_call_failed", "too_few_calls",
+    "no_state_change", "gold_nondeterministic", "already_solved", "gold_fails_checks", "negative_control_failed",
+    "duplicate", "llm_request",
+)  # fmt: skip
+STATE_CHARS = 6000  # the state shown in prompts is cut to this many characters
+CODE_SAMPLING_TEMPERATURE = 0.2  # checks and gold sequences are precise code: sample close to greedy
+
+
+class TaskDraft(BaseModel):
+    task: str = Field(description="The user's full request, first person.")
+    difficulty: Literal["easy", "medium", "hard"]
+    user_profile: str
+    known_up_front: str
+    reveal_when_asked: str
+    ending: str
+    checklist: list[str] = Field(min_length=1, max_length=6)
+
+
+class GoldAction(BaseModel):
+    name: str
+    arguments: dict[str, Any]
+
+
+class GoldSolution(BaseModel):
+    actions: list[GoldAction] = Field(min_length=1, max_length=20)
+
+
+class CheckCode(BaseModel):
+    code: str = Field(description="Python source defining `def check(initial_state, final_state) -> bool`.")
+
+
+@dataclass
+class Draft:
+    """The pieces of one scenario under construction, with the conversations that produced them (for repairs).
+    Mutable on purpose: repairs replace pieces in place; only verified drafts become (frozen) `Scenario`s."""
+
+    task: TaskDraft
+    task_messages: list[ChatMessage]
+    checks: list[str] = field(default_factory=list)
+    check_messages: list[list[ChatMessage]] = field(default_factory=list)
+    gold: list[dict[str, Any]] = field(default_factory=list)
+    gold_messages: list[ChatMessage] = field(default_factory=list)
+
+
+async def scenarios(env: Environment, ctx: StageContext) -> list[Record]:
+    """Verified scenarios of one environment (each in every configured mode) and one rejection per failed slot.
+
+    Rejects the whole environment with `not_accepted` (its status is not "accepted") or `env_load_failed` (its
+    default state does not load). Slot rejections have subject `<env id>/scenario-<slot>` and these reasons:
+    state_invalid, state_load_failed, state_too_small, state_inconsistent, task_invalid, check_invalid,
+    gold_invalid, check_broken, gold_call_failed, too_few_calls, no_state_change, gold_nondeterministic,
+    already_solved, gold_fails_checks, negative_control_failed, duplicate, llm_request (and `exception:<Type>`
+    for a slot that hit an unexpected error, logged with its traceback).
+    """
+    if env.status != "accepted":
+        raise Rejected(ctx.reject(env, "not_accepted", f"status is {env.status!r}; only accepted environments"))
+    try:
+        example = await asyncio.to_thread(default_state, ctx.sandbox, env.code)
+    except (SessionError, ContractError) as error:
+        raise Rejected(ctx.reject(env, "env_load_failed", str(error)[:2000])) from None
+    count = ctx.config.scenarios.per_environment
+    slots = await asyncio.gather(*(_slot(env, ctx, slot, example) for slot in range(count)))
+    results: list[Record] = []
+    seen: set[str] = set()
+    for slot, made in enumerate(slots):
+        if isinstance(made, Rejection):
+            results.append(made)
+        elif made[0].id in seen:
+            results.append(_reject_slot(ctx, env, slot, "duplicate", "the same state and task as an earlier slot"))
+        else:
+            seen.add(made[0].id)
+            results.extend(made)
+    kept = [record for record in results if isinstance(record, Scenario)]
+    if kept:
+        store = Store(ctx.config.store.path, ctx.config.store.lock_timeout_s)
+        await asyncio.to_thread(store.upsert, "scenarios", kept)
+    return results
+
+
+async def _slot(env: Environment, ctx: StageContext, slot: int, example: dict[str, Any]) -> list[Scenario] | Rejection:
+    try:
+        return await _build(env, ctx, slot, example)
+    except Rejected as verdict:
+        rejection = verdict.rejection
+        if rejection.subject_id == env.id:  # from `ask`: give it this slot's subject, so slots do not collide
+            return _reject_slot(ctx, env, slot, rejection.reason, rejection.detail, rejection.raw_output)
+        return rejection
+    except (asyncio.CancelledError, BuilderError):
+        raise  # an interrupt, a dead server or an operator error stops the run; it says nothing about this slot
+    except Exception as error:  # noqa: BLE001 - like the runner: one bad slot must not cost the others
+        logger.error("scenarios: %s slot %d failed:\n%s", env.id, slot, traceback.format_exc())
+        return _reject_slot(ctx, env, slot, f"exception:{type(error).__name__}", str(error))
+
+
+def _reject_slot(
+    ctx: StageContext, env: Environment, slot: int, reason: str, detail: str, raw_output: str | None = None
+) -> Rejection:
+    return Rejection(
+        provenance=ctx.provenance([env]),
+        stage=ctx.stage,
+        subject_id=f"{env.id}/scenario-{slot}",
+        reason=reason,
+        detail=detail[:2000],
+        raw_output=raw_output,
+    )
+
+
+def _sampling(ctx: StageContext, temperature: float | None = None) -> Sampling:
+    llm = ctx.config.llm
+    return Sampling(
+        temperature=llm.temperature if temperature is None else temperature, top_p=llm.top_p, max_tokens=llm.max_tokens
+    )
+
+
+# ------------------------------------------------------------------------------------------------- pieces
+
+
+def _environment_text(env: Environment) -> str:
+    return f"# Environment {env.name} ({env.domain})\n{env.description}\n\n## Code\n```python\n{env.code.strip()}\n```"
+
+
+def _state_text(state: dict[str, Any]) -> str:
+    text = json.dumps(state, ensure_ascii=False)
+    return text if len(text) <= STATE_CHARS else text[:STATE_CHARS] + " ... (cut)"
+
+
+def _tools_text(env: Environment) -> str:
+    return json.dumps([tool["function"] for tool in env.tools], ensure_ascii=False)
+
+
+async def _initial_state(
+    env: Environment, ctx: StageContext, slot: int, example: dict[str, Any]
+) -> tuple[dict[str, Any], int]:
+    """A generated state that passed the load and realism gates, as the environment holds it; and the repairs."""
+    config = ctx.config.scenarios
+    schema = object_schema(env.state_schema, example)
+    model = state_model(schema)
+    user = (
+        f"{_environment_text(env)}\n\n## State schema\n{json.dumps(schema)}\n\n## Default state of the class\n"
+        f"{_state_text(example)}\n\nWrite initial state {slot + 1} of {config.per_environment} for this environment "
+        f"(different people, items and situations from the others), with at least {config.min_records} records in "
+        "every collection of records."
+    )
+    messages = system_user(prompt("scenario_state"), user)
+    reason, problems = "", []
+    for attempt in range(config.repair_attempts + 1):
+        reply = await ask(ctx, env, messages, model, sampling=_sampling(ctx), invalid_reason="state_invalid")
+        state = reply.root
+        loaded, problems = await asyncio.to_thread(load_state, ctx.sandbox, env.code, state)
+        reason = "state_load_failed"
+        if loaded is not None and not problems:
+            problems, reason = size_problems(loaded, schema, config.min_records), "state_too_small"
+        if loaded is not None and not problems:
+            problems, reason = reference_problems(loaded), "state_inconsistent"
+        if loaded is not None and not problems:
+            return loaded, attempt
+        feedback = "This state was refused:\n- " + "\n- ".join(problems) + "\nReply with the corrected full state."
+        messages = [
+            *messages,
+            ChatMessage(role="assistant", content=json.dumps(state)),
+            ChatMessage(role="user", content=feedback),
+        ]
+    raise Rejected(ctx.reject(env, reason, "; ".join(problems)[:2000], raw_output=json.dumps(state)[:20000]))
+
+
+async def _task(env: Environment, ctx: StageContext, state: dict[str, Any], feedback: str = "") -> Draft:
+    user = f"{_environment_text(env)}\n\n## Tools\n{_tools_text(env)}\n\n## Current state\n{_state_text(state)}"
+    if feedback:
+        user += f"\n\n## A previous task for this state was refused\n{feedback}\nWrite a different task."
+    messages = system_user(prompt("scenario_task"), user)
+    draft = await ask(ctx, env, messages, TaskDraft, sampling=_sampling(ctx), invalid_reason="task_invalid")
+    return Draft(draft, messages)
+
+
+async def _check(
+    env: Environment,
+    ctx: StageContext,
+    state: dict[str, Any],
+    draft: Draft,
+    index: int,
+    previous: tuple[list[ChatMessage], str, str] | None = None,
+) -> tuple[str, list[ChatMessage]]:
+    """The code of check `index`; with `previous` (messages, code, problem), a repair of that code."""
+    if previous is None:
+        user = (
+            f"{_environment_text(env)}\n\n## Initial state\n{_state_text(state)}\n\n## Task\n{draft.task.task}\n\n"
+            f"## Checklist item\n{draft.task.checklist[index]}"
+        )
+        messages = system_user(prompt("scenario_check"), user)
+    else:
+        messages, code, problem = previous
+        feedback = f"This check was refused: {problem}\nReply with the corrected function."
+        messages = [
+            *messages,
+            ChatMessage(role="assistant", content=json.dumps({"code": code})),
+            ChatMessage(role="user", content=feedback),
+        ]
+    sampling = _sampling(ctx, CODE_SAMPLING_TEMPERATURE)
+    reply = await ask(ctx, env, messages, CheckCode, sampling=sampling, invalid_reason="check_invalid")
+    return reply.code, messages
+
+
+async def _gold(
+    env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft, feedback: str = ""
+) -> tuple[list[dict[str, Any]], list[ChatMessage]]:
+    if not feedback:
+        user = (
+            f"{_environment_text(env)}\n\n## Tools\n{_tools_text(env)}\n\n## Current state\n{_state_text(state)}"
+            f"\n\n## Task\n{draft.task.task}"
+        )
+        messages = system_user(prompt("scenario_gold"), user)
+    else:
+        previous = json.dumps({"actions": draft.gold}, ensure_ascii=False)
+        messages = [
+            *draft.gold_messages,
+            ChatMessage(role="assistant", content=previous),
+            ChatMessage(role="user", content=f"{feedback}\nReply with the corrected full sequence."),
+        ]
+    sampling = _sampling(ctx, CODE_SAMPLING_TEMPERATURE)
+    reply = await ask(ctx, env, messages, GoldSolution, sampling=sampling, invalid_reason="gold_invalid")
+    return [action.model_dump() for action in reply.actions], messages
+
+
+async def _fill(env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft) -> None:
+    """Generate every check and the gold sequence of `draft`, concurrently."""
+    items = range(len(draft.task.checklist))
+    *checks, gold = await asyncio.gather(
+        *(_check(env, ctx, state, draft, i) for i in items), _gold(env, ctx, state, draft)
+    )
+    draft.checks = [code for code, _ in checks]
+    draft.check_messages = [messages for _, messages in checks]
+    draft.gold, draft.gold_messages = gold
+
+
+# ------------------------------------------------------------------------------------------- verification
+
+
+async def _build(env: Environment, ctx: StageContext, slot: int, example: dict[str, Any]) -> list[Scenario]:
+    config = ctx.config.scenarios
+    state, state_repairs = await _initial_state(env, ctx, slot, example)
+    draft = await _task(env, ctx, state)
+    await _fill(env, ctx, state, draft)
+    repairs: list[str] = []
+    blame_gold_next = True  # for gold_fails_checks: alternate between the gold and the checks, gold first
+    for round_ in range(config.repair_attempts + 1):
+        evidence = await asyncio.to_thread(
+            verify, ctx.sandbox, env.code, state, draft.gold, draft.checks, min_gold_calls=config.min_gold_calls
+        )
+        if evidence.reason is None:
+            return _scenarios(env, ctx, state, draft, evidence, state_repairs, repairs)
+        if round_ == config.repair_attempts:
+            raw = json.dumps({"task": draft.task.task, "checks": draft.checks, "gold": draft.gold}, ensure_ascii=False)
+            raise Rejected(_reject_slot(ctx, env, slot, evidence.reason, evidence.detail, raw[:20000]))
+        repairs.append(evidence.reason)
+        if evidence.reason == "already_solved":
+            draft = await _task(env, ctx, state, feedback=f"{draft.task.task}\nWhy: {evidence.detail}")
+            await _fill(env, ctx, state, draft)
+            blame_gold_next = True
+        elif evidence.reason == "check_broken" or (evidence.reason == "gold_fails_checks" and not blame_gold_next):
+            await _repair_checks(env, ctx, state, draft, evidence)
+            blame_gold_next = True
+        else:
+            draft.gold, draft.gold_messages = await _gold(env, ctx, state, draft, _gold_feedback(draft, evidence))
+            blame_gold_next = evidence.reason != "gold_fails_checks"
+    raise AssertionError("unreachable: the last round returns or rejects")
+
+
+async def _repair_checks(
+    env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft, evidence: Evidence
+) -> None:
+    changes = diff_states(state, evidence.final_state) if evidence.final_state is not None else []
+    after_gold = f" The gold sequence changed: {json.dumps(changes)[:1500]}" if changes else ""
+    indices = sorted(evidence.check_problems)
+    repaired = await asyncio.gather(
+        *(
+            _check(
+                env,
+                ctx,
+                state,
+                draft,
+                i,
+                (draft.check_messages[i], draft.checks[i], evidence.check_problems[i] + after_gold),
+            )
+            for i in indices
+        )
+    )
+    for i, (code, messages) in zip(indices, repaired, strict=True):
+        draft.checks[i], draft.check_messages[i] = code, messages
+
+
+def _gold_feedback(draft: Draft, evidence: Evidence) -> str:
+    lines = [f"This sequence was refused ({evidence.reason})."]
+    lines += [f"- {problem}" for problem in evidence.gold_problems]
+    for index, problem in sorted(evidence.check_problems.items()):
+        lines.append(f"- checklist item {draft.task.checklist[index]!r} {problem}")
+    if evidence.final_state is not None and evidence.reason == "gold_fails_checks":
+        lines.append(f"Its calls answered: {json.dumps(evidence.gold, ensure_ascii=False)[:1500]}")
+    return "\n".join(lines)
+
+
+def _difficulty(evidence: Evidence) -> Literal["easy", "medium", "hard"]:
+    """From the verified gold sequence, not the model's opinion: calls and state changes it needs."""
+    calls, changes = len(evidence.gold), len(evidence.state_changing_calls)
+    if changes >= 3 or calls >= 7:
+        return "hard"
+    if changes >= 2 or calls >= 4:
+        return "medium"
+    return "easy"
+
+
+def _scenarios(
+    env: Environment,
+    ctx: StageContext,
+    state: dict[str, Any],
+    draft: Draft,
+    evidence: Evidence,
+    state_repairs: int,
+    repairs: Sequence[str],
+) -> list[Scenario]:
+    task = " ".join(draft.task.task.split())
+    group = hashlib.sha256(json.dumps([env.id, state, task], sort_keys=True).encode()).hexdigest()[:16]
+    verification = {
+        "verified": True,
+        "scenario_group": group,
+        "gold": list(evidence.gold),
+        "state_changing_calls": list(evidence.state_changing_calls),
+        "gold_state_changes": diff_states(state, evidence.final_state)[:200],
+        "checks_on_initial": list(evidence.checks_on_initial),
+        "checks_on_final": list(evidence.checks_on_final),
+        "negative_control": list(evidence.negative_control),
+        "vacuous_checks": list(evidence.vacuous_checks),
+        "model_difficulty": draft.task.difficulty,
+        "state_repairs": state_repairs,
+        "repairs": list(repairs),
+    }
+    user = UserScript(
+        profile=draft.task.user_profile,
+        known_up_front=draft.task.known_up_front,
+        reveal_when_asked=draft.task.reveal_when_asked,
+        ending=draft.task.ending,
+    )
+    versions = "+".join(prompt_version(name) for name in PROMPTS)
+    provenance = ctx.provenance([env], model=ctx.llm.model_id, sampling=_sampling(ctx), prompt_version=versions)
+    return [
+        Scenario(
+            provenance=provenance,
+            env_id=env.id,
+            mode=mode,
+            initial_state=state,
+            task=task,
+            user=user if mode == "conversational" else None,
+            checklist=tuple(draft.task.checklist),
+            checks=tuple(draft.checks),
+            gold_actions=tuple(Action(name=a["name"], arguments=a["arguments"]) for a in draft.gold),
+            difficulty=_difficulty(evidence),
+            verification=verification,
+        )
+        for mode in ctx.config.scenarios.modes
+    ]

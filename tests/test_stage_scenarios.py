@@ -1,0 +1,437 @@
+"""The scenarios stage with a scripted model over the hand-written fixture environments and a real sandbox."""
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from builder.config import SandboxConfig, load_config
+from builder.envs.schema import inspect_source
+from builder.llm import ChatRequest, ScriptedModel
+from builder.llm.connect import client_for
+from builder.records import Environment, Scenario
+from builder.runner import BatchStage, ItemStage, Rejected, StageContext, run_stages
+from builder.sandbox.runtime import Sandbox
+from builder.stages._scenario_state import infer_schema, object_schema, reference_problems, size_problems
+from builder.stages._scenario_verify import lint_check
+from builder.stages.scenarios import scenarios
+from builder.stats import StageStats
+from builder.store import Store
+
+FIXTURES = Path(__file__).parent / "fixtures" / "envs"
+FAST = SandboxConfig(call_timeout_s=0.5, kill_grace_s=0.5, memory_mb=256)
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(FAST) as runtime:
+        yield runtime
+
+
+def environment(name: str, status: str = "accepted", state_schema: dict | None = None) -> Environment:
+    code = (FIXTURES / f"{name}.py").read_text()
+    interface = inspect_source(code)
+    return Environment(
+        provenance={"config_hash": "hash"},
+        plan_id=f"plan-{name}",
+        name=name,
+        class_name=interface.class_name,
+        description=f"The {name} fixture.",
+        domain="test",
+        code=code,
+        tools=list(interface.tools),
+        state_schema=state_schema or {},  # empty: the stage infers it from the class's default state
+        status=status,
+    )
+
+
+LIBRARY_SCHEMA = {
+    "books": {"type": "object", "additionalProperties": {
+        "type": "object", "properties": {"title": {"type": "string"}, "author": {"type": "string"},
+                                         "copies": {"type": "integer"}},
+        "required": ["title", "author", "copies"]}},
+    "members": {"type": "object", "additionalProperties": {
+        "type": "object", "properties": {"name": {"type": "string"}, "max_loans": {"type": "integer"},
+                                         "fines_cents": {"type": "integer"}},
+        "required": ["name", "max_loans", "fines_cents"]}},
+    "loans": {"type": "array", "items": {
+        "type": "object", "properties": {"member_id": {"type": "string"}, "book_id": {"type": "string"},
+                                         "due": {"type": "string"}, "returned": {"type": "boolean"}},
+        "required": ["member_id", "book_id", "due", "returned"]}},
+    "today": {"type": "string"},
+}  # fmt: skip
+
+BANK_STATE = {
+    "customers": {"c1": {"name": "Ada Lovelace", "tier": "gold"}, "c2": {"name": "Grace Hopper", "tier": "basic"},
+                  "c3": {"name": "Alan Turing", "tier": "basic"}},
+    "accounts": {"acc-1": {"owner": "c1", "balance": 10000, "kind": "checking", "frozen": False},
+                 "acc-2": {"owner": "c1", "balance": 500, "kind": "savings", "frozen": False},
+                 "acc-3": {"owner": "c2", "balance": 2500, "kind": "checking", "frozen": False},
+                 "acc-4": {"owner": "c3", "balance": 0, "kind": "savings", "frozen": False}},
+    "transfers": [],
+    "daily_limit": 50000,
+}  # fmt: skip
+MOVED_IN = "Has acc-2's balance increased by 3000 cents?"
+MOVED_OUT = "Has acc-1's balance decreased by 3000 cents?"
+FROZEN = "Has account acc-2 been frozen?"
+TASK = {
+    "task": "I'm Ada Lovelace. Move 30.00 from my checking account acc-1 to my savings account acc-2, then freeze "
+    "the savings account.",
+    "difficulty": "medium",
+    "user_profile": "Ada, a busy engineer who writes short messages.",
+    "known_up_front": "Wants to move 30.00 to savings and freeze the savings account.",
+    "reveal_when_asked": "Accounts acc-1 (checking) and acc-2 (savings); customer id c1.",
+    "ending": "Says thanks and stops once both are confirmed.",
+    "checklist": [MOVED_IN, MOVED_OUT, FROZEN],
+}
+CHECKS = {
+    MOVED_IN: "def check(initial_state, final_state):\n"
+    "    return final_state['accounts']['acc-2']['balance'] == initial_state['accounts']['acc-2']['balance'] + 3000\n",
+    MOVED_OUT: "def check(initial_state, final_state):\n"
+    "    return final_state['accounts']['acc-1']['balance'] == initial_state['accounts']['acc-1']['balance'] - 3000\n",
+    FROZEN: "def check(initial_state, final_state):\n    return final_state['accounts']['acc-2']['frozen'] is True\n",
+}
+GOLD = [
+    {"name": "list_accounts", "arguments": {"owner": "c1"}},
+    {"name": "get_account", "arguments": {"account_id": "acc-1"}},
+    {"name": "transfer", "arguments": {"source": "acc-1", "target": "acc-2", "amount": 3000}},
+    {"name": "freeze_account", "arguments": {"account_id": "acc-2"}},
+]
+
+
+def schema_name(request: ChatRequest) -> str:
+    return request.response_format["json_schema"]["name"] if request.response_format else ""
+
+
+def replies(values: list):
+    """Successive replies, one per request; the last one repeats."""
+    queue = list(values)
+    return lambda: queue.pop(0) if len(queue) > 1 else queue[0]
+
+
+def scripted(state=BANK_STATE, task=TASK, checks=CHECKS, gold=(GOLD,)):
+    """A model answering the four requests of the stage; `state`, `task` and `gold` may be lists of successive
+    replies (for repairs), `checks` maps a checklist item to its code (or a list of successive codes)."""
+    states, tasks, golds = replies([state] if isinstance(state, dict) else state), replies([task]), replies(list(gold))
+    check_queues = {item: replies(code if isinstance(code, list) else [code]) for item, code in checks.items()}
+
+    def answer(request: ChatRequest):
+        name = schema_name(request)
+        if name == "InitialState":
+            return json.dumps(states())
+        if name == "TaskDraft":
+            return json.dumps(tasks())
+        if name == "GoldSolution":
+            return json.dumps({"actions": golds()})
+        if name == "CheckCode":
+            item = request.messages[1].content.rsplit("## Checklist item\n", 1)[1]
+            return json.dumps({"code": check_queues[item]()})
+        raise AssertionError(f"unexpected request {name!r}")
+
+    return ScriptedModel(answer)
+
+
+def context(tmp_path, model, sandbox, *overrides):
+    config = load_config(None, [f'store.path="{tmp_path / "store"}"', "scenarios.per_environment=1", *overrides])
+    llm = client_for(config.llm, model, model_id="m")
+    return StageContext(config, "hash", tmp_path, StageStats("scenarios"), llm=llm, open_sandbox=lambda: sandbox)
+
+
+def requests_of(model, name):
+    return [r for r in model.requests if schema_name(r) == name]
+
+
+async def test_good_scenario_is_kept_in_both_modes_with_its_evidence(tmp_path, sandbox):
+    model = scripted()
+    results = await scenarios(environment("bank"), context(tmp_path, model, sandbox))
+    plain, talk = results
+    assert isinstance(plain, Scenario) and (plain.mode, talk.mode) == ("non_conversational", "conversational")
+    assert plain.user is None and talk.user.reveal_when_asked.startswith("Accounts acc-1")
+    assert plain.initial_state["accounts"]["acc-3"]["balance"] == 2500 and plain.initial_state == talk.initial_state
+    assert [a.name for a in plain.gold_actions] == [g["name"] for g in GOLD]
+    assert plain.checks == tuple(CHECKS[item] for item in TASK["checklist"])
+    evidence = plain.verification
+    assert evidence["verified"] and evidence["checks_on_final"] == [True, True, True]
+    assert evidence["checks_on_initial"] == [False, False, False]
+    assert evidence["state_changing_calls"] == [2, 3]
+    assert evidence["negative_control"] == [
+        {"removed": 2, "name": "transfer", "failing_checks": [0, 1]},
+        {"removed": 3, "name": "freeze_account", "failing_checks": [2]},
+    ]
+    assert evidence["vacuous_checks"] == [] and evidence["repairs"] == []
+    assert {"path": "accounts.acc-2.frozen", "before": False, "after": True} in evidence["gold_state_changes"]
+    assert plain.difficulty == "medium"  # two state changes, four calls
+    assert plain.provenance.parent_ids == (environment("bank").id,)
+    assert plain.provenance.prompt_version.count("@") == 4
+    stored = Store(tmp_path / "store").scenarios(environment("bank").id)
+    assert sorted(s.id for s in stored) == sorted([plain.id, talk.id])
+
+
+async def test_not_accepted_environments_are_rejected(tmp_path, sandbox):
+    with pytest.raises(Rejected) as verdict:
+        await scenarios(environment("bank", status="candidate"), context(tmp_path, scripted(), sandbox))
+    assert verdict.value.rejection.reason == "not_accepted"
+
+
+async def test_state_that_breaks_a_tool_is_repaired_then_rejected(tmp_path, sandbox):
+    # The schema accepts any string for `today`, but borrow() cannot parse this one: a tool raises on the state.
+    state = {
+        "books": {f"b{i}": {"title": f"Book {i}", "author": "A. Author", "copies": 2} for i in range(3)},
+        "members": {f"m{i}": {"name": f"Member {i}", "max_loans": 2, "fines_cents": 0} for i in range(3)},
+        "loans": [{"member_id": "m1", "book_id": f"b{i}", "due": "2024-05-20", "returned": False} for i in range(3)],
+        "today": "the first of May",
+    }
+    model = scripted(state=state)
+    env = environment("library", state_schema=LIBRARY_SCHEMA)
+    (rejection,) = await scenarios(env, context(tmp_path, model, sandbox, "scenarios.repair_attempts=1"))
+    assert rejection.reason == "state_load_failed" and "borrow" in rejection.detail
+    assert rejection.subject_id == f"{env.id}/scenario-0"
+    first, second = requests_of(model, "InitialState")
+    assert "borrow" in second.messages[-1].content and "refused" in second.messages[-1].content
+    assert requests_of(model, "TaskDraft") == []
+    # The state schema went to the model as the structured-output schema.
+    schema = first.response_format["json_schema"]["schema"]
+    assert schema["required"] == ["books", "members", "loans", "today"]
+
+
+def test_state_gates_count_records_and_follow_references():
+    state = {"members": {"m1": {"name": "x"}}, "loans": [{"member_id": "m9", "book_id": "b1"}],
+             "books": {"b1": {"title": "t"}}, "today": "2024-05-01"}  # fmt: skip
+    schema = object_schema({}, state)
+    assert schema["properties"]["members"] == infer_schema(state["members"])
+    assert size_problems(state, schema, 2) == [
+        f"{name} holds 1 records; give it at least 2 realistic records" for name in ("members", "loans", "books")
+    ]
+    assert reference_problems(state) == ["loans[0].member_id = 'm9' is not a known member"]
+    # A bare object schema is refined from the default state; a detailed one is kept as given.
+    given = object_schema({"members": {"type": "object"}, "today": {"type": "string", "format": "date"}}, state)
+    assert given["properties"]["members"]["additionalProperties"]["properties"] == {"name": {"type": "string"}}
+    assert given["properties"]["today"] == {"type": "string", "format": "date"}
+    assert given["required"] == ["members", "today"]
+
+
+async def test_state_with_dangling_references_is_rejected(tmp_path, sandbox):
+    state = {
+        "books": {f"b{i}": {"title": f"Book {i}", "author": "A. Author", "copies": 2} for i in range(3)},
+        "members": {f"m{i}": {"name": f"Member {i}", "max_loans": 2, "fines_cents": 0} for i in range(3)},
+        "loans": [{"member_id": "m7", "book_id": f"b{i}", "due": "2024-05-20", "returned": False} for i in range(3)],
+        "today": "2024-05-01",
+    }
+    env = environment("library", state_schema=LIBRARY_SCHEMA)
+    (rejection,) = await scenarios(
+        env, context(tmp_path, scripted(state=state), sandbox, "scenarios.repair_attempts=0")
+    )
+    assert rejection.reason == "state_inconsistent" and "m7" in rejection.detail
+
+
+async def test_task_already_solved_by_its_initial_state_gets_a_new_task_then_is_rejected(tmp_path, sandbox):
+    done = "Has acc-1 a balance of 10000?"
+    task = {**TASK, "checklist": [done]}
+    code = "def check(initial_state, final_state):\n    return initial_state['accounts']['acc-1']['balance'] == 10000\n"
+    checks = {done: code}
+    model = scripted(task=task, checks=checks)
+    (rejection,) = await scenarios(
+        environment("bank"), context(tmp_path, model, sandbox, "scenarios.repair_attempts=1")
+    )
+    assert rejection.reason == "already_solved"
+    first, second = requests_of(model, "TaskDraft")
+    assert "refused" in second.messages[-1].content and "already passes" in second.messages[-1].content
+
+
+async def test_gold_calling_a_missing_tool_is_repaired_with_the_error_fed_back(tmp_path, sandbox):
+    wrong = [{"name": "wire_money", "arguments": {"source": "acc-1"}}, *GOLD]
+    model = scripted(gold=[wrong, GOLD])
+    plain, _ = await scenarios(environment("bank"), context(tmp_path, model, sandbox))
+    assert plain.verification["repairs"] == ["gold_call_failed"]
+    assert [a.name for a in plain.gold_actions] == [g["name"] for g in GOLD]
+    feedback = requests_of(model, "GoldSolution")[1].messages[-1].content
+    assert "unknown tool 'wire_money'" in feedback
+
+
+async def test_gold_that_fails_the_checks_is_rejected(tmp_path, sandbox):
+    short = [{**g, "arguments": {**g["arguments"], "amount": 2000}} if g["name"] == "transfer" else g for g in GOLD]
+    model = scripted(gold=[short])
+    (rejection,) = await scenarios(
+        environment("bank"), context(tmp_path, model, sandbox, "scenarios.repair_attempts=0")
+    )
+    assert rejection.reason == "gold_fails_checks"
+    assert "check 1: returned False" in rejection.detail and "check 2: returned False" in rejection.detail
+    assert "check 3" not in rejection.detail
+
+
+async def test_gold_with_a_change_no_check_needs_fails_the_negative_control(tmp_path, sandbox):
+    extra = [*GOLD, {"name": "freeze_account", "arguments": {"account_id": "acc-4"}}]
+    model = scripted(gold=[extra])
+    (rejection,) = await scenarios(
+        environment("bank"), context(tmp_path, model, sandbox, "scenarios.repair_attempts=0")
+    )
+    assert rejection.reason == "negative_control_failed"
+    assert "without call 5 (freeze_account) every check still passes" in rejection.detail
+
+
+async def test_vacuous_check_is_kept_and_reported(tmp_path, sandbox):
+    always = "Has the bank still got accounts?"
+    task = {**TASK, "checklist": [*TASK["checklist"], always]}
+    checks = {**CHECKS, always: "def check(initial_state, final_state):\n    return len(final_state['accounts']) > 0\n"}
+    plain, _ = await scenarios(environment("bank"), context(tmp_path, scripted(task=task, checks=checks), sandbox))
+    assert plain.verification["vacuous_checks"] == [3]
+    assert plain.verification["checks_on_initial"] == [False, False, False, True]
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        ("def check(initial_state, final_state):\n    return final_state['nope']['x']\n", "KeyError"),
+        ("def check(initial_state, final_state):\n    return 1\n", "not_bool"),
+        ("def check(initial_state, final_state):\n    while True:\n        pass\n", "timeout"),
+        ("import os\ndef check(initial_state, final_state):\n    return True\n", "import_not_allowed"),
+        ("def check(final_state):\n    return True\n", "signature must be exactly"),
+    ],
+)
+async def test_broken_checks_are_rejected_with_the_reason(tmp_path, sandbox, code, error):
+    model = scripted(checks={**CHECKS, FROZEN: code})
+    (rejection,) = await scenarios(
+        environment("bank"), context(tmp_path, model, sandbox, "scenarios.repair_attempts=0")
+    )
+    assert rejection.reason == "check_broken"
+    assert rejection.detail.startswith("check 3:") and error in rejection.detail
+
+
+async def test_broken_check_is_regenerated_with_its_error(tmp_path, sandbox):
+    broken = "def check(initial_state, final_state):\n    return 1\n"
+    model = scripted(checks={**CHECKS, FROZEN: [broken, CHECKS[FROZEN]]})
+    plain, _ = await scenarios(environment("bank"), context(tmp_path, model, sandbox))
+    assert plain.verification["repairs"] == ["check_broken"] and plain.checks[2] == CHECKS[FROZEN]
+    repair = [r for r in requests_of(model, "CheckCode") if len(r.messages) > 2]
+    assert len(repair) == 1 and "not_bool" in repair[0].messages[-1].content
+
+
+async def test_repair_is_bounded_and_ends_in_a_rejection(tmp_path, sandbox):
+    wrong = [{"name": "wire_money", "arguments": {}}, *GOLD]
+    model = scripted(gold=[wrong])
+    ctx = context(tmp_path, model, sandbox, "scenarios.repair_attempts=2")
+    (rejection,) = await scenarios(environment("bank"), ctx)
+    assert rejection.reason == "gold_call_failed" and "wire_money" in rejection.raw_output
+    assert len(requests_of(model, "GoldSolution")) == 3  # the first sequence and two repairs
+    assert Store(tmp_path / "store").scenarios() == []
+
+
+def test_check_lint():
+    assert lint_check(CHECKS[FROZEN]) == []
+    assert any("[syntax]" in p for p in lint_check("def check(:"))
+    assert any(
+        "forbidden_name" in p for p in lint_check("def check(initial_state, final_state):\n    return eval('1')")
+    )
+    assert any("exactly one" in p for p in lint_check("x = 1\n"))
+
+
+async def test_stage_in_the_runner_counts_yield_cost_and_duplicates(tmp_path, sandbox):
+    async def source(inputs, ctx):
+        return [environment("bank"), environment("library", status="rejected")]
+
+    stages = (
+        BatchStage("environments", source, input=None, output=Environment),
+        ItemStage("scenarios", scenarios, input=Environment, output=Scenario),
+    )
+    config = load_config(None, [f'store.path="{tmp_path / "store"}"', "scenarios.per_environment=2"])
+    model = scripted()
+    stats = await run_stages(
+        stages, config, tmp_path / "run",
+        llm=lambda stage_stats: client_for(
+            config.llm, model, model_id="m",
+            on_call=lambda call: stage_stats.add_llm_call(call.prompt_tokens, call.completion_tokens),
+        ),
+        sandbox=lambda: sandbox,
+    )  # fmt: skip
+    # The scripted model answers both slots alike: the second is the same scenario, so it is a duplicate.
+    assert stats["scenarios"].kept == 2 and dict(stats["scenarios"].dropped) == {"duplicate": 1, "not_accepted": 1}
+    saved = json.loads((tmp_path / "run" / "stats.json").read_text())["stages"]["scenarios"]
+    assert saved["yield"] == 0.5 and saved["per_kept"]["llm_calls"] > 0
+    rejected = pl.read_parquet(tmp_path / "run" / "scenarios.rejected.parquet")
+    assert sorted(rejected["reason"]) == ["duplicate", "not_accepted"]
+    assert len(Store(tmp_path / "store").scenarios()) == 2
+
+
+STAMPED = '''"""A desk that stamps each ticket with the clock: the same calls give different states."""
+
+import time
+
+
+class DeskEnv:
+    def __init__(self):
+        self.tickets = {}
+
+    def list_tickets(self) -> list:
+        """All ticket ids.
+
+        Returns:
+            The ids, sorted.
+        """
+        return sorted(self.tickets)
+
+    def open_ticket(self, title: str) -> dict:
+        """Open a ticket.
+
+        Args:
+            title: What the ticket is about.
+
+        Returns:
+            {"success": true, "ticket_id": ...}.
+        """
+        ticket_id = f"t{len(self.tickets) + 1}"
+        self.tickets[ticket_id] = {"title": title, "opened_ns": time.time_ns()}
+        return {"success": True, "ticket_id": ticket_id}
+'''
+
+
+async def test_gold_whose_replay_differs_is_rejected(tmp_path, sandbox):
+    interface = inspect_source(STAMPED)
+    env = Environment(
+        provenance={"config_hash": "hash"}, plan_id="plan-desk", name="desk", class_name="DeskEnv",
+        description="A ticket desk.", domain="test", code=STAMPED, tools=list(interface.tools), state_schema={},
+        status="accepted",
+    )  # fmt: skip
+    item = "Has a ticket titled 'printer' been opened?"
+    task = {**TASK, "checklist": [item]}
+    code = (
+        "def check(initial_state, final_state):\n"
+        "    return any(t['title'] == 'printer' for t in final_state['tickets'].values())\n"
+    )
+    look = {"name": "list_tickets", "arguments": {}}
+    gold = [look, {"name": "open_ticket", "arguments": {"title": "printer"}}, look]
+    model = scripted(state={"tickets": {}}, task=task, checks={item: code}, gold=[gold])
+    (rejection,) = await scenarios(env, context(tmp_path, model, sandbox, "scenarios.repair_attempts=0"))
+    assert rejection.reason == "gold_nondeterministic"
+
+
+async def test_check_false_after_gold_repairs_the_gold_first_then_the_check(tmp_path, sandbox):
+    wrong = "def check(initial_state, final_state):\n    return final_state['accounts']['acc-2']['frozen'] == 'yes'\n"
+    model = scripted(checks={**CHECKS, FROZEN: [wrong, CHECKS[FROZEN]]})
+    plain, _ = await scenarios(environment("bank"), context(tmp_path, model, sandbox, "scenarios.repair_attempts=2"))
+    assert plain.verification["repairs"] == ["gold_fails_checks", "gold_fails_checks"]
+    assert plain.checks[2] == CHECKS[FROZEN]
+    assert len(requests_of(model, "GoldSolution")) == 2  # the first repair went to the gold
+    (repair,) = [r for r in requests_of(model, "CheckCode") if len(r.messages) > 2]
+    assert "returned False" in repair.messages[-1].content and "accounts.acc-2.frozen" in repair.messages[-1].content
+
+
+async def test_environment_whose_default_state_does_not_load_is_rejected(tmp_path, sandbox):
+    broken = STAMPED.replace("self.tickets = {}", "self.tickets = {}\n        raise RuntimeError('no desk today')")
+    interface = inspect_source(broken)
+    env = Environment(
+        provenance={"config_hash": "hash"}, plan_id="plan-desk", name="desk", class_name="DeskEnv",
+        description="A ticket desk.", domain="test", code=broken, tools=list(interface.tools), state_schema={},
+        status="accepted",
+    )  # fmt: skip
+    with pytest.raises(Rejected) as verdict:
+        await scenarios(env, context(tmp_path, scripted(), sandbox))
+    assert verdict.value.rejection.reason == "env_load_failed" and "no desk today" in verdict.value.rejection.detail
+
+
+async def test_gold_too_short_is_rejected(tmp_path, sandbox):
+    model = scripted(gold=[GOLD[2:]])
+    (rejection,) = await scenarios(
+        environment("bank"), context(tmp_path, model, sandbox, "scenarios.repair_attempts=0")
+    )
+    assert rejection.reason == "too_few_calls"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import re
 import textwrap
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from builder.records import EnvPlan, OperationPlan
@@ -104,7 +105,7 @@ def _imports(tree: ast.Module) -> tuple[str, ...]:
     return tuple(ast.unparse(node) for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom))
 
 
-def _segment(lines: list[str], node: ast.AST, skip: set[int] = frozenset()) -> str:  # type: ignore[assignment]
+def _segment(lines: list[str], node: ast.AST, skip: Collection[int] = ()) -> str:
     """Source lines of `node` (decorators excluded), minus the 0-based line numbers in `skip`, dedented."""
     chosen = [lines[i] for i in range(node.lineno - 1, node.end_lineno or node.lineno) if i not in skip]
     return textwrap.dedent("\n".join(chosen))

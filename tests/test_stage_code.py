@@ -1,3 +1,4 @@
+import asyncio
 import json
 from pathlib import Path
 
@@ -7,7 +8,7 @@ import pytest
 from builder.config import SandboxConfig, load_config
 from builder.envs.lint import lint
 from builder.envs.schema import inspect_source
-from builder.llm import ChatRequest, LLMRequestError, ScriptedModel
+from builder.llm import ChatRequest, LLMRequestError, ScriptedModel, text_reply
 from builder.llm.connect import client_for
 from builder.records import Environment, EnvPlan, Topic
 from builder.runner import BatchStage, ItemStage, Rejected, StageContext, run_stages
@@ -378,3 +379,25 @@ def test_absurd_nesting_is_a_syntax_error_not_a_crash():
     deep = "def get_book(self, book_id: str) -> dict:\n    return " + "1+" * 200_000 + "1\n"
     (error,) = method_piece(deep, op)
     assert error.code == "syntax"
+
+
+async def test_pieces_are_requested_concurrently(tmp_path):
+    """Every first-round request must be in flight at once: a sequential stage would never release this gate."""
+
+    class Gate:
+        def __init__(self, width):
+            self.width, self.waiting, self.open = width, 0, asyncio.Event()
+
+        async def chat(self, request):
+            self.waiting += 1
+            if self.waiting == self.width:
+                self.open.set()
+            await asyncio.wait_for(self.open.wait(), timeout=10)
+            return text_reply(CODE[piece_of(request)])
+
+    the_plan = library_plan()
+    config = load_config(None, ["code.load_check=false"])
+    llm = client_for(config.llm, Gate(len(the_plan.operations) + 1), model_id="m")
+    ctx = StageContext(config, "hash", tmp_path, StageStats("code"), llm=llm)
+    (env,) = await code(the_plan, ctx)
+    assert lint(env.code) == []

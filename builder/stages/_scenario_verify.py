@@ -186,7 +186,11 @@ def verify(
         detail = "no gold call changed the state; the task must require at least one change"
         return Evidence(reason="no_state_change", detail=detail, gold_problems=(detail,), **seen)
     # The stored gold must reproduce: rollouts and the negative control replay it in fresh sessions.
-    if run_actions(sandbox, code, initial_state, actions)[1] != final_state:
+    try:
+        replayed = run_actions(sandbox, code, initial_state, actions)[1]
+    except SessionError as error:
+        replayed = {"error": str(error)}
+    if replayed != final_state:
         detail = "replaying the gold sequence from the initial state gave a different final state"
         return Evidence(reason="gold_nondeterministic", detail=detail, gold_problems=(detail,), **seen)
 
@@ -210,11 +214,16 @@ def verify(
     ablations, never_failed = [], {i for i, r in enumerate(on_initial) if r.passed}
     for removed in changing:
         kept = [a for i, a in enumerate(actions) if i != removed]
-        _, ablated_state = run_actions(sandbox, code, initial_state, kept)
-        results = run_checks(sandbox, specs, initial_state, ablated_state).checks
-        failing = [i for i, r in enumerate(results) if not r.passed]
-        never_failed -= set(failing)
-        ablations.append({"removed": removed, "name": actions[removed]["name"], "failing_checks": failing})
+        ablation: dict[str, Any] = {"removed": removed, "name": actions[removed]["name"]}
+        try:
+            _, ablated_state = run_actions(sandbox, code, initial_state, kept)
+        except SessionError as error:  # the episode broke without this call: that is noticed, by every check
+            ablation |= {"failing_checks": list(range(len(specs))), "error": str(error)[:300]}
+        else:
+            results = run_checks(sandbox, specs, initial_state, ablated_state).checks
+            ablation["failing_checks"] = [i for i, r in enumerate(results) if not r.passed]
+            never_failed -= set(ablation["failing_checks"])
+        ablations.append(ablation)
     seen |= {"negative_control": tuple(ablations), "vacuous_checks": tuple(sorted(never_failed))}
     unnoticed = [a for a in ablations if not a["failing_checks"]]
     if unnoticed:

@@ -435,3 +435,20 @@ async def test_gold_too_short_is_rejected(tmp_path, sandbox):
         environment("bank"), context(tmp_path, model, sandbox, "scenarios.repair_attempts=0")
     )
     assert rejection.reason == "too_few_calls"
+
+
+async def test_an_unexpected_error_costs_only_its_slot(tmp_path, sandbox, monkeypatch):
+    import builder.stages.scenarios as stage
+
+    build = stage._build
+
+    async def flaky(env, ctx, slot, example):
+        if slot == 1:
+            raise ValueError("bug in slot 1")
+        return await build(env, ctx, slot, example)
+
+    monkeypatch.setattr(stage, "_build", flaky)
+    ctx = context(tmp_path, scripted(), sandbox, "scenarios.per_environment=2")
+    plain, talk, rejection = await scenarios(environment("bank"), ctx)
+    assert (plain.mode, talk.mode) == ("non_conversational", "conversational")
+    assert rejection.reason == "exception:ValueError" and rejection.subject_id.endswith("/scenario-1")

@@ -13,7 +13,13 @@ from builder.llm.connect import client_for
 from builder.records import Environment, Scenario
 from builder.runner import BatchStage, ItemStage, Rejected, StageContext, run_stages
 from builder.sandbox.runtime import Sandbox
-from builder.stages._scenario_state import infer_schema, object_schema, reference_problems, size_problems
+from builder.stages._scenario_state import (
+    attribute_problems,
+    infer_schema,
+    object_schema,
+    reference_problems,
+    size_problems,
+)
 from builder.stages._scenario_verify import lint_check
 from builder.stages.scenarios import scenarios
 from builder.stats import StageStats
@@ -204,6 +210,9 @@ def test_state_gates_count_records_and_follow_references():
         f"{name} holds 1 records; give it at least 2 realistic records" for name in ("members", "loans", "books")
     ]
     assert reference_problems(state) == ["loans[0].member_id = 'm9' is not a known member"]
+    assert attribute_problems({"members": {}, "patrons": {}}, state) == [
+        "patrons is not an attribute of the environment (it has: books, loans, members, today)"
+    ]
     # A bare object schema is refined from the default state; a detailed one is kept as given.
     given = object_schema({"members": {"type": "object"}, "today": {"type": "string", "format": "date"}}, state)
     assert given["properties"]["members"]["additionalProperties"]["properties"] == {"name": {"type": "string"}}

@@ -104,6 +104,15 @@ def size_problems(state: dict[str, Any], schema: dict[str, Any], min_records: in
     ]
 
 
+def attribute_problems(state: dict[str, Any], example: dict[str, Any]) -> list[str]:
+    """Attributes the class does not have (its default state lacks them): a state schema that drifted from the
+    code would otherwise set data no tool ever reads. Nothing is checked when the default state is empty."""
+    if not example:
+        return []
+    known = ", ".join(sorted(example))
+    return [f"{name} is not an attribute of the environment (it has: {known})" for name in state if name not in example]
+
+
 def reference_problems(state: dict[str, Any], limit: int = 5) -> list[str]:
     """Dangling references: a record field `<entity>_id` whose value is no key (or id) of the `<entity>s` collection.
 

@@ -37,7 +37,13 @@ from builder.prompts import prompt, prompt_version
 from builder.records import Action, ChatMessage, Environment, Record, Rejection, Sampling, Scenario, UserScript
 from builder.runner import Rejected, StageContext
 from builder.stages._llm import ask, system_user
-from builder.stages._scenario_state import object_schema, reference_problems, size_problems, state_model
+from builder.stages._scenario_state import (
+    attribute_problems,
+    object_schema,
+    reference_problems,
+    size_problems,
+    state_model,
+)
 from builder.stages._scenario_verify import Evidence, default_state, load_state, verify
 from builder.store import Store
 
@@ -200,7 +206,7 @@ async def _initial_state(
         if loaded is not None and not problems:
             problems, reason = size_problems(loaded, schema, config.min_records), "state_too_small"
         if loaded is not None and not problems:
-            problems, reason = reference_problems(loaded), "state_inconsistent"
+            problems, reason = attribute_problems(state, example) + reference_problems(loaded), "state_inconsistent"
         if loaded is not None and not problems:
             return loaded, attempt
         feedback = "This state was refused:\n- " + "\n- ".join(problems) + "\nReply with the corrected full state."

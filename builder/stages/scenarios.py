@@ -5,9 +5,11 @@ constrained by the environment's state schema), a task with a user script and a 
 checklist item, and a gold action sequence. Nothing is trusted until the sandbox has shown it:
 
 1. the state loads, reads back as JSON and every tool answers on it without crashing; every collection of
-   records holds `min_records` records and `<entity>_id` fields point at existing records;
+   records holds `min_records` records, `<entity>_id` fields point at existing records, and every attribute is
+   one the class has;
 2. every check lints clean and returns a real bool on the initial and the final state;
-3. the gold sequence runs without a failing or refused call, has `min_gold_calls` calls and changes the state;
+3. the gold sequence runs without a failing or refused call, has `min_gold_calls` calls, changes the state and
+   gives the same final state when replayed;
 4. not every check already passes on the initial state; every check passes after the gold sequence;
 5. negative control: dropping any one state-changing gold call makes at least one check fail. Checks that never
    failed on any state tried are kept but reported as vacuous.
@@ -325,21 +327,10 @@ async def _repair_checks(
 ) -> None:
     changes = diff_states(state, evidence.final_state) if evidence.final_state is not None else []
     after_gold = f" The gold sequence changed: {json.dumps(changes)[:1500]}" if changes else ""
-    indices = sorted(evidence.check_problems)
-    repaired = await asyncio.gather(
-        *(
-            _check(
-                env,
-                ctx,
-                state,
-                draft,
-                i,
-                (draft.check_messages[i], draft.checks[i], evidence.check_problems[i] + after_gold),
-            )
-            for i in indices
-        )
-    )
-    for i, (code, messages) in zip(indices, repaired, strict=True):
+    problems = {i: evidence.check_problems[i] + after_gold for i in sorted(evidence.check_problems)}
+    previous = {i: (draft.check_messages[i], draft.checks[i], problem) for i, problem in problems.items()}
+    repaired = await asyncio.gather(*(_check(env, ctx, state, draft, i, previous[i]) for i in previous))
+    for i, (code, messages) in zip(previous, repaired, strict=True):
         draft.checks[i], draft.check_messages[i] = code, messages
 
 

@@ -218,6 +218,15 @@ def test_state_gates_count_records_and_follow_references():
     assert given["properties"]["members"]["additionalProperties"]["properties"] == {"name": {"type": "string"}}
     assert given["properties"]["today"] == {"type": "string", "format": "date"}
     assert given["required"] == ["members", "today"]
+    # The code stage's form: records keyed by id, only the key required; every field becomes required (on a copy).
+    record = {
+        "type": "object",
+        "properties": {"id": {"type": "string"}, "name": {"type": "string"}},
+        "required": ["id"],
+    }
+    planned = {"type": "object", "properties": {"members": {"type": "object", "additionalProperties": record}}}
+    members = object_schema(planned, {})["properties"]["members"]
+    assert members["additionalProperties"]["required"] == ["id", "name"] and record["required"] == ["id"]
 
 
 async def test_state_with_dangling_references_is_rejected(tmp_path, sandbox):

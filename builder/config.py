@@ -198,11 +198,34 @@ class ScenariosConfig(Section):
 
 
 class RolloutConfig(Section):
-    samples_per_scenario: int = Field(2, ge=1, description="Rollouts per scenario (k).")
+    samples_per_scenario: int = Field(2, ge=1, description="Rollouts per scenario (k), for pass rates and RL groups.")
     temperature: float = Field(1.0, ge=0, le=2, description="Agent sampling temperature.")
-    max_turns: int = Field(16, ge=1, description="Agent turns before a rollout is cut.")
-    max_tool_calls: int = Field(32, ge=1, description="Tool calls before a rollout is cut.")
-    user_model: str | None = Field(None, description="User-simulator model (None: the agent's server).")
+    top_p: float = Field(0.95, gt=0, le=1, description="Agent nucleus sampling.")
+    max_reply_tokens: int = Field(512, ge=1, description="Completion budget of one agent (or user) reply.")
+    max_turns: int = Field(16, ge=1, description="Agent replies before a rollout is cut (end reason max_turns).")
+    max_tool_calls: int = Field(32, ge=1, description="Tool calls before a rollout is cut (max_tool_calls).")
+    max_tokens: int = Field(
+        3072,
+        ge=1,
+        description="A rollout is cut (max_tokens) once the conversation reaches this many tokens (the last "
+        "agent call's prompt + completion); keep it under llm.max_model_len minus max_reply_tokens.",
+    )
+    episodes_in_flight: int = Field(
+        32,
+        ge=1,
+        description="Episodes run at once (scenarios x samples); more than llm.max_concurrency, because an "
+        "episode spends part of its time in tool calls and the server should never idle.",
+    )
+    user_model: str | None = Field(
+        None, description="Served model name of the user simulator (None: the agent's model on the same server)."
+    )
+    user_temperature: float = Field(0.7, ge=0, le=2, description="User-simulator sampling temperature.")
+    user_retries: int = Field(
+        1, ge=0, description="Re-asks of the user simulator after an empty or leaking reply, with the problem fed back."
+    )
+    collateral_zeroes_reward: bool = Field(
+        True, description="Writes outside what the gold solution touches set the reward to 0 (else only flagged)."
+    )
 
 
 class SelectConfig(Section):
@@ -210,13 +233,33 @@ class SelectConfig(Section):
         (0.0, 1.0), description="Scenarios whose pass rate lies strictly inside this band go to RL."
     )
     rl_env_fraction: float = Field(0.2, ge=0, le=1, description="Share of environments held out for `rl`.")
-    decontamination_threshold: float = Field(0.8, gt=0, le=1, description="Overlap above which text is dropped.")
+    min_rollouts: int = Field(2, ge=1, description="Scenarios with fewer graded rollouts get no RL pass rate.")
+    sft_min_turns: int = Field(2, ge=1, description="Fewest assistant messages an SFT trajectory may have.")
+    sft_max_turns: int = Field(30, ge=1, description="Most assistant messages an SFT trajectory may have.")
+    sft_max_chars: int = Field(
+        48000, ge=1, description="Most characters (all message contents and tool arguments) of an SFT trajectory."
+    )
+    benchmarks: tuple[str, ...] = Field(
+        (),
+        description="Benchmark task files to decontaminate against (.txt: one task a line; .json/.jsonl: every "
+        "string in every record), e.g. BFCL, tau-bench or ACEBench task lists.",
+    )
+    decontamination_ngram: int = Field(8, ge=1, description="Word n-gram length for the overlap measure.")
+    decontamination_threshold: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="A scenario (or environment) is dropped when this share of its word n-grams occurs in one "
+        "benchmark text.",
+    )
 
     @model_validator(mode="after")
     def _band_ordered(self) -> SelectConfig:
         low, high = self.rl_pass_band
         if not 0 <= low < high <= 1:
             raise ValueError("rl_pass_band must be (low, high) with 0 <= low < high <= 1")
+        if self.sft_min_turns > self.sft_max_turns:
+            raise ValueError("sft_min_turns must not exceed sft_max_turns")
         return self
 
 

@@ -272,8 +272,36 @@ class Trajectory(Record):
     reward: float
     solved: bool
     checks_passed: tuple[bool, ...]
-    end_reason: str
+    end_reason: str = Field(
+        description="Why the episode ended: agent_done, user_stop, max_turns, max_tool_calls, max_tokens, "
+        "user_leak, user_error, llm_error, env_error."
+    )
     usage: Usage = Usage()
+    num_turns: int = Field(0, description="Assistant messages.")
+    num_tool_calls: int = 0
+    tool_errors: int = Field(0, description="Tool calls answered with an error (malformed, unknown tool, failed).")
+    check_fraction: float = Field(0.0, description="Share of checks passed, before the collateral-damage guard.")
+    collateral: tuple[str, ...] = Field(
+        (), description="State paths the agent wrote that the gold solution does not touch."
+    )
+    flags: tuple[str, ...] = Field(
+        (), description="Stable codes of what went wrong on the way: malformed_call, unknown_tool, collateral, ..."
+    )
+
+
+class Selection(Record):
+    """A trajectory chosen for SFT or a scenario chosen for RL by the select stage, with its split."""
+
+    KIND = "sel"
+    ID_FIELDS = ("kind", "subject_id")
+
+    kind: Literal["sft", "rl"]
+    split: Literal["train", "rl"]
+    subject_id: str = Field(description="The trajectory id (sft) or the scenario id (rl).")
+    scenario_id: str
+    env_id: str
+    pass_rate: float = Field(description="Share of the scenario's graded rollouts that solved it.")
+    num_rollouts: int
 
 
 class Rejection(Record):
@@ -296,5 +324,6 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     Environment,
     Scenario,
     Trajectory,
+    Selection,
     Rejection,
 )

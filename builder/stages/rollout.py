@@ -1,0 +1,183 @@
+"""rollout: k sampled episodes of the agent model per scenario against the sandboxed environment, each graded.
+
+Per scenario: the environment's code comes from the store (the evaluate stage put it there), the gold solution
+is replayed once to learn which state paths the task may touch, then `rollout.samples_per_scenario` episodes run
+concurrently (`builder.agent.run_episode`), each in its own sandbox session, with the user simulator in
+conversational mode. Each final state is graded by the scenario's checks (`builder.reward.grade`). Trajectories
+are upserted into the store; the scenario's pass rate is logged (select computes it from the trajectories).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from string import Template
+from typing import Any
+
+from builder.agent import ENV_ERROR, Episode, Limits, add_usage, run_episode
+from builder.config import BuildConfig
+from builder.envs.lint import ContractError
+from builder.envs.session import Session, SessionError, ToolResult
+from builder.prompts import prompt, prompt_version
+from builder.records import Environment, Record, Sampling, Scenario, Trajectory
+from builder.reward import Grade, gold_paths, grade
+from builder.runner import Rejected, StageContext
+from builder.store import Store
+from builder.user_sim import UserSimulator
+
+logger = logging.getLogger(__name__)
+
+REASONS = ("env_missing", "env_load_failed")  # rejections of a whole scenario (stable codes)
+
+
+class SandboxRunner:
+    """`builder.agent.ToolRunner` over a `Session`; its blocking calls run in a thread."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        return await asyncio.to_thread(self.session.call, name, arguments)
+
+
+def rollout_concurrency(config: BuildConfig) -> int:
+    """Scenarios in flight, so that about `rollout.episodes_in_flight` episodes run at once."""
+    return max(1, -(-config.rollout.episodes_in_flight // config.rollout.samples_per_scenario))
+
+
+def environment_text(env: Environment) -> str:
+    return f"{env.name} ({env.domain}): {env.description}"
+
+
+def system_prompt(env: Environment, mode: str) -> tuple[str, str]:
+    """The agent's system prompt for `mode` and its prompt version."""
+    name = "rollout_task" if mode == "non_conversational" else "rollout_conversation"
+    return Template(prompt(name)).safe_substitute(environment=environment_text(env)), prompt_version(name)
+
+
+def agent_sampling(ctx: StageContext, sample_index: int) -> Sampling:
+    config = ctx.config.rollout
+    return Sampling(
+        temperature=config.temperature,
+        top_p=config.top_p,
+        max_tokens=config.max_reply_tokens,
+        seed=ctx.config.run.seed + sample_index,
+    )
+
+
+async def load_environment(ctx: StageContext, scenario: Scenario) -> Environment:
+    store = Store(ctx.config.store.path, ctx.config.store.lock_timeout_s)
+    env = await asyncio.to_thread(store.get, "environments", scenario.env_id)
+    if env is None:
+        raise Rejected(ctx.reject(scenario, "env_missing", f"environment {scenario.env_id} is not in the store"))
+    return env  # type: ignore[return-value]
+
+
+async def rollout(scenario: Scenario, ctx: StageContext) -> list[Record]:
+    """`rollout.samples_per_scenario` graded trajectories of one scenario, or a rejection (env_missing,
+    env_load_failed: the environment or the gold replay does not load)."""
+    env = await load_environment(ctx, scenario)
+    try:
+        allowed = await asyncio.to_thread(
+            gold_paths, ctx.sandbox, env.code, scenario.initial_state, scenario.gold_actions
+        )
+    except (SessionError, ContractError) as error:
+        raise Rejected(ctx.reject(scenario, "env_load_failed", str(error)[:2000])) from None
+    samples = range(ctx.config.rollout.samples_per_scenario)
+    trajectories = list(await asyncio.gather(*(_sample(ctx, scenario, env, allowed, i) for i in samples)))
+    solved = sum(t.solved for t in trajectories)
+    logger.info("rollout: %s pass rate %d/%d", scenario.id, solved, len(trajectories))
+    store = Store(ctx.config.store.path, ctx.config.store.lock_timeout_s)
+    await asyncio.to_thread(store.upsert, "trajectories", trajectories)
+    return trajectories
+
+
+async def _sample(
+    ctx: StageContext, scenario: Scenario, env: Environment, allowed: tuple[str, ...], index: int
+) -> Trajectory:
+    config = ctx.config.rollout
+    sampling = agent_sampling(ctx, index)
+    system, version = system_prompt(env, scenario.mode)
+    tools = list(env.tools)
+    user = None
+    if scenario.mode == "conversational":
+        user_sampling = Sampling(
+            temperature=config.user_temperature, max_tokens=config.max_reply_tokens, seed=ctx.config.run.seed + index
+        )
+        names = [tool["function"]["name"] for tool in tools]
+        user = UserSimulator(
+            ctx.llm, scenario, names, sampling=user_sampling, retries=config.user_retries, sample_index=index
+        )
+    limits = Limits(config.max_turns, config.max_tool_calls, config.max_tokens)
+    session = await asyncio.to_thread(Session, ctx.sandbox, env.code, scenario.initial_state)
+    try:
+        episode = await run_episode(
+            ctx.llm, tools, SandboxRunner(session), system=system,
+            opening=scenario.task if user is None else None, limits=limits, sampling=sampling,
+            sample_index=index, user=user,
+        )  # fmt: skip
+        try:
+            final = await asyncio.to_thread(session.snapshot)
+        except SessionError as error:
+            final = None
+            episode = _void(episode, f"final state unreadable: {error}")
+    finally:
+        await asyncio.to_thread(session.close)
+    verdict = None
+    if final is not None:
+        verdict = await asyncio.to_thread(
+            grade, ctx.sandbox, scenario.checks, scenario.initial_state, final, allowed,
+            collateral_zeroes_reward=config.collateral_zeroes_reward,
+        )  # fmt: skip
+    return _trajectory(ctx, scenario, env, episode, verdict, sampling, index, version)
+
+
+def _void(episode: Episode, detail: str) -> Episode:
+    return Episode(
+        messages=episode.messages, end_reason=ENV_ERROR, agent_usage=episode.agent_usage,
+        user_usage=episode.user_usage, num_turns=episode.num_turns, num_tool_calls=episode.num_tool_calls,
+        tool_errors=episode.tool_errors, flags=episode.flags, detail=detail,
+    )  # fmt: skip
+
+
+def _trajectory(
+    ctx: StageContext,
+    scenario: Scenario,
+    env: Environment,
+    episode: Episode,
+    verdict: Grade | None,
+    sampling: Sampling,
+    index: int,
+    version: str,
+) -> Trajectory:
+    flags = list(episode.flags)
+    if verdict is not None and verdict.collateral:
+        flags.append("collateral")
+    if verdict is not None and verdict.check_errors:
+        flags.append("check_error")
+    agent, user = episode.agent_usage, episode.user_usage
+    total = add_usage(agent, user.prompt_tokens, user.completion_tokens, user.calls)
+    return Trajectory(
+        provenance=ctx.provenance(
+            [scenario, env.id], model=ctx.llm.model_id, sampling=sampling, prompt_version=version
+        ),
+        scenario_id=scenario.id,
+        env_id=scenario.env_id,
+        mode=scenario.mode,
+        model=ctx.llm.model_id,
+        sampling=sampling,
+        sample_index=index,
+        messages=episode.messages,
+        tools=list(env.tools),
+        reward=verdict.reward if verdict else 0.0,
+        solved=verdict.solved if verdict else False,
+        checks_passed=verdict.checks_passed if verdict else (),
+        end_reason=episode.end_reason,
+        usage=total,
+        num_turns=episode.num_turns,
+        num_tool_calls=episode.num_tool_calls,
+        tool_errors=episode.tool_errors,
+        check_fraction=verdict.check_fraction if verdict else 0.0,
+        collateral=verdict.collateral if verdict else (),
+        flags=tuple(flags),
+    )

@@ -1,0 +1,276 @@
+"""The agent loop, the user simulator, rewards and the rollout stage, with scripted models over fixture envs."""
+
+import json
+
+import pytest
+
+from builder.agent import Limits, run_episode
+from builder.config import SandboxConfig, load_config
+from builder.llm import ChatRequest, LLMRequestError, ScriptedModel, tool_reply
+from builder.llm.connect import client_for
+from builder.records import Rejection, Sampling, Trajectory
+from builder.reward import collateral_paths
+from builder.runner import Rejected, StageContext
+from builder.sandbox.runtime import Sandbox
+from builder.stages.rollout import rollout
+from builder.stats import StageStats
+from builder.store import Store
+from builder.user_sim import STOP, UserSimulator, leak_problem
+from tests.fixtures.scenarios import bank_scenario, environment, library_scenario
+
+FAST = SandboxConfig(call_timeout_s=2.0, kill_grace_s=1.0, memory_mb=256)
+TRANSFER = ("transfer", {"source": "acc-1", "target": "acc-2", "amount": 300})
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(FAST) as runtime:
+        yield runtime
+
+
+def is_user_request(request: ChatRequest) -> bool:
+    return not request.tools
+
+
+def tool_results(request: ChatRequest) -> list[str]:
+    return [m.content for m in request.messages if m.role == "tool"]
+
+
+def agent(plan, user=None):
+    """A scripted agent: `plan[i]` answers its i-th call after the last user message (a reply or a string)."""
+
+    def answer(request: ChatRequest):
+        if is_user_request(request):
+            return user(request) if user else AssertionError("no user expected")
+        last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+        step = sum(1 for m in request.messages[last_user:] if m.role == "assistant")
+        return plan[min(step, len(plan) - 1)]
+
+    return ScriptedModel(answer)
+
+
+def context(tmp_path, sandbox, model, *overrides):
+    config = load_config(None, [f"store.path={json.dumps(str(tmp_path / 'store'))}", *overrides])
+    store = Store(config.store.path)
+    store.upsert("environments", [environment("bank"), environment("library")])
+    llm = client_for(config.llm, model, model_id="agent")
+    return StageContext(config, "hash", tmp_path, StageStats("rollout"), llm=llm, open_sandbox=lambda: sandbox)
+
+
+async def run(tmp_path, sandbox, model, scenario=None, *overrides):
+    ctx = context(tmp_path, sandbox, model, "rollout.samples_per_scenario=1", *overrides)
+    (trajectory,) = await rollout(scenario or bank_scenario(), ctx)
+    return trajectory
+
+
+def assert_well_formed(trajectory: Trajectory):
+    """Every tool call has exactly one tool answer, in order, right after its assistant message."""
+    pending: list[str] = []
+    for message in trajectory.messages:
+        if message.role == "tool":
+            assert pending and message.tool_call_id == pending.pop(0)
+        else:
+            assert not pending, "a tool call went unanswered"
+            pending = [call.id for call in message.tool_calls or ()]
+    assert not pending
+
+
+async def test_solved_episode_is_graded_and_stored(tmp_path, sandbox):
+    model = agent([tool_reply(TRANSFER), "Done: moved 300 cents."])
+    trajectory = await run(tmp_path, sandbox, model)
+    assert (trajectory.solved, trajectory.reward, trajectory.end_reason) == (True, 1.0, "agent_done")
+    assert trajectory.checks_passed == (True, True)
+    assert (trajectory.num_turns, trajectory.num_tool_calls, trajectory.tool_errors) == (2, 1, 0)
+    assert trajectory.flags == () and trajectory.collateral == ()
+    assert [m.role for m in trajectory.messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert trajectory.messages[1].content == bank_scenario().task
+    assert json.loads(trajectory.messages[3].content) == {"success": True, "transfer_id": "t1"}
+    assert trajectory.usage.calls == 2 and trajectory.usage.prompt_tokens > 0
+    assert trajectory.provenance.parent_ids[0] == bank_scenario().id
+    request = model.requests[0]
+    assert (request.tool_choice, request.parallel_tool_calls) == ("auto", True)
+    assert {t["function"]["name"] for t in request.tools} >= {"transfer", "get_account"}
+    assert_well_formed(trajectory)
+    stored = Store(tmp_path / "store").trajectories(scenario_id=bank_scenario().id)
+    assert [t.id for t in stored] == [trajectory.id]
+
+
+async def test_unsolved_episode_gets_partial_or_zero_reward(tmp_path, sandbox):
+    wrong_amount = ("transfer", {"source": "acc-1", "target": "acc-2", "amount": 200})
+    trajectory = await run(tmp_path, sandbox, agent([tool_reply(wrong_amount), "Done."]))
+    assert (trajectory.solved, trajectory.reward, trajectory.checks_passed) == (False, 0.0, (False, False))
+    nothing = await run(tmp_path, sandbox, agent(["I cannot help with that."]))
+    assert (nothing.solved, nothing.reward, nothing.num_tool_calls, nothing.end_reason) == (False, 0, 0, "agent_done")
+
+
+async def test_malformed_and_unknown_tool_calls_get_error_messages_and_flags(tmp_path, sandbox):
+    plan = [
+        tool_reply(("transfer", '{"source": "acc-1", "target": ')),
+        tool_reply(("teleport_money", {"amount": 300})),
+        tool_reply(("transfer", {"source": "acc-1", "target": "acc-2", "amount": "300"})),
+        tool_reply(TRANSFER),
+        "Done.",
+    ]
+    trajectory = await run(tmp_path, sandbox, agent(plan))
+    tools = [m.content for m in trajectory.messages if m.role == "tool"]
+    assert tools[0].startswith("Error: ") and "not valid JSON" in tools[0]
+    assert "unknown tool 'teleport_money'" in tools[1]
+    assert tools[2].startswith("Error: ") and "amount" in tools[2]
+    assert trajectory.solved and trajectory.tool_errors == 3
+    assert set(trajectory.flags) == {"malformed_call", "unknown_tool"}
+    assert_well_formed(trajectory)
+
+
+async def test_parallel_calls_each_get_their_answer(tmp_path, sandbox):
+    both = tool_reply(("get_account", {"account_id": "acc-1"}), TRANSFER)
+    trajectory = await run(tmp_path, sandbox, agent([both, "Done."]))
+    assert trajectory.solved and trajectory.num_tool_calls == 2
+    assert [m.tool_call_id for m in trajectory.messages if m.role == "tool"] == ["call_0", "call_1"]
+    assert_well_formed(trajectory)
+
+
+async def test_endless_tool_loop_is_cut_by_the_limits(tmp_path, sandbox):
+    loop = agent([tool_reply(("get_account", {"account_id": "acc-1"}), ("get_account", {"account_id": "acc-2"}))])
+    cut = await run(tmp_path, sandbox, loop, None, "rollout.max_tool_calls=5", "rollout.max_turns=50")
+    assert (cut.end_reason, cut.num_tool_calls, cut.solved) == ("max_tool_calls", 5, False)
+    assert cut.messages[-1].content.startswith("Error: the tool-call limit")  # the 6th call is answered, not run
+    assert_well_formed(cut)
+    turns = await run(tmp_path, sandbox, loop, None, "rollout.max_turns=3")
+    assert (turns.end_reason, turns.num_turns) == ("max_turns", 3)
+    tokens = await run(tmp_path, sandbox, loop, None, "rollout.max_tokens=60", "rollout.max_turns=50")
+    assert tokens.end_reason == "max_tokens" and tokens.num_turns < 50
+
+
+async def test_collateral_writes_are_flagged_and_zero_the_reward_when_configured(tmp_path, sandbox):
+    plan = [tool_reply(TRANSFER, ("freeze_account", {"account_id": "acc-3"})), "Done."]
+    zeroed = await run(tmp_path, sandbox, agent(plan))
+    assert zeroed.collateral == ("accounts.acc-3.frozen",) and "collateral" in zeroed.flags
+    assert (zeroed.reward, zeroed.check_fraction, zeroed.solved) == (0.0, 1.0, False)
+    kept = await run(tmp_path / "b", sandbox, agent(plan), None, "rollout.collateral_zeroes_reward=false")
+    assert (kept.reward, kept.solved, kept.collateral) == (1.0, True, ("accounts.acc-3.frozen",))
+
+
+def test_collateral_paths_cover_parents_and_children():
+    allowed = ["accounts.acc-1.balance", "transfers"]
+    changed = ["accounts.acc-1", "transfers[0].memo", "accounts.acc-10.balance", "accounts.acc-2.balance"]
+    assert collateral_paths(changed, allowed) == ("accounts.acc-10.balance", "accounts.acc-2.balance")
+
+
+async def test_k_samples_with_distinct_ids_and_seeds(tmp_path, sandbox):
+    model = agent([tool_reply(TRANSFER), "Done."])
+    ctx = context(tmp_path, sandbox, model, "rollout.samples_per_scenario=3")
+    trajectories = await rollout(library_scenario(), ctx)
+    assert len({t.id for t in trajectories}) == 3
+    assert sorted(t.sample_index for t in trajectories) == [0, 1, 2]
+    assert len({t.sampling.seed for t in trajectories}) == 3
+    assert {r.sample_index for r in model.requests} == {0, 1, 2}  # distinct cache keys per sample
+
+
+async def test_missing_environment_rejects_the_scenario(tmp_path, sandbox):
+    ctx = context(tmp_path, sandbox, agent(["x"]))
+    scenario = bank_scenario().model_copy(update={"env_id": "env-0000000000000000"})
+    with pytest.raises(Rejected) as verdict:
+        await rollout(scenario, ctx)
+    assert isinstance(verdict.value.rejection, Rejection) and verdict.value.rejection.reason == "env_missing"
+
+
+async def test_refused_agent_request_ends_the_episode_as_llm_error(tmp_path, sandbox):
+    trajectory = await run(tmp_path, sandbox, agent([LLMRequestError("context too long", status_code=400)]))
+    assert trajectory.end_reason == "llm_error" and not trajectory.solved
+
+
+# ------------------------------------------------------------------------------------------ conversations
+
+
+def user_says(*lines):
+    """A scripted user: the i-th simulator call answers lines[i] (the last one repeats)."""
+    calls = []
+
+    def answer(request: ChatRequest):
+        calls.append(request)
+        return lines[min(len(calls) - 1, len(lines) - 1)]
+
+    answer.calls = calls
+    return answer
+
+
+async def test_conversation_user_opens_answers_and_stops(tmp_path, sandbox):
+    user = user_says("I want to move money to my savings.", "From acc-1 to acc-2, 300 cents.", STOP)
+    plan = {0: "Which accounts and how much?", 1: tool_reply(TRANSFER), 2: "Done, the transfer went through."}
+
+    def agent_answer(request):
+        if is_user_request(request):
+            return user(request)
+        step = sum(1 for m in request.messages if m.role == "assistant")
+        return plan[min(step, 2)]
+
+    trajectory = await run(tmp_path, sandbox, ScriptedModel(agent_answer), bank_scenario("conversational"))
+    assert (trajectory.end_reason, trajectory.solved, trajectory.mode) == ("user_stop", True, "conversational")
+    roles = [m.role for m in trajectory.messages]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "tool", "assistant"]
+    assert trajectory.messages[1].content == "I want to move money to my savings."
+    # The simulator sees the conversation role-inverted, with the tool traffic hidden.
+    last = user.calls[-1]
+    assert last.messages[0].content.startswith("You play a human user")
+    assert [m.role for m in last.messages[1:]] == ["user", "assistant", "user", "assistant", "user"] * 1
+    assert all(m.content != "" and "transfer_id" not in (m.content or "") for m in last.messages)
+    assert not last.tools
+
+
+async def test_user_that_stops_early_ends_the_episode_unsolved(tmp_path, sandbox):
+    user = user_says("I need help with my account.", STOP)
+
+    def answer(request):
+        return user(request) if is_user_request(request) else "What would you like to do?"
+
+    trajectory = await run(tmp_path, sandbox, ScriptedModel(answer), bank_scenario("conversational"))
+    assert (trajectory.end_reason, trajectory.solved, trajectory.num_turns) == ("user_stop", False, 1)
+
+
+async def test_leaking_user_simulator_is_re_asked_then_voids_the_episode(tmp_path, sandbox):
+    scenario = bank_scenario("conversational")
+    leak = "Has acc-2 balance increased by 300 cents. Has acc-1 balance decreased by 300 cents."
+    recovered = user_says(leak, "Please move money from my checking to my savings.", STOP)
+
+    def answer(request):
+        return recovered(request) if is_user_request(request) else "Done."
+
+    ok = await run(tmp_path, sandbox, ScriptedModel(answer), scenario)
+    assert ok.end_reason == "user_stop" and ok.messages[1].content.startswith("Please move money")
+    assert "recites the hidden checklist" in recovered.calls[1].messages[-1].content  # the problem fed back
+    stubborn = user_says(leak)
+
+    def answer2(request):
+        return stubborn(request) if is_user_request(request) else "Done."
+
+    void = await run(tmp_path / "b", sandbox, ScriptedModel(answer2), scenario)
+    assert void.end_reason == "user_leak" and void.num_turns == 0
+
+
+def test_leak_guard_cases():
+    scenario = bank_scenario("conversational")
+    tools = ["get_account", "list_accounts", "transfer", "freeze_account"]
+    assert leak_problem("Hi, I want to put some money in savings.", scenario, tools, opening=True) is None
+    assert "tool" in leak_problem("Please call freeze_account on acc-3", scenario, tools, opening=False)
+    assert "tool" in leak_problem("just run transfer(acc-1, acc-2)", scenario, tools, opening=False)
+    assert leak_problem("I'd like to transfer money", scenario, tools, opening=False) is None
+    assert "check code" in leak_problem("final_state['accounts']", scenario, tools, opening=False)
+    details = "Checking account acc-1 to savings account acc-2, the amount is 300 cents."
+    assert "opening" in leak_problem(details, scenario, tools, opening=True)
+    assert leak_problem(details, scenario, tools, opening=False) is None  # fine once asked
+
+
+async def test_user_simulator_failure_is_user_error():
+    scenario = bank_scenario("conversational")
+    model = ScriptedModel(lambda request: LLMRequestError("bad request", status_code=400))
+    sim = UserSimulator(model, scenario, ["transfer"], sampling=Sampling(), retries=0)
+    turn = await sim.reply([])
+    assert turn.failure == "user_error"
+
+
+async def test_run_episode_needs_a_task_without_a_user():
+    with pytest.raises(ValueError, match="opening"):
+        await run_episode(
+            ScriptedModel(lambda r: "x"), [], None, system="s", opening=None, limits=Limits(1, 1, 1),
+            sampling=Sampling(),
+        )  # fmt: skip

@@ -16,7 +16,7 @@ from typing import Any
 
 from builder.config import BuildConfig
 from builder.llm import CallRecord, ChatRequest, LLMClient, Reply, open_llm
-from builder.records import Environment, EnvPlan, Scenario, SeedTask, Topic, Trajectory
+from builder.records import Environment, EnvPlan, Scenario, SeedTask, Selection, Topic, Trajectory
 from builder.runner import BatchStage, ItemStage, Stage, run_stages
 from builder.sandbox.runtime import Sandbox
 from builder.stages.code import code
@@ -26,6 +26,7 @@ from builder.stages.mine import mine
 from builder.stages.plan import plan
 from builder.stages.rollout import rollout, rollout_concurrency
 from builder.stages.scenarios import scenarios
+from builder.stages.select import select
 from builder.stats import StageStats
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ STAGES: tuple[Stage, ...] = (
     ItemStage("code", code, input=EnvPlan, output=Environment),
     ItemStage("scenarios", scenarios, input=Environment, output=Scenario),
     ItemStage("rollout", rollout, input=Scenario, output=Trajectory, concurrency=rollout_concurrency),
+    BatchStage("select", select, input=Trajectory, output=Selection),
 )
 
 

@@ -30,6 +30,7 @@ class StageStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     wall_s: float = 0.0
+    report: dict = field(default_factory=dict)  # a stage's own summary (e.g. select's rates and decontamination)
 
     @property
     def dropped_total(self) -> int:

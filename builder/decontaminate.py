@@ -1,0 +1,106 @@
+"""Decontamination: word n-gram overlap between our texts and benchmark task texts read from local files.
+
+A text's overlap with a benchmark is the largest share of its word n-grams that occur in any single benchmark
+text (containment, so a short task copied into a long benchmark prompt still scores 1.0). Texts with fewer words
+than `n` have no n-grams and score 0: too short to call a copy.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builder.errors import ConfigError
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+@dataclass(frozen=True)
+class BenchmarkText:
+    source: str
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Match:
+    """The benchmark text a text overlaps most with, and the overlap (0-1)."""
+
+    overlap: float
+    benchmark: BenchmarkText | None
+
+
+def ngrams(text: str, n: int) -> set[tuple[str, ...]]:
+    words = _WORD.findall(text.casefold())
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def read_benchmark(path: Path) -> list[BenchmarkText]:
+    """The task texts of one file: `.txt` one per non-empty line; `.jsonl` one per line and `.json` one per item
+    of a top-level list (or the whole object), each the joined strings of its record (any field layout:
+    BFCL's nested `question` messages, tau-bench's `instruction`, ...).
+
+    Raises:
+        ConfigError: the file is missing or is not valid JSON / JSON lines.
+    """
+    source = str(path)
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"select.benchmarks: cannot read {path}: {error}") from None
+    try:
+        if path.suffix == ".jsonl":
+            records: list[Any] = [json.loads(line) for line in raw.splitlines() if line.strip()]
+        elif path.suffix == ".json":
+            data = json.loads(raw)
+            records = data if isinstance(data, list) else [data]
+        else:
+            records = [line for line in raw.splitlines() if line.strip()]
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"select.benchmarks: {path} is not valid JSON: {error}") from None
+    return [BenchmarkText(source, i, " ".join(_strings(record))) for i, record in enumerate(records)]
+
+
+class BenchmarkIndex:
+    """An inverted index from word n-grams to the benchmark texts holding them."""
+
+    def __init__(self, texts: Iterable[BenchmarkText], n: int) -> None:
+        self.n = n
+        self.texts = list(texts)
+        self._postings: dict[tuple[str, ...], list[int]] = defaultdict(list)
+        for position, item in enumerate(self.texts):
+            for gram in ngrams(item.text, n):
+                self._postings[gram].append(position)
+
+    @classmethod
+    def from_files(cls, paths: Iterable[str | Path], n: int) -> BenchmarkIndex:
+        return cls((text for path in paths for text in read_benchmark(Path(path))), n)
+
+    def match(self, text: str) -> Match:
+        """The benchmark text sharing the largest share of `text`'s n-grams."""
+        grams = ngrams(text, self.n)
+        if not grams:
+            return Match(0.0, None)
+        hits: Counter[int] = Counter()
+        for gram in grams:
+            hits.update(self._postings.get(gram, ()))
+        if not hits:
+            return Match(0.0, None)
+        position, count = min(hits.items(), key=lambda item: (-item[1], item[0]))
+        return Match(count / len(grams), self.texts[position])

@@ -1,0 +1,232 @@
+"""The select stage: SFT rules, RL pass band, environment-disjoint splits, decontamination, report; and the
+rollout → select path through the runner with a scripted agent."""
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from builder.config import SandboxConfig, load_config
+from builder.decontaminate import BenchmarkIndex, read_benchmark
+from builder.llm import ChatRequest, ScriptedModel, tool_reply
+from builder.llm.connect import client_for
+from builder.publish.export import is_rl_environment
+from builder.records import ChatMessage, FunctionCall, Rejection, Sampling, Selection, ToolCall, Trajectory
+from builder.runner import BatchStage, ItemStage, StageContext, run_stages
+from builder.sandbox.runtime import Sandbox
+from builder.stages.rollout import rollout
+from builder.stages.select import select
+from builder.stats import StageStats
+from builder.store import Store
+from tests.fixtures.scenarios import PROVENANCE, bank_scenario, environment, library_scenario
+
+BENCHMARKS = Path(__file__).parent / "fixtures" / "benchmarks"
+TOOLS = environment("bank").tools
+TRANSFER = {"source": "acc-1", "target": "acc-2", "amount": 300}
+
+
+def env_ids(rl: bool, count: int, fraction: float = 0.5) -> list[str]:
+    """Environment ids that fall into the rl (or train) split at `fraction`."""
+    found = [f"env-{i:016x}" for i in range(200) if is_rl_environment(f"env-{i:016x}", fraction) == rl]
+    return found[:count]
+
+
+TRAIN_ENV, TRAIN_ENV_2 = env_ids(False, 2)
+RL_ENV, RL_ENV_2 = env_ids(True, 2)
+
+
+def call(name="transfer", arguments=TRANSFER, call_id="call_0"):
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return ToolCall(id=call_id, function=FunctionCall(name=name, arguments=text))
+
+
+def trajectory(env_id=TRAIN_ENV, scenario="scenario-a", sample=0, solved=True, calls=None, **fields):
+    calls = [call()] if calls is None else calls
+    messages = [
+        ChatMessage(role="system", content="sys"),
+        ChatMessage(role="user", content="Move 300 cents from acc-1 to acc-2."),
+        ChatMessage(role="assistant", tool_calls=tuple(calls) or None),
+        *[ChatMessage(role="tool", content="{}", tool_call_id=c.id, name=c.function.name) for c in calls],
+        ChatMessage(role="assistant", content=fields.pop("final", "Done.")),
+    ]
+    if not calls:
+        messages = [m for m in messages if m.role != "assistant" or m.content]
+    values = dict(
+        provenance=PROVENANCE, scenario_id=scenario, env_id=env_id, mode="non_conversational", model="m",
+        sampling=Sampling(temperature=1.0, seed=sample), sample_index=sample, messages=tuple(messages), tools=TOOLS,
+        reward=1.0 if solved else 0.0, solved=solved, checks_passed=(solved,), end_reason="agent_done",
+        num_turns=2, num_tool_calls=len(calls),
+    )  # fmt: skip
+    values.update(fields)
+    return Trajectory(**values)
+
+
+def context(tmp_path, *overrides):
+    config = load_config(
+        None, [f"store.path={json.dumps(str(tmp_path / 'store'))}", "select.rl_env_fraction=0.5", *overrides]
+    )
+    return StageContext(config, "hash", tmp_path, StageStats("select"))
+
+
+def verdicts(results):
+    """{subject id: reason or 'sft'/'rl'}."""
+    out = {}
+    for record in results:
+        if isinstance(record, Rejection):
+            out[record.subject_id] = record.reason
+        else:
+            out[record.subject_id] = record.kind
+    return out
+
+
+async def test_sft_rules_each_with_its_reason(tmp_path):
+    kept = trajectory(sample=0)
+    cases = {
+        "not_solved": trajectory(sample=1, solved=False),
+        "malformed_call": trajectory(sample=2, calls=[call(arguments='{"source": "acc-1"')]),
+        "cut": trajectory(sample=3, end_reason="max_turns"),
+        "collateral": trajectory(sample=4, collateral=("accounts.acc-3.frozen",), flags=("collateral",)),
+        "void": trajectory(sample=5, end_reason="user_leak"),
+        "duplicate": trajectory(sample=6, calls=[call(call_id="other_id")]),  # same talk, other call id
+        "too_short": trajectory(sample=7, calls=[]),
+        "too_long": trajectory(sample=8, final="x" * 50_000),
+    }
+    unknown = trajectory(sample=9, calls=[call(name="teleport")])
+    schema_break = trajectory(sample=10, calls=[call(arguments={"source": "acc-1", "target": "acc-2", "amount": "3"})])
+    results = await select([kept, *cases.values(), unknown, schema_break], context(tmp_path))
+    got = verdicts(results)
+    assert got[kept.id] == "sft"
+    assert {reason: got[t.id] for reason, t in cases.items()} == {reason: reason for reason in cases}
+    assert got[unknown.id] == got[schema_break.id] == "malformed_call"
+    (selection,) = [r for r in results if isinstance(r, Selection)]
+    assert (selection.split, selection.scenario_id, selection.num_rollouts) == ("train", "scenario-a", 10)
+    # `void` is not graded: the pass rate counts the other ten rollouts.
+    assert selection.pass_rate == pytest.approx(sum(t.solved for t in [kept, *cases.values(), unknown, schema_break]
+                                                    if t.end_reason != "user_leak") / 10)  # fmt: skip
+
+
+async def test_rl_pass_band_on_held_out_environments(tmp_path):
+    group = [trajectory(RL_ENV, "mixed", i, solved=i % 2 == 0) for i in range(4)]
+    group += [trajectory(RL_ENV, "easy", i) for i in range(4)]
+    group += [trajectory(RL_ENV_2, "hard", i, solved=False) for i in range(4)]
+    group += [trajectory(RL_ENV_2, "lonely", 0, solved=False)]
+    group += [trajectory(RL_ENV_2, "lonely", 1, end_reason="llm_error")]
+    results = await select(group, context(tmp_path, "select.rl_pass_band=[0.1, 0.9]"))
+    got = verdicts(results)
+    assert got == {"mixed": "rl", "easy": "pass_rate_out_of_band", "hard": "pass_rate_out_of_band",
+                   "lonely": "too_few_rollouts"}  # fmt: skip
+    (chosen,) = [r for r in results if isinstance(r, Selection)]
+    assert (chosen.split, chosen.pass_rate, chosen.num_rollouts) == ("rl", 0.5, 4)
+    assert not any(isinstance(r, Selection) and r.kind == "sft" for r in results)  # no SFT from rl environments
+
+
+async def test_splits_are_deterministic_and_environment_disjoint(tmp_path):
+    envs = env_ids(False, 6, 0.3) + env_ids(True, 6, 0.3)
+    group = [
+        trajectory(env, f"s-{env}-{s}", i, solved=i != 1, final=f"Done {s}.")
+        for env in envs
+        for s in range(2)
+        for i in range(3)
+    ]
+    first = await select(group, context(tmp_path, "select.rl_env_fraction=0.3"))
+    again = await select(list(reversed(group)), context(tmp_path, "select.rl_env_fraction=0.3"))
+    assert [r.id for r in first] == [r.id for r in again]
+    chosen = [r for r in first if isinstance(r, Selection)]
+    train = {r.env_id for r in chosen if r.split == "train"}
+    rl = {r.env_id for r in chosen if r.split == "rl"}
+    assert train and rl and not train & rl
+    assert all(is_rl_environment(r.env_id, 0.3) == (r.split == "rl") for r in chosen)  # export agrees
+    assert {r.kind for r in chosen if r.split == "train"} == {"sft"}
+    assert {r.kind for r in chosen if r.split == "rl"} == {"rl"}
+
+
+def test_benchmark_files_are_read_in_every_format():
+    tau = read_benchmark(BENCHMARKS / "tau_sample.jsonl")
+    bfcl = read_benchmark(BENCHMARKS / "bfcl_sample.json")
+    plain = read_benchmark(BENCHMARKS / "plain_sample.txt")
+    assert (len(tau), len(bfcl), len(plain)) == (3, 2, 1)
+    assert "Mia Li" in tau[0].text and "final_report.pdf" in bfcl[0].text  # nested BFCL messages
+    index = BenchmarkIndex([*tau, *bfcl, *plain], n=8)
+    assert index.match("Please move 300 cents from my checking account acc-1 to my savings account acc-2").overlap == 1
+    assert index.match("An unrelated sentence about a completely different topic entirely here").overlap == 0
+    assert index.match("too short").benchmark is None
+
+
+async def test_decontamination_drops_copied_scenarios_and_reports(tmp_path):
+    store = Store(tmp_path / "store")
+    bank, library = bank_scenario(), library_scenario()
+    store.upsert("scenarios", [bank, library])
+    store.upsert("environments", [environment("bank"), environment("library")])
+    files = json.dumps([str(BENCHMARKS / name) for name in ("tau_sample.jsonl", "bfcl_sample.json")])
+    group = [
+        trajectory(bank.env_id, bank.id, 0),
+        trajectory(library.env_id, library.id, 0),
+    ]
+    ctx = context(tmp_path, f"select.benchmarks={files}", "select.rl_env_fraction=0")
+    got = verdicts(await select(group, ctx))
+    assert got == {group[0].id: "contaminated", group[1].id: "contaminated"}
+    report = ctx.stats.report["decontamination"]
+    assert report["checked"] and report["benchmark_texts"] == 5 and report["scenarios_checked"] == 2
+    assert "tau_sample.jsonl#2" in report["scenarios_dropped"][bank.id]
+    assert "bfcl_sample.json#1" in report["scenarios_dropped"][library.id]
+    # The library task is a near copy (5 of its 9 8-grams): a stricter threshold keeps it.
+    strict = context(tmp_path, f"select.benchmarks={files}", "select.rl_env_fraction=0",
+                     "select.decontamination_threshold=0.6")  # fmt: skip
+    got = verdicts(await select(group, strict))
+    assert got == {group[0].id: "contaminated", group[1].id: "sft"}
+
+
+async def test_report_has_rates_distributions_and_yield(tmp_path):
+    group = [trajectory(sample=i, solved=i < 3, final=f"Done {i}.", num_turns=2 + i) for i in range(4)]
+    ctx = context(tmp_path)
+    await select(group, ctx)
+    report = ctx.stats.report
+    assert report["solve_rate"][f"{TRAIN_ENV}/non_conversational"] == 0.75
+    assert report["solve_rate"]["*/non_conversational"] == 0.75
+    assert report["turns"]["min"] == 2 and report["turns"]["max"] == 5
+    assert (report["sft_kept"], report["sft_yield"]) == (3, 0.75)
+    assert report["decontamination"]["checked"] is False
+
+
+# ------------------------------------------------------------------------------ rollout → select, end to end
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(SandboxConfig(call_timeout_s=2.0, kill_grace_s=1.0, memory_mb=256)) as runtime:
+        yield runtime
+
+
+async def test_rollout_then_select_through_the_runner(tmp_path, sandbox):
+    config = load_config(
+        None,
+        [f"store.path={json.dumps(str(tmp_path / 'store'))}", "rollout.samples_per_scenario=2",
+         "select.rl_env_fraction=0"],
+    )  # fmt: skip
+    Store(config.store.path).upsert("environments", [environment("bank"), environment("library")])
+
+    async def scenarios(_, ctx):
+        return [bank_scenario(), library_scenario()]
+
+    def answer(request: ChatRequest):
+        if any(m.role == "tool" for m in request.messages):
+            return "Done."
+        if "Emma" in request.messages[1].content:
+            return tool_reply(("borrow", {"member_id": "m1", "book_id": "b2", "days": 7}))
+        return tool_reply(("transfer", TRANSFER)) if request.sample_index == 0 else "I will not do that."
+
+    model = client_for(config.llm, ScriptedModel(answer), model_id="agent")
+    stages = (
+        BatchStage("scenarios", scenarios, input=None, output=type(bank_scenario())),
+        ItemStage("rollout", rollout, input=type(bank_scenario()), output=Trajectory),
+        BatchStage("select", select, input=Trajectory, output=Selection),
+    )
+    stats = await run_stages(stages, config, tmp_path / "run", llm=lambda s: model, sandbox=lambda: sandbox)
+    assert (stats["rollout"].kept, stats["select"].kept) == (4, 2)
+    assert dict(stats["select"].dropped) == {"not_solved": 1, "duplicate": 1}  # both library samples alike
+    selections = pl.read_parquet(tmp_path / "run" / "select.parquet")
+    assert set(selections["kind"]) == {"sft"} and set(selections["split"]) == {"train"}
+    stored = json.loads((tmp_path / "run" / "stats.json").read_text())["stages"]["select"]["report"]
+    assert stored["sft_kept"] == 2 and stored["solve_rate"]["*/non_conversational"] == 0.75
+    assert len(Store(config.store.path).trajectories()) == 4

@@ -108,6 +108,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench_llm.add_argument("--json", action="store_true", help="print one JSON object")
     bench_llm.add_argument("--requests", type=int, default=64, metavar="N", help="requests per phase (default 64)")
     bench_llm.set_defaults(handler=cmd_bench_llm)
+    bench_rollout = bench_commands.add_parser(
+        "rollout",
+        help="episodes per second and the rollout machinery's share of wall time",
+        description="Run many graded episodes against real sandbox sessions (scripted agent, or --real for the "
+        "configured model, compared with the server's best throughput; see docs/rollouts.md).",
+    )
+    _add_config_options(bench_rollout)
+    bench_rollout.add_argument("--json", action="store_true", help="print one JSON object")
+    bench_rollout.add_argument("--episodes", type=int, default=200, metavar="N", help="episodes (default 200)")
+    bench_rollout.add_argument(
+        "--latency-ms", type=float, default=20.0, metavar="MS", help="scripted model reply time (default 20)"
+    )
+    bench_rollout.add_argument("--real", action="store_true", help="use the configured model server")
+    bench_rollout.set_defaults(handler=cmd_bench_rollout)
     _add_release_commands(commands)
     return parser
 
@@ -248,6 +262,15 @@ def cmd_bench_llm(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     print(bench_llm(config.llm, config.run.runs_root / "bench-llm", as_json=args.json, requests=args.requests))
+    return EXIT_OK
+
+
+def cmd_bench_rollout(args: argparse.Namespace) -> int:
+    from builder.bench_rollout import main
+
+    config = load_config(args.config, args.overrides)
+    run_dir = config.run.runs_root / "bench-rollout"
+    print(main(config, run_dir, as_json=args.json, episodes=args.episodes, latency_ms=args.latency_ms, real=args.real))
     return EXIT_OK
 
 

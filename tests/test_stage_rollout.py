@@ -274,3 +274,11 @@ async def test_run_episode_needs_a_task_without_a_user():
             ScriptedModel(lambda r: "x"), [], None, system="s", opening=None, limits=Limits(1, 1, 1),
             sampling=Sampling(),
         )  # fmt: skip
+
+
+async def test_bench_rollout_runs_graded_episodes(sandbox):
+    from builder.bench_rollout import _SlowScripted, run_rollouts
+
+    figures = await run_rollouts(_SlowScripted(0.0), sandbox, episodes=6, in_flight=3, config=load_config(None, []))
+    assert (figures["episodes"], figures["solved"]) == (6, 6)
+    assert figures["episodes_per_s"] > 0 and 0 <= figures["share_outside_model"] <= 1

@@ -10,9 +10,12 @@ are upserted into the store; the scenario's pass rate is logged (select computes
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from string import Template
-from typing import Any
+from typing import Any, TypeVar
 
 from builder.agent import ENV_ERROR, Episode, Limits, add_usage, run_episode
 from builder.config import BuildConfig
@@ -27,7 +30,18 @@ from builder.user_sim import UserSimulator
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 REASONS = ("env_missing", "env_load_failed")  # rejections of a whole scenario (stable codes)
+
+
+# Sandbox calls block on a worker's pipe, not on the CPU: with asyncio's default pool (cores + 4 threads) the
+# episodes would queue for threads while the model server idles, so they get a pool of their own.
+_SANDBOX_THREADS = ThreadPoolExecutor(max_workers=128, thread_name_prefix="sandbox")
+
+
+async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` in the sandbox thread pool."""
+    return await asyncio.get_running_loop().run_in_executor(_SANDBOX_THREADS, functools.partial(fn, *args, **kwargs))
 
 
 class SandboxRunner:
@@ -37,7 +51,7 @@ class SandboxRunner:
         self.session = session
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        return await asyncio.to_thread(self.session.call, name, arguments)
+        return await in_thread(self.session.call, name, arguments)
 
 
 def rollout_concurrency(config: BuildConfig) -> int:
@@ -78,9 +92,7 @@ async def rollout(scenario: Scenario, ctx: StageContext) -> list[Record]:
     env_load_failed: the environment or the gold replay does not load)."""
     env = await load_environment(ctx, scenario)
     try:
-        allowed = await asyncio.to_thread(
-            gold_paths, ctx.sandbox, env.code, scenario.initial_state, scenario.gold_actions
-        )
+        allowed = await in_thread(gold_paths, ctx.sandbox, env.code, scenario.initial_state, scenario.gold_actions)
     except (SessionError, ContractError) as error:
         raise Rejected(ctx.reject(scenario, "env_load_failed", str(error)[:2000])) from None
     samples = range(ctx.config.rollout.samples_per_scenario)
@@ -109,7 +121,7 @@ async def _sample(
             ctx.llm, scenario, names, sampling=user_sampling, retries=config.user_retries, sample_index=index
         )
     limits = Limits(config.max_turns, config.max_tool_calls, config.max_tokens)
-    session = await asyncio.to_thread(Session, ctx.sandbox, env.code, scenario.initial_state)
+    session = await in_thread(Session, ctx.sandbox, env.code, scenario.initial_state)
     try:
         episode = await run_episode(
             ctx.llm, tools, SandboxRunner(session), system=system,
@@ -117,15 +129,15 @@ async def _sample(
             sample_index=index, user=user,
         )  # fmt: skip
         try:
-            final = await asyncio.to_thread(session.snapshot)
+            final = await in_thread(session.snapshot)
         except SessionError as error:
             final = None
             episode = _void(episode, f"final state unreadable: {error}")
     finally:
-        await asyncio.to_thread(session.close)
+        await in_thread(session.close)
     verdict = None
     if final is not None:
-        verdict = await asyncio.to_thread(
+        verdict = await in_thread(
             grade, ctx.sandbox, scenario.checks, scenario.initial_state, final, allowed,
             collateral_zeroes_reward=config.collateral_zeroes_reward,
         )  # fmt: skip

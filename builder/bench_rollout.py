@@ -1,0 +1,153 @@
+"""`python -m builder bench rollout`: how fast episodes run, and whether anything but the model slows them down.
+
+Runs many episodes of `builder.agent.run_episode` at once against real sandbox sessions of a small counter
+environment, graded by its check. With the scripted agent (default; `--latency-ms` simulates a model's reply
+time) it prints episodes per second and the share of wall time during which no model call was in flight (the
+rollout machinery's own cost). With `--real` the configured model answers (managed server or `llm.url`), and the
+completion tokens per second achieved during rollouts are compared with the server's best throughput measured
+by `bench llm`'s raw phase (target ratio >= 0.90).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from builder.agent import Limits, run_episode
+from builder.config import BuildConfig
+from builder.envs.checks import CheckSpec
+from builder.envs.session import Session
+from builder.llm import ChatRequest, Reply, ScriptedModel, tool_reply
+from builder.records import Action, Sampling
+from builder.reward import gold_paths, grade
+from builder.sandbox.bench import BENCH_CHECK, BENCH_ENV
+from builder.sandbox.runtime import Sandbox
+from builder.stages.rollout import SandboxRunner, in_thread
+
+TASK = "Increase the counter by 3, one step at a time, then say that you are done."
+SYSTEM = "You operate a counter through its tools. Do what the user asks, then answer without a tool call."
+GOLD = (Action(name="increment", arguments={"by": 3}),)
+
+
+class BusyClock:
+    """Wraps a model and measures the wall time during which at least one of its calls is in flight."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.active = 0
+        self.busy_s = 0.0
+        self.completion_tokens = 0
+        self._since = 0.0
+
+    async def chat(self, request: ChatRequest) -> Reply:
+        if self.active == 0:
+            self._since = time.perf_counter()
+        self.active += 1
+        try:
+            reply = await self.model.chat(request)
+        finally:
+            self.active -= 1
+            if self.active == 0:
+                self.busy_s += time.perf_counter() - self._since
+        self.completion_tokens += reply.usage.completion_tokens
+        return reply
+
+
+class _SlowScripted:
+    """The scripted counter agent, answering after `latency_s` like a model would."""
+
+    def __init__(self, latency_s: float) -> None:
+        self.latency_s = latency_s
+        self.model = ScriptedModel(_counter_agent)
+
+    async def chat(self, request: ChatRequest) -> Reply:
+        await asyncio.sleep(self.latency_s)
+        return await self.model.chat(request)
+
+
+def _counter_agent(request: ChatRequest) -> Reply | str:
+    done = sum(message.role == "tool" for message in request.messages)
+    return tool_reply(("increment", {"by": 1})) if done < 3 else "Done: the counter went up by 3."
+
+
+async def run_rollouts(model: Any, sandbox: Sandbox, episodes: int, in_flight: int, config: BuildConfig) -> dict:
+    """Run `episodes` graded episodes, `in_flight` at a time; the figures as a dict."""
+    clock = BusyClock(model)
+    allowed = gold_paths(sandbox, BENCH_ENV, {"value": 0}, GOLD)
+    check = CheckSpec(name="grew", source=BENCH_CHECK)
+    limits = Limits(config.rollout.max_turns, config.rollout.max_tool_calls, config.rollout.max_tokens)
+    gate = asyncio.Semaphore(in_flight)
+    solved = 0
+
+    async def one(index: int) -> None:
+        nonlocal solved
+        async with gate:
+            session = await in_thread(Session, sandbox, BENCH_ENV, {"value": 0})
+            try:
+                episode = await run_episode(
+                    clock, list(session.tools), SandboxRunner(session), system=SYSTEM, opening=TASK, limits=limits,
+                    sampling=Sampling(temperature=config.rollout.temperature,
+                                      max_tokens=config.rollout.max_reply_tokens),
+                    sample_index=index,
+                )  # fmt: skip
+                final = await in_thread(session.snapshot)
+            finally:
+                await in_thread(session.close)
+            verdict = await in_thread(
+                grade, sandbox, [check.source], {"value": 0}, final, allowed, collateral_zeroes_reward=False
+            )
+            solved += verdict.solved and episode.end_reason == "agent_done"
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(episodes)))
+    wall = time.perf_counter() - started
+    return {
+        "episodes": episodes,
+        "in_flight": in_flight,
+        "solved": solved,
+        "wall_s": round(wall, 3),
+        "episodes_per_s": round(episodes / wall, 2),
+        "share_outside_model": round(max(0.0, 1 - clock.busy_s / wall), 4),
+        "rollout_tok_s": round(clock.completion_tokens / wall, 1),
+    }
+
+
+def bench_rollout(
+    config: BuildConfig, run_dir: Path, *, episodes: int = 200, latency_ms: float = 20.0, real: bool = False
+) -> dict:
+    """The benchmark's figures (see the module docstring); with `real`, also the server's best and the ratio."""
+    in_flight = config.rollout.episodes_in_flight
+    with ExitStack() as stack:
+        sandbox = stack.enter_context(Sandbox(config.sandbox))
+        if not real:
+            return asyncio.run(run_rollouts(_SlowScripted(latency_ms / 1000), sandbox, episodes, in_flight, config))
+        from builder.llm.bench import run_bench
+        from builder.llm.connect import SERVER_LOG, client_for
+        from builder.llm.openai_backend import OpenAIChatModel
+        from builder.llm.server import VLLMServer
+
+        llm = config.llm
+        url = llm.url or stack.enter_context(VLLMServer(llm, Path(run_dir) / SERVER_LOG)).url
+        llm = llm.model_copy(update={"url": url})
+        backend = OpenAIChatModel(url, llm.served_model_name, timeout_s=llm.request_timeout_s)
+        client = client_for(llm, backend, model_id=f"bench:{url}", cache=None)
+        figures = asyncio.run(run_rollouts(client, sandbox, episodes, in_flight, config))
+        best = run_bench(llm, run_dir).server_tok_s
+        figures.update(server_tok_s=round(best, 1), ratio=round(figures["rollout_tok_s"] / best, 3) if best else 0.0)
+        return figures
+
+
+def to_text(figures: dict) -> str:
+    lines = [f"{key}: {value}" for key, value in figures.items()]
+    if "ratio" in figures:
+        lines.append("ok" if figures["ratio"] >= 0.90 else "BELOW TARGET 0.90 (raise rollout.episodes_in_flight?)")
+    return "\n".join(lines)
+
+
+def main(config: BuildConfig, run_dir: Path, *, as_json: bool, **options: Any) -> str:
+    figures = bench_rollout(config, run_dir, **options)
+    return json.dumps(figures) if as_json else to_text(figures)

@@ -282,3 +282,15 @@ async def test_bench_rollout_runs_graded_episodes(sandbox):
     figures = await run_rollouts(_SlowScripted(0.0), sandbox, episodes=6, in_flight=3, config=load_config(None, []))
     assert (figures["episodes"], figures["solved"]) == (6, 6)
     assert figures["episodes_per_s"] > 0 and 0 <= figures["share_outside_model"] <= 1
+
+
+def test_user_model_needs_a_server_url(tmp_path, sandbox):
+    from builder.errors import ConfigError
+    from builder.stages.rollout import user_model
+
+    ctx = context(tmp_path, sandbox, agent(["x"]), "rollout.user_model=judge")
+    with pytest.raises(ConfigError, match="llm.url"):
+        user_model(ctx)
+    ctx = context(tmp_path, sandbox, agent(["x"]), "rollout.user_model=judge", "llm.url=http://127.0.0.1:9/v1")
+    assert user_model(ctx).model_id == "judge@http://127.0.0.1:9/v1"
+    assert user_model(context(tmp_path, sandbox, agent(["x"]))).model_id == "agent"

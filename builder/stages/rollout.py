@@ -18,9 +18,12 @@ from string import Template
 from typing import Any, TypeVar
 
 from builder.agent import ENV_ERROR, Episode, Limits, add_usage, run_episode
-from builder.config import BuildConfig
+from builder.config import BuildConfig, LLMConfig
 from builder.envs.lint import ContractError
 from builder.envs.session import Session, SessionError, ToolResult
+from builder.errors import ConfigError
+from builder.llm import LLMClient, OpenAIChatModel
+from builder.llm.connect import client_for
 from builder.prompts import prompt, prompt_version
 from builder.records import Environment, Record, Sampling, Scenario, Trajectory
 from builder.reward import Grade, gold_paths, grade
@@ -57,6 +60,26 @@ class SandboxRunner:
 def rollout_concurrency(config: BuildConfig) -> int:
     """Scenarios in flight, so that about `rollout.episodes_in_flight` episodes run at once."""
     return max(1, -(-config.rollout.episodes_in_flight // config.rollout.samples_per_scenario))
+
+
+@functools.cache
+def _served_model(llm: LLMConfig, name: str) -> LLMClient:
+    backend = OpenAIChatModel(llm.url or "", name, timeout_s=llm.request_timeout_s)
+    return client_for(llm, backend, model_id=f"{name}@{llm.url}")
+
+
+def user_model(ctx: StageContext) -> Any:
+    """The user simulator's model: the agent's client, or `rollout.user_model` on the `llm.url` server.
+
+    Raises:
+        ConfigError: `rollout.user_model` is set without `llm.url` (the managed server serves one model).
+    """
+    name = ctx.config.rollout.user_model
+    if name is None:
+        return ctx.llm
+    if not ctx.config.llm.url:
+        raise ConfigError("rollout.user_model needs llm.url: the managed vLLM server serves only the agent's model")
+    return _served_model(ctx.config.llm, name)
 
 
 def environment_text(env: Environment) -> str:
@@ -118,7 +141,7 @@ async def _sample(
         )
         names = [tool["function"]["name"] for tool in tools]
         user = UserSimulator(
-            ctx.llm, scenario, names, sampling=user_sampling, retries=config.user_retries, sample_index=index
+            user_model(ctx), scenario, names, sampling=user_sampling, retries=config.user_retries, sample_index=index
         )
     limits = Limits(config.max_turns, config.max_tool_calls, config.max_tokens)
     session = await in_thread(Session, ctx.sandbox, env.code, scenario.initial_state)

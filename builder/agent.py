@@ -25,6 +25,9 @@ USER_LEAK = "user_leak"  # the user simulator kept leaking hidden information; t
 USER_ERROR = "user_error"  # the user simulator gave no usable reply or its server refused
 LLM_ERROR = "llm_error"  # the agent's server refused a request (e.g. the context overflowed)
 ENV_ERROR = "env_error"  # the environment could not be read at the end (infrastructure, not the agent)
+END_REASONS = (
+    AGENT_DONE, USER_STOP, MAX_TURNS, MAX_TOOL_CALLS, MAX_TOKENS, USER_LEAK, USER_ERROR, LLM_ERROR, ENV_ERROR,
+)  # fmt: skip
 # Episodes that ended for reasons outside the agent's control: not counted in pass rates, never selected.
 INFRA_END_REASONS = frozenset({USER_LEAK, USER_ERROR, LLM_ERROR, ENV_ERROR})
 

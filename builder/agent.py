@@ -173,6 +173,10 @@ async def run_episode(
         tally.agent = add_usage(tally.agent, reply.usage.prompt_tokens, reply.usage.completion_tokens)
         tally.context_tokens = reply.usage.prompt_tokens + reply.usage.completion_tokens
         messages.append(reply.message())
+        if reply.finish_reason == "length":
+            tally.flag("truncated_reply")  # cut by max_reply_tokens: not a reply to learn from
+        if not reply.tool_calls and not (reply.content or "").strip():
+            tally.flag("empty_reply")
         if reply.tool_calls:
             if await _run_calls(reply.tool_calls, tools, runner, messages, tally, limits):
                 return _end(messages, MAX_TOOL_CALLS, tally)

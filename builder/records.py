@@ -287,6 +287,9 @@ class Trajectory(Record):
     flags: tuple[str, ...] = Field(
         (), description="Stable codes of what went wrong on the way: malformed_call, unknown_tool, collateral, ..."
     )
+    selected: bool | None = Field(
+        None, description="The select stage's SFT verdict: kept (True), dropped (False), not judged yet (None)."
+    )
 
 
 class Selection(Record):

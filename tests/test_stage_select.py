@@ -230,3 +230,22 @@ async def test_rollout_then_select_through_the_runner(tmp_path, sandbox):
     stored = json.loads((tmp_path / "run" / "stats.json").read_text())["stages"]["select"]["report"]
     assert stored["sft_kept"] == 2 and stored["solve_rate"]["*/non_conversational"] == 0.75
     assert len(Store(config.store.path).trajectories()) == 4
+
+
+async def test_verdicts_reach_the_store_and_the_export_agrees(tmp_path):
+    from builder.publish.export import build_tables
+
+    store = Store(tmp_path / "store")
+    env = environment("bank")
+    good = trajectory(env.id, bank_scenario().id, 0)
+    truncated = trajectory(env.id, bank_scenario().id, 1, flags=("truncated_reply",), final="Done, I mov")
+    malformed = trajectory(env.id, bank_scenario().id, 2, calls=[call(name="teleport")])
+    store.upsert("environments", [env])
+    store.upsert("scenarios", [bank_scenario()])
+    store.upsert("trajectories", [good, truncated, malformed])
+    got = verdicts(await select([good, truncated, malformed], context(tmp_path, "select.rl_env_fraction=0")))
+    assert got == {good.id: "sft", truncated.id: "bad_reply", malformed.id: "malformed_call"}
+    assert {t.id: t.selected for t in store.trajectories()} == {good.id: True, truncated.id: False, malformed.id: False}
+    tables = build_tables(store.read_frame("environments"), store.read_frame("scenarios"),
+                          store.read_frame("trajectories"), rl_fraction=0)  # fmt: skip
+    assert tables["sft"]["train"]["trajectory_id"].to_list() == [good.id]

@@ -67,13 +67,16 @@ def build_tables(
     """Release tables `{config: {split: frame}}` from the store's frames (schemas of `builder.tables.schema`).
 
     Only accepted environments are published, with their scenarios; `sft` holds solved trajectories of `train`
-    environments. Rows are sorted by id, so the same store always gives the same files.
+    environments that the select stage kept (or never judged). Rows are sorted by id, so the same store always
+    gives the same files.
     """
     envs = environments.filter(pl.col("status") == "accepted")
     rl_ids = {env_id for env_id in envs["id"].to_list() if is_rl_environment(env_id, rl_fraction)}
     scen = _scenario_table(scenarios.filter(pl.col("env_id").is_in(envs["id"].implode())), trajectories)
     env = _environment_table(envs, scen)
-    sft = _sft_table(trajectories.filter(pl.col("env_id").is_in(env["env_id"].implode()) & pl.col("solved")))
+    # `selected` is the select stage's verdict (None: never judged, e.g. a store filled before select existed).
+    chosen = pl.col("solved") & pl.col("selected").fill_null(True)
+    sft = _sft_table(trajectories.filter(pl.col("env_id").is_in(env["env_id"].implode()) & chosen))
     in_rl = pl.col("env_id").is_in(list(rl_ids))
     return {
         "environments": {"train": env.filter(~in_rl), "rl": env.filter(in_rl)},

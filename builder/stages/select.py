@@ -7,6 +7,7 @@ failing one is the rejection's reason code):
 
 - SFT, per trajectory: `contaminated`, `void` (an infrastructure end: user_leak, user_error, llm_error,
   env_error), `not_solved` (the checks, never the agent's own word), `cut` (ended by a limit), `collateral`,
+  `bad_reply` (an assistant reply cut by max_reply_tokens, or empty),
   `malformed_call` (a tool call that does not fit its schema or names no tool), `too_short` / `too_long`
   (`select.sft_min_turns`, `sft_max_turns`, `sft_max_chars`), `duplicate` (same conversation as a kept one).
 - RL, per scenario: `contaminated`, `too_few_rollouts` (fewer than `select.min_rollouts` graded rollouts),
@@ -34,7 +35,8 @@ from builder.runner import StageContext
 from builder.store import Store
 
 SFT_REASONS = (
-    "contaminated", "void", "not_solved", "cut", "collateral", "malformed_call", "too_short", "too_long", "duplicate",
+    "contaminated", "void", "not_solved", "cut", "collateral", "bad_reply", "malformed_call", "too_short", "too_long",
+    "duplicate",
 )  # fmt: skip
 RL_REASONS = ("contaminated", "too_few_rollouts", "pass_rate_out_of_band")
 
@@ -66,6 +68,10 @@ async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[
             else:
                 results.append(_selection(ctx, "sft", "train", trajectory.id, scenario_id, env_id, rate, len(graded)))
     ctx.stats.report = _report(trajectories, results, decontamination)
+    # The store's trajectories carry the verdict, so an export publishes exactly the SFT set chosen here.
+    kept = {r.subject_id for r in results if isinstance(r, Selection) and r.kind == "sft"}
+    judged = [t.model_copy(update={"selected": t.id in kept}) for t in trajectories]
+    await asyncio.to_thread(store.upsert, "trajectories", judged)
     return results
 
 
@@ -104,6 +110,9 @@ def _sft_problem(
         return "cut", trajectory.end_reason
     if trajectory.collateral:
         return "collateral", ", ".join(trajectory.collateral)
+    bad = [flag for flag in trajectory.flags if flag in ("truncated_reply", "empty_reply")]
+    if bad:
+        return "bad_reply", ", ".join(bad)
     malformed = malformed_calls(trajectory)
     if malformed:
         return "malformed_call", malformed[0]

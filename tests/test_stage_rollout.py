@@ -294,3 +294,19 @@ def test_user_model_needs_a_server_url(tmp_path, sandbox):
     ctx = context(tmp_path, sandbox, agent(["x"]), "rollout.user_model=judge", "llm.url=http://127.0.0.1:9/v1")
     assert user_model(ctx).model_id == "judge@http://127.0.0.1:9/v1"
     assert user_model(context(tmp_path, sandbox, agent(["x"]))).model_id == "agent"
+
+
+async def test_truncated_and_empty_replies_are_flagged(tmp_path, sandbox):
+    from builder.llm import text_reply
+
+    cut = await run(tmp_path, sandbox, agent([tool_reply(TRANSFER), text_reply("Done, I mo", finish_reason="length")]))
+    assert cut.solved and cut.flags == ("truncated_reply",)
+    empty = await run(tmp_path / "b", sandbox, agent([tool_reply(TRANSFER), ""]))
+    assert empty.flags == ("empty_reply",) and empty.end_reason == "agent_done"
+
+
+async def test_conversational_scenario_without_user_script_is_rejected(tmp_path, sandbox):
+    scenario = bank_scenario("conversational").model_copy(update={"user": None})
+    with pytest.raises(Rejected) as verdict:
+        await rollout(scenario, context(tmp_path, sandbox, agent(["x"])))
+    assert verdict.value.rejection.reason == "no_user_script"

@@ -34,7 +34,7 @@ from builder.user_sim import UserSimulator
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-REASONS = ("env_missing", "env_load_failed")  # rejections of a whole scenario (stable codes)
+REASONS = ("no_user_script", "env_missing", "env_load_failed")  # rejections of a whole scenario (stable codes)
 
 
 # Sandbox calls block on a worker's pipe, not on the CPU: with asyncio's default pool (cores + 4 threads) the
@@ -111,8 +111,10 @@ async def load_environment(ctx: StageContext, scenario: Scenario) -> Environment
 
 
 async def rollout(scenario: Scenario, ctx: StageContext) -> list[Record]:
-    """`rollout.samples_per_scenario` graded trajectories of one scenario, or a rejection (env_missing,
-    env_load_failed: the environment or the gold replay does not load)."""
+    """`rollout.samples_per_scenario` graded trajectories of one scenario, or a rejection (no_user_script,
+    env_missing, env_load_failed: the environment or the gold replay does not load)."""
+    if scenario.mode == "conversational" and scenario.user is None:
+        raise Rejected(ctx.reject(scenario, "no_user_script", "a conversational scenario needs a user script"))
     env = await load_environment(ctx, scenario)
     try:
         allowed = await in_thread(gold_paths, ctx.sandbox, env.code, scenario.initial_state, scenario.gold_actions)

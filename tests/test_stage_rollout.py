@@ -310,3 +310,34 @@ async def test_conversational_scenario_without_user_script_is_rejected(tmp_path,
     with pytest.raises(Rejected) as verdict:
         await rollout(scenario, context(tmp_path, sandbox, agent(["x"])))
     assert verdict.value.rejection.reason == "no_user_script"
+
+
+async def test_samples_run_concurrently_and_pass_counts_are_reported(tmp_path, sandbox):
+    import asyncio
+
+    class Slow:
+        def __init__(self):
+            self.active = self.peak = 0
+            self.inner = agent([tool_reply(TRANSFER), "Done."])
+
+        async def chat(self, request):
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+            await asyncio.sleep(0.05)
+            self.active -= 1
+            return await self.inner.chat(request)
+
+    model = Slow()
+    ctx = context(tmp_path, sandbox, model, "rollout.samples_per_scenario=4")
+    trajectories = await rollout(bank_scenario(), ctx)
+    assert len(trajectories) == 4 and model.peak >= 2
+    assert ctx.stats.report["pass_counts"] == {"4/4": 1}
+
+
+def test_pipeline_ends_with_rollout_then_select():
+    from builder.pipeline import STAGES
+
+    names = [stage.name for stage in STAGES]
+    assert names[-2:] == ["rollout", "select"]
+    for before, after in zip(STAGES, STAGES[1:], strict=False):
+        assert after.input is None or after.input is before.output, (before.name, after.name)

@@ -124,6 +124,9 @@ async def rollout(scenario: Scenario, ctx: StageContext) -> list[Record]:
     trajectories = list(await asyncio.gather(*(_sample(ctx, scenario, env, allowed, i) for i in samples)))
     solved = sum(t.solved for t in trajectories)
     logger.info("rollout: %s pass rate %d/%d", scenario.id, solved, len(trajectories))
+    # How many scenarios were solved by 0, 1, ..., k of their k samples: the shape select's RL band cuts from.
+    histogram = ctx.stats.report.setdefault("pass_counts", {})
+    histogram[f"{solved}/{len(trajectories)}"] = histogram.get(f"{solved}/{len(trajectories)}", 0) + 1
     store = Store(ctx.config.store.path, ctx.config.store.lock_timeout_s)
     await asyncio.to_thread(store.upsert, "trajectories", trajectories)
     return trajectories

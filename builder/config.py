@@ -241,8 +241,8 @@ class SelectConfig(Section):
     )
     benchmarks: tuple[str, ...] = Field(
         (),
-        description="Benchmark task files to decontaminate against (.txt: one task a line; .json/.jsonl: every "
-        "string in every record), e.g. BFCL, tau-bench or ACEBench task lists.",
+        description="Benchmark tasks to decontaminate against: files (.txt: one task a line; .json/.jsonl: every "
+        "string in every record) or 'hf:ORG/NAME[:SPLIT]' datasets, e.g. BFCL, tau-bench or ACEBench task lists.",
     )
     decontamination_ngram: int = Field(8, ge=1, description="Word n-gram length for the overlap measure.")
     decontamination_threshold: float = Field(

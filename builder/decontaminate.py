@@ -1,4 +1,4 @@
-"""Decontamination: word n-gram overlap between our texts and benchmark task texts read from local files.
+"""Decontamination: word n-gram overlap between our texts and benchmark task texts (local files or Hub datasets).
 
 A text's overlap with a benchmark is the largest share of its word n-grams that occur in any single benchmark
 text (containment, so a short task copied into a long benchmark prompt still scores 1.0). Texts with fewer words
@@ -77,6 +77,25 @@ def read_benchmark(path: Path) -> list[BenchmarkText]:
     return [BenchmarkText(source, i, " ".join(_strings(record))) for i, record in enumerate(records)]
 
 
+def read_source(source: str) -> list[BenchmarkText]:
+    """`read_benchmark` for a file, or every row of a Hugging Face dataset for `hf:ORG/NAME[:SPLIT]` (default split
+    `test`; read with `datasets`, so a dataset already in the local cache works offline).
+
+    Raises:
+        ConfigError: the file or dataset cannot be read.
+    """
+    if not source.startswith("hf:"):
+        return read_benchmark(Path(source))
+    name, _, split = source[3:].partition(":")
+    try:
+        import datasets
+
+        rows = datasets.load_dataset(name, split=split or "test")
+    except Exception as error:  # datasets raises many types (missing, offline, bad split)
+        raise ConfigError(f"select.benchmarks: cannot load dataset {name!r}: {error}") from None
+    return [BenchmarkText(source, i, " ".join(_strings(dict(row)))) for i, row in enumerate(rows)]
+
+
 class BenchmarkIndex:
     """An inverted index from word n-grams to the benchmark texts holding them."""
 
@@ -90,7 +109,8 @@ class BenchmarkIndex:
 
     @classmethod
     def from_files(cls, paths: Iterable[str | Path], n: int) -> BenchmarkIndex:
-        return cls((text for path in paths for text in read_benchmark(Path(path))), n)
+        """An index over benchmark sources: file paths, or `hf:ORG/NAME[:SPLIT]` dataset ids."""
+        return cls((text for path in paths for text in read_source(str(path))), n)
 
     def match(self, text: str) -> Match:
         """The benchmark text sharing the largest share of `text`'s n-grams."""

@@ -249,3 +249,27 @@ async def test_verdicts_reach_the_store_and_the_export_agrees(tmp_path):
     tables = build_tables(store.read_frame("environments"), store.read_frame("scenarios"),
                           store.read_frame("trajectories"), rl_fraction=0)  # fmt: skip
     assert tables["sft"]["train"]["trajectory_id"].to_list() == [good.id]
+
+
+def test_benchmarks_from_a_hub_dataset_id(monkeypatch):
+    import datasets
+
+    from builder.decontaminate import read_source
+    from builder.errors import ConfigError
+
+    rows = [{"id": "t0", "question": [[{"role": "user", "content": "Book a table for two tonight at eight"}]]}]
+    calls = []
+
+    def fake_load(name, split):
+        calls.append((name, split))
+        if name == "missing/set":
+            raise FileNotFoundError("no such dataset")
+        return rows
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    (text,) = read_source("hf:gorilla/bfcl:train")
+    assert (
+        calls == [("gorilla/bfcl", "train")] and "Book a table" in text.text and text.source == "hf:gorilla/bfcl:train"
+    )
+    with pytest.raises(ConfigError, match="missing/set"):
+        read_source("hf:missing/set")

@@ -285,3 +285,31 @@ async def test_one_bad_state_leaves_all_calls_to_the_good_one(tmp_path, sandbox)
     evidence = accepted.evaluation
     assert len(evidence["test_states"]) == 1 and {c["state"] for c in evidence["calls"]} == {0}
     assert evidence["failed_test_states"][0]["index"] == 1 and evidence["counts"]["judged"] == 3
+
+
+async def test_crashes_the_tester_finds_are_failures_without_asking_the_checker(tmp_path, sandbox):
+    # Passes the gates (the fuzzer uses ids that exist) but raises on an unknown id instead of returning an error.
+    code = (
+        (FIXTURES / "bank.py")
+        .read_text()
+        .replace("account = self.accounts.get(account_id)", "account = self.accounts[account_id]")
+    )
+
+    def tester(request):
+        name = request.tool_choice
+        negative = "NEGATIVE case" in request.messages[1].content
+        return tool_reply((name, {"account_id": "acc-404"} if negative and name == "get_account" else GOOD_ARGS[name]))
+
+    model = scripted(tester=tester)
+    (accepted,) = await evaluate(environment("bank", code), context(tmp_path, model, sandbox))
+    evidence = accepted.evaluation
+    (crash,) = [c for c in evidence["calls"] if c["verdict"] == "fail"]
+    assert (crash["tool"], crash["case"], crash["judge"], crash["error_kind"]) == (
+        "get_account",
+        "negative",
+        "runtime",
+        "raised",
+    )
+    assert "KeyError" in crash["reason"]
+    assert evidence["score"] == round(11 / 12, 4) and evidence["counts"]["failed_by_runtime"] == 1
+    assert sum(kind(r) == "CheckerVerdict" for r in model.requests) == 11

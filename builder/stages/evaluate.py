@@ -13,13 +13,15 @@
 4. Score = (pass + warning) / judged calls over `evaluate.calls` calls; accepted at `keep_score` or above and
    upserted into the store; the per-call verdicts are the evidence (`Environment.evaluation`).
 
-Rejection reasons: gates_failed, no_valid_test_state, tester_invalid, checker_invalid, low_score, llm_request.
+Rejection reasons: gates_failed, no_valid_test_state, tester_invalid, checker_invalid, low_score, llm_request,
+session_failed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,9 +47,16 @@ from builder.stages._evaluate_source import (
 )
 from builder.store import Store
 
+logger = logging.getLogger(__name__)
+
 PROMPTS = ("evaluate_state", "evaluate_tester", "evaluate_checker")
 # Session error kinds that mean the tester's call never reached the environment: the tester's fault.
 TESTER_ERRORS = {"unknown_tool", "bad_arguments"}
+CASE_TEXT = {
+    "positive": "a POSITIVE case (input a correct implementation accepts)",
+    "negative": "a NEGATIVE case (input a correct implementation refuses with an error value)",
+    "unscheduled": "a case the tester chose itself (decide from the arguments whether the input is valid)",
+}
 EVIDENCE_CHARS = 600  # per result and per diff in the stored evidence, so 100 calls stay a small JSON
 
 
@@ -85,7 +94,12 @@ async def evaluate(env: Environment, ctx: StageContext) -> list[Record]:
         if error.retryable:
             raise  # the server is gone: stop the run, a rerun resumes
         raise Rejected(ctx.reject(env, "llm_request", str(error)[:2000])) from None
+    except SessionError as error:  # a session broke beyond replay (its state could no longer be read or restored)
+        raise Rejected(ctx.reject(env, "session_failed", f"{error.kind}: {error}"[:2000])) from None
     evidence = summarize(env, interface, states, failures, runs, ctx, agents)
+    logger.info("evaluate: %s (%s) scored %.2f over %d judged calls, %d unusable replies, %d model requests",
+                env.id, env.name, evidence["score"], evidence["counts"]["judged"],
+                evidence["counts"]["invalid_replies"], evidence["usage"]["requests"])  # fmt: skip
     incomplete = [run for run in runs if len(run.judged) < run.quota]
     if incomplete:
         raise _gave_up(env, ctx, incomplete, evidence)
@@ -208,7 +222,12 @@ async def exercise(
         while len(run.judged) < run.quota and len(run.invalid) <= config.max_invalid_replies:
             slot = schedule(interface.tool_names, position)
             where = {"state": state.index, "round": len(run.judged) + len(run.invalid)}
-            before = await asyncio.to_thread(session.snapshot)
+            try:
+                before = await asyncio.to_thread(session.snapshot)
+            except SessionError:  # the worker died and replaying the calls failed: start over from the state
+                await asyncio.to_thread(session.close)
+                session = await asyncio.to_thread(Session, ctx.sandbox, env.code, state.state, interface)
+                before = await asyncio.to_thread(session.snapshot)
             try:
                 name, arguments, raw = await agents.propose(
                     env, interface.tools, slot, _tester_facts(state, run, before, config)
@@ -284,7 +303,7 @@ def _checker_facts(
     return (
         f"Environment `{env.class_name}`: {env.description}\n\n"
         f"State definition:\n```python\n{class_header(env.code)}\n```\n\n"
-        f"Tool under test: `{name}`, a {call['case'].upper()} case.\n"
+        f"Tool under test: `{name}`, {CASE_TEXT[call['case']]}.\n"
         f"Method source:\n```python\n{method_source(env.code, name)}\n```\n\n"
         f"Arguments: {json.dumps(call['arguments'], ensure_ascii=False)}\n"
         f"Result: {clip_json(result.result, limit)}\n\n"

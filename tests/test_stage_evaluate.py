@@ -123,6 +123,10 @@ async def test_good_environment_is_accepted_with_evidence_and_stored(tmp_path, s
     assert {r.tool_choice for r in tester} == set(GOOD_ARGS)
     checker = next(r for r in model.requests if kind(r) == "CheckerVerdict" and "`transfer`" in r.messages[1].content)
     assert "def transfer(self" in checker.messages[1].content and "acc-7.balance" in checker.messages[1].content
+    refused = next(
+        r for r in model.requests if kind(r) == "CheckerVerdict" and "`freeze_account`" in r.messages[1].content
+    )
+    assert "reports failure and the state is unchanged" in refused.messages[1].content
     (stored,) = Store(tmp_path / "store").environments("accepted")
     assert stored.id == env.id and stored.evaluation["score"] == 1.0
 

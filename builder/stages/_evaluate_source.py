@@ -118,7 +118,7 @@ class StateShapeError(ValueError):
     pass
 
 
-def test_state_model(schema: dict[str, Any]) -> type[BaseModel]:
+def state_output_type(schema: dict[str, Any]) -> type[BaseModel]:
     """The structured-output type of one test state: a `purpose` and a `state` that must satisfy `schema`.
 
     The state's fields carry the attribute schemas as their JSON schema (so a constrained decoder follows them);

@@ -41,9 +41,9 @@ from builder.stages._evaluate_source import (
     class_header,
     clip_json,
     method_source,
+    state_output_type,
     state_schema,
     state_view,
-    test_state_model,
 )
 from builder.store import Store
 
@@ -97,9 +97,11 @@ async def evaluate(env: Environment, ctx: StageContext) -> list[Record]:
     except SessionError as error:  # a session broke beyond replay (its state could no longer be read or restored)
         raise Rejected(ctx.reject(env, "session_failed", f"{error.kind}: {error}"[:2000])) from None
     evidence = summarize(env, interface, states, failures, runs, ctx, agents)
-    logger.info("evaluate: %s (%s) scored %.2f over %d judged calls, %d unusable replies, %d model requests",
-                env.id, env.name, evidence["score"], evidence["counts"]["judged"],
-                evidence["counts"]["invalid_replies"], evidence["usage"]["requests"])  # fmt: skip
+    counts = evidence["counts"]
+    logger.info(
+        "evaluate: %s (%s) scored %.2f over %d judged calls, %d unusable replies, %d model requests",
+        env.id, env.name, evidence["score"], counts["judged"], counts["invalid_replies"], evidence["usage"]["requests"],
+    )  # fmt: skip
     incomplete = [run for run in runs if len(run.judged) < run.quota]
     if incomplete:
         raise _gave_up(env, ctx, incomplete, evidence)
@@ -154,7 +156,7 @@ async def make_test_states(
 ) -> tuple[list[TestState], list[tuple[int, InvalidReply]]]:
     """Valid test states (in index order) and the slots that produced none, with their last error."""
     config = ctx.config.evaluate
-    output_type = test_state_model(state_schema(env.state_schema, default_state))
+    output_type = state_output_type(state_schema(env.state_schema, default_state))
     header = class_header(env.code)
 
     async def loads(draft: Any) -> str | None:
@@ -310,7 +312,18 @@ def _checker_facts(
         f"State before (attributes the method uses):\n{clip_json(state_view(before, used), limit)}\n\n"
         f"State after:\n{clip_json(state_view(after, used), limit)}\n\n"
         f"Changes: {clip_json(changes, limit) if changes else 'none: the state did not change'}"
+        f"{_outcome_note(result, changes)}"
     )
+
+
+def _outcome_note(result: ToolResult, changes: list[dict[str, Any]]) -> str:
+    """A fact small models miss: a result that reports failure while the state changed (or the reverse)."""
+    success = result.result.get("success") if isinstance(result.result, dict) else None
+    if success is False and changes:
+        return "\nNote: the result reports failure, yet the state changed."
+    if success is False:
+        return "\nNote: the result reports failure and the state is unchanged."
+    return ""
 
 
 # ------------------------------------------------------------------------------------------------ verdict

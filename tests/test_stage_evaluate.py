@@ -13,6 +13,14 @@ from builder.llm.connect import client_for
 from builder.records import Environment, Rejection
 from builder.runner import BatchStage, ItemStage, Rejected, StageContext, run_stages
 from builder.sandbox.runtime import Sandbox
+from builder.stages._evaluate_source import (
+    attributes_used,
+    class_header,
+    clip_json,
+    method_source,
+    state_output_type,
+    state_schema,
+)
 from builder.stages.evaluate import evaluate, schedule
 from builder.stats import StageStats
 from builder.store import Store
@@ -77,8 +85,7 @@ def scripted(state=None, tester=None, checker=None) -> ScriptedModel:
         if role == "TestState":
             reply = pick(state, request, {"purpose": "two customers", "state": BANK_STATE})
         elif role == "tester":
-            name = request.tool_choice
-            reply = pick(tester, request, tool_reply((name, GOOD_ARGS[name])))
+            reply = pick(tester, request, lambda r: tool_reply((r.tool_choice, GOOD_ARGS[r.tool_choice])))
         else:
             reply = pick(checker, request, PASS)
         return json.dumps(reply) if isinstance(reply, dict) else reply
@@ -317,3 +324,52 @@ async def test_crashes_the_tester_finds_are_failures_without_asking_the_checker(
     assert "KeyError" in crash["reason"]
     assert evidence["score"] == round(11 / 12, 4) and evidence["counts"]["failed_by_runtime"] == 1
     assert sum(kind(r) == "CheckerVerdict" for r in model.requests) == 11
+
+
+async def test_required_tool_choice_lets_the_tester_pick_and_marks_unscheduled_calls(tmp_path, sandbox):
+    model = scripted(tester=tool_reply(("get_account", GOOD_ARGS["get_account"])))
+    ctx = context(tmp_path, model, sandbox, "evaluate.tester_tool_choice=required", "evaluate.calls=4")
+    (accepted,) = await evaluate(environment("bank"), ctx)
+    assert {r.tool_choice for r in model.requests if kind(r) == "tester"} == {"required"}
+    cases = [call["case"] for call in accepted.evaluation["calls"]]
+    assert cases.count("unscheduled") == 3 and accepted.scores["tool_coverage"] == 0.25
+
+
+# ------------------------------------------------------------------------------------------- source helpers
+
+
+def test_state_schema_prefers_the_declared_one_and_infers_the_rest():
+    default = {"books": {"b1": {"title": "Dune", "copies": 2}}, "loans": [], "today": "2024-05-01", "note": None}
+    declared = {"type": "object", "properties": {"today": {"type": "string", "format": "date"}, "gone": {}}}
+    schema = state_schema(declared, default)
+    assert list(schema["properties"]) == ["books", "loans", "today", "note"]  # the constructor's attributes
+    assert schema["properties"]["today"] == {"type": "string", "format": "date"}
+    assert schema["properties"]["books"] == {
+        "type": "object",
+        "additionalProperties": {
+            "type": "object",
+            "properties": {"title": {"type": "string"}, "copies": {"type": "integer"}},
+        },
+    }
+    assert schema["properties"]["note"] == {} and schema["additionalProperties"] is False
+    with_ref = state_schema({"today": {"$ref": "#/$defs/Day"}}, default)
+    assert with_ref["properties"]["today"] == {"type": "string"}  # a $ref cannot be embedded: inferred instead
+    shape = state_output_type(schema)
+    assert shape.model_validate({"purpose": "p", "state": default}).state.model_dump() == default
+    with pytest.raises(ValueError, match="state.books.b1.copies"):
+        shape.model_validate({"purpose": "p", "state": {**default, "books": {"b1": {"title": "x", "copies": "2"}}}})
+
+
+def test_method_source_includes_called_helpers_and_attributes():
+    code = (
+        "class X:\n    def __init__(self):\n        self.items = {}\n        self.limit = 3\n\n"
+        "    def add(self, key: str) -> dict:\n        '''Add.\n\n        Args:\n            key: k.\n        '''\n"
+        "        if self._full():\n            return {'success': False}\n        self.items[key] = 1\n"
+        "        return {'success': True}\n\n"
+        "    def _full(self) -> bool:\n        return len(self.items) >= self.limit\n"
+    )
+    source = method_source(code, "add")
+    assert source.startswith("def add(self, key: str)") and "def _full(self)" in source
+    assert attributes_used(code, "add") == ["items", "limit"]
+    assert class_header(code).endswith("self.limit = 3")
+    assert clip_json({"a": "x" * 50}, 20).endswith("(38 more characters cut)")

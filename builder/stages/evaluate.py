@@ -23,8 +23,9 @@ import asyncio
 import json
 import logging
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from builder import __version__
 from builder.envs.lint import Problem
@@ -48,6 +49,7 @@ from builder.stages._evaluate_source import (
 from builder.store import Store
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PROMPTS = ("evaluate_state", "evaluate_tester", "evaluate_checker")
 # Session error kinds that mean the tester's call never reached the environment: the tester's fault.
@@ -170,7 +172,7 @@ async def make_test_states(
             return invalid
         return TestState(index, " ".join(draft.purpose.split()), draft.state.model_dump())
 
-    results = await asyncio.gather(*(one(i) for i in range(min(config.test_states, config.calls))))
+    results = await _all([one(i) for i in range(min(config.test_states, config.calls))])
     states = [r for r in results if isinstance(r, TestState)]
     failures = [(i, r) for i, r in enumerate(results) if isinstance(r, InvalidReply)]
     return states, failures
@@ -203,13 +205,18 @@ async def exercise_all(
     quotas = [total // len(states) + (i < total % len(states)) for i in range(len(states))]
     starts = [sum(quotas[:i]) for i in range(len(states))]
     runs = [StateRun(quota) for quota in quotas]
-    try:
-        async with asyncio.TaskGroup() as group:  # one state's fatal error (server gone) cancels the others
-            for state, run, start in zip(states, runs, starts, strict=True):
-                group.create_task(exercise(env, interface, state, run, start, ctx, agents))
-    except ExceptionGroup as errors:
-        raise errors.exceptions[0] from None  # callers handle plain errors (LLMRequestError) as elsewhere
+    await _all([exercise(env, interface, *job, ctx, agents) for job in zip(states, runs, starts, strict=True)])
     return runs
+
+
+async def _all(jobs: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run `jobs` concurrently; the first error cancels the rest (no orphan requests) and is raised as is."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(job) for job in jobs]
+    except ExceptionGroup as errors:
+        raise errors.exceptions[0] from None  # callers handle plain errors (LLMRequestError, SessionError)
+    return [task.result() for task in tasks]
 
 
 async def exercise(

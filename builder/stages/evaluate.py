@@ -292,9 +292,10 @@ def _tester_facts(state: TestState, run: StateRun, current: dict[str, Any], conf
     recent = run.judged[-config.history_calls :] if config.history_calls else []
     lines = [f"- {c['tool']}({json.dumps(c['arguments'])}) -> {c['result'] or c['error']}" for c in recent]
     history = "\n".join(lines) or "- none yet"
-    # After an unusable reply the request must differ (or a cached reply would repeat the mistake), and the
-    # tester should learn what was wrong.
+    # After an unusable tester reply the request must differ (or a cached reply would repeat the mistake), and
+    # the tester should learn what was wrong. A checker's failure is not the tester's business.
     last = run.invalid[-1] if run.invalid and run.invalid[-1]["round"] == done + len(run.invalid) - 1 else None
+    last = last if last and last["kind"] != "checker_invalid" else None
     feedback = f"\n\nYour previous reply was unusable ({last['kind']}): {last['detail']}" if last else ""
     return (
         f"Test state {state.index + 1}: {state.purpose}\nCall {done + 1} of {run.quota} on this state.\n\n"

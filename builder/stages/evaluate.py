@@ -318,8 +318,8 @@ def _checker_facts(
         f"Arguments: {json.dumps(call['arguments'], ensure_ascii=False)}\n"
         f"Result: {clip_json(result.result, limit)}\n\n"
         f"State before (attributes the method uses):\n{clip_json(state_view(before, used), limit)}\n\n"
-        f"State after:\n{clip_json(state_view(after, used), limit)}\n\n"
-        f"Changes: {clip_json(changes, limit) if changes else 'none: the state did not change'}"
+        f"State after:\n{clip_json(state_view(after, used), limit) if changes else '(identical to the state before)'}"
+        f"\n\nChanges: {clip_json(changes, limit) if changes else 'none: the state did not change'}"
         f"{_outcome_note(result, changes)}"
     )
 

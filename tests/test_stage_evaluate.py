@@ -10,7 +10,7 @@ from builder.config import SandboxConfig, load_config
 from builder.envs.schema import inspect_source
 from builder.llm import ChatRequest, LLMRequestError, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
-from builder.records import Environment, Rejection
+from builder.records import Environment, EnvPlan, Rejection, Topic
 from builder.runner import BatchStage, ItemStage, Rejected, StageContext, run_stages
 from builder.sandbox.runtime import Sandbox
 from builder.stages._evaluate_source import (
@@ -21,7 +21,9 @@ from builder.stages._evaluate_source import (
     state_output_type,
     state_schema,
 )
+from builder.stages.code import code
 from builder.stages.evaluate import evaluate, schedule
+from builder.stages.plan import plan
 from builder.stats import StageStats
 from builder.store import Store
 
@@ -373,3 +375,63 @@ def test_method_source_includes_called_helpers_and_attributes():
     assert attributes_used(code, "add") == ["items", "limit"]
     assert class_header(code).endswith("self.limit = 3")
     assert clip_json({"a": "x" * 50}, 20).endswith("(38 more characters cut)")
+
+
+# ------------------------------------------------------------------------------------- the whole synthesis chain
+
+SYNTHESIS = Path(__file__).parent / "fixtures" / "synthesis"
+LIBRARY_STATE = {
+    "books": {
+        "b1": {"book_id": "b1", "title": "Dune", "copies": 2},
+        "b2": {"book_id": "b2", "title": "Emma", "copies": 0},
+    },
+    "members": {"m1": {"member_id": "m1", "name": "Sam Vimes", "max_loans": 2}},
+    "loans": {"L1": {"loan_id": "L1", "member_id": "m1", "book_id": "b1", "due": "2024-06-01", "returned": False}},
+}
+LIBRARY_ARGS = {
+    "get_book": {"book_id": "b1"},
+    "list_member_loans": {"member_id": "m1", "open_only": True},
+    "borrow_book": {"member_id": "m1", "book_id": "b1", "due": "2024-07-01"},
+    "return_book": {"loan_id": "L1"},
+}
+
+
+async def test_topic_to_accepted_environment_through_plan_code_and_evaluate(tmp_path, sandbox):
+    code_pieces = {path.stem: path.read_text() for path in (SYNTHESIS / "library_code").glob("*.txt")}
+
+    def answer(request: ChatRequest):
+        role = kind(request)
+        if role == "StateDraft":
+            return (SYNTHESIS / "library_state.json").read_text()
+        if role == "OperationsDraft":
+            return (SYNTHESIS / "library_operations.json").read_text()
+        if role == "TestState":
+            return json.dumps({"purpose": "one member with an open loan", "state": LIBRARY_STATE})
+        if role == "tester":
+            return tool_reply((request.tool_choice, LIBRARY_ARGS[request.tool_choice]))
+        if role == "CheckerVerdict":
+            return json.dumps(PASS)
+        text = request.messages[1].content
+        return code_pieces[next((n for n in LIBRARY_ARGS if f"Write the method {n}," in text), "__init__")]
+
+    topic = Topic(
+        provenance={"config_hash": "h"}, name="library_loans", description="A lending desk.", domain="library"
+    )
+
+    async def topics(_inputs, _ctx):
+        return [topic]
+
+    stages = (
+        BatchStage("topics", topics, input=None, output=Topic),
+        ItemStage("plan", plan, input=Topic, output=EnvPlan),
+        ItemStage("code", code, input=EnvPlan, output=Environment),
+        ItemStage("evaluate", evaluate, input=Environment, output=Environment),
+    )
+    config = load_config(None, [f"store.path={tmp_path / 'store'}", "evaluate.calls=8"])
+    llm = client_for(config.llm, ScriptedModel(answer), model_id="m")
+    stats = await run_stages(stages, config, tmp_path / "run", llm=lambda _stats: llm, sandbox=lambda: sandbox)
+    assert (stats["code"].kept, stats["evaluate"].kept) == (1, 1), stats["evaluate"].dropped
+    (stored,) = Store(tmp_path / "store").environments("accepted")
+    assert stored.class_name == "LibraryLoansEnv" and stored.scores == {"dual_agent": 1.0, "tool_coverage": 1.0}
+    assert stored.evaluation["test_states"][0]["state"] == LIBRARY_STATE  # follows the code stage's state schema
+    assert stored.synthesis  # the code stage's evidence survives evaluation

@@ -162,9 +162,42 @@ class CodeConfig(Section):
 
 
 class EvaluateConfig(Section):
-    keep_score: float = Field(0.85, ge=0, le=1, description="Dual-agent check score needed to accept.")
-    test_states: int = Field(2, ge=1, description="Initial states the tester agent works from.")
-    tester_calls: int = Field(12, ge=1, description="Tool calls the tester agent makes per state.")
+    """The evaluate stage: deterministic gates, then the dual-agent check (tester calls tools, checker judges).
+
+    The defaults are the small CPU profile (N = 12 judged calls over 2 test states), sized for the embedded
+    SmolLM2-135M server. EnvScaler's paper setting is N = 100: `--set evaluate.calls=100` (or `calls = 100` under
+    `[evaluate]` in the config file) on a GPU node.
+    """
+
+    calls: int = Field(
+        12,
+        ge=1,
+        description="N: tool calls the checker must judge per environment, split over the test states "
+        "(CPU profile: 12; the paper's setting is 100).",
+    )
+    test_states: int = Field(2, ge=1, description="Initial states generated for the tester; each gets its own session.")
+    keep_score: float = Field(
+        0.85, ge=0, le=1, description="Accept when (pass + warning) / judged calls reaches this score."
+    )
+    max_invalid_replies: int = Field(
+        6,
+        ge=0,
+        description="Unusable tester or checker replies (unknown tool, arguments off the schema, no call, "
+        "invalid verdict) tolerated per test state before the check gives up; they never count against the env.",
+    )
+    tester_tool_choice: Literal["named", "required"] = Field(
+        "named", description="named: force the tool the harness scheduled this round; required: let the tester pick."
+    )
+    history_calls: int = Field(3, ge=0, description="Recent calls on the same state shown to the tester.")
+    max_state_chars: int = Field(
+        3000, ge=200, description="States shown to the tester and checker are cut to this many JSON characters."
+    )
+    state_temperature: float = Field(0.5, ge=0, le=2, description="Sampling temperature of test-state generation.")
+    state_max_tokens: int = Field(1536, ge=64, description="Completion budget of one test state.")
+    tester_temperature: float = Field(0.5, ge=0, le=2, description="Sampling temperature of the tester agent.")
+    tester_max_tokens: int = Field(256, ge=16, description="Completion budget of one tester call.")
+    checker_temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature of the checker agent.")
+    checker_max_tokens: int = Field(512, ge=32, description="Completion budget of one checker verdict.")
 
 
 class ScenariosConfig(Section):

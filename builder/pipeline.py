@@ -22,6 +22,7 @@ from builder.sandbox.runtime import Sandbox
 from builder.stages.code import code
 from builder.stages.collect import collect
 from builder.stages.dedupe import dedupe
+from builder.stages.evaluate import evaluate
 from builder.stages.mine import mine
 from builder.stages.plan import plan
 from builder.stages.rollout import rollout, rollout_concurrency
@@ -37,6 +38,7 @@ STAGES: tuple[Stage, ...] = (
     BatchStage("dedupe", dedupe, input=Topic, output=Topic),
     ItemStage("plan", plan, input=Topic, output=EnvPlan),
     ItemStage("code", code, input=EnvPlan, output=Environment),
+    ItemStage("evaluate", evaluate, input=Environment, output=Environment),
     ItemStage("scenarios", scenarios, input=Environment, output=Scenario),
     ItemStage("rollout", rollout, input=Scenario, output=Trajectory, concurrency=rollout_concurrency),
     BatchStage("select", select, input=Trajectory, output=Selection),

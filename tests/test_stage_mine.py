@@ -168,7 +168,7 @@ async def test_pipeline_collect_mine_dedupe_with_scripted_model(tmp_path):
     config = load_config(None, [f"mine.seeds={seeds}"])
     model = ScriptedModel(answer)
     lazy = LazyModel(config, lambda on_call: client_for(config.llm, model, model_id="m", on_call=on_call))
-    stats = await run_stages(STAGES, config, tmp_path / "run", llm=lazy.for_stage)
+    stats = await run_stages(STAGES, config, tmp_path / "run", llm=lazy.for_stage, until="dedupe")
     assert stats["collect"].kept == 3 and dict(stats["collect"].dropped) == {"media": 1}
     assert stats["mine"].kept == 2 and dict(stats["mine"].dropped) == {"not_stateful": 1}
     assert stats["mine"].llm_calls == 5 and stats["mine"].prompt_tokens > 0
@@ -176,5 +176,5 @@ async def test_pipeline_collect_mine_dedupe_with_scripted_model(tmp_path):
     assert sorted(pl.read_parquet(tmp_path / "run" / "dedupe.parquet")["name"]) == ["hotel_booking", "library_loans"]
     # A rerun answers from nothing: the stage tables say everything is done.
     calls = len(model.requests)
-    await run_stages(STAGES, config, tmp_path / "run", llm=lazy.for_stage)
+    await run_stages(STAGES, config, tmp_path / "run", llm=lazy.for_stage, until="dedupe")
     assert len(model.requests) == calls

@@ -1,0 +1,197 @@
+"""The model roles of the evaluate stage: test-state writer, tester agent and checker agent.
+
+Each builds its messages from a prompt file plus the facts of the round, asks the model with bounded retries
+(the error fed back each time), and counts the tokens it spends, so every environment's evidence says what its
+verdict cost. An unusable reply raises `InvalidReply` with the raw text; the stage decides what that means.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, Field
+
+from builder.config import EvaluateConfig
+from builder.llm import ChatRequest, Reply
+from builder.llm.parsing import parse_structured, response_format
+from builder.prompts import prompt
+from builder.records import ChatMessage, Environment, Sampling
+from builder.stages._evaluate_source import clip_json
+
+T = TypeVar("T", bound=BaseModel)
+CaseType = Literal["positive", "negative"]
+
+# Situations the test states are asked to set up, in turn, so that several states do not all look alike.
+STATE_FOCUS = (
+    "a typical, busy situation: several records in every collection, varied statuses, references that agree",
+    "edge cases: an empty or nearly empty collection, boundary values (zero, limits reached), every status present",
+    "a larger situation with more records and overlapping relationships, so lookups and rules have work to do",
+)
+
+
+class CheckerVerdict(BaseModel):
+    """The checker's ruling on one tool call (analysis first, so the verdict follows from it)."""
+
+    analysis: str = Field(description="Brief: what the method should do with these arguments and what it did.")
+    verdict: Literal["pass", "warning", "fail"]
+    reason: str = Field(description="One sentence justifying the verdict.")
+
+
+class InvalidReply(Exception):  # noqa: N818 - a verdict about a reply, not a program error
+    """The model gave no usable answer; `kind` is a stable code, `raw` the last raw reply text."""
+
+    def __init__(self, kind: str, detail: str, raw: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind, self.detail, self.raw = kind, detail, raw
+
+
+@dataclass
+class Meter:
+    """Model requests and tokens spent on one environment's evaluation."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, reply: Reply) -> None:
+        self.requests += 1
+        self.prompt_tokens += reply.usage.prompt_tokens
+        self.completion_tokens += reply.usage.completion_tokens
+
+    def as_json(self) -> dict[str, int]:
+        return {
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
+
+
+@dataclass
+class Agents:
+    """The model, the stage's config and the meter of one environment's evaluation."""
+
+    llm: Any
+    config: EvaluateConfig
+    retries: int
+    seed: int
+    meter: Meter = field(default_factory=Meter)
+
+    def sampling(self, role: Literal["state", "tester", "checker"]) -> Sampling:
+        temperature = getattr(self.config, f"{role}_temperature")
+        return Sampling(temperature=temperature, max_tokens=getattr(self.config, f"{role}_max_tokens"), seed=self.seed)
+
+    async def ask_json(
+        self,
+        messages: Sequence[ChatMessage],
+        output_type: type[T],
+        role: Literal["state", "checker"],
+        *,
+        sample_index: int = 0,
+        accept: Callable[[T], Awaitable[str | None]] | None = None,
+    ) -> T:
+        """Structured output validated by `output_type` and then by `accept` (an error message or None).
+
+        Up to `retries` re-asks, each with the reply and its error fed back. Raises InvalidReply.
+        """
+        conversation = list(messages)
+        fmt = response_format(output_type)
+        raw, error = "", ""
+        for _ in range(self.retries + 1):
+            request = ChatRequest(
+                messages=tuple(conversation), response_format=fmt, sampling=self.sampling(role),
+                sample_index=sample_index,
+            )  # fmt: skip
+            reply = await self.llm.chat(request)
+            self.meter.add(reply)
+            raw = reply.content or ""
+            try:
+                value = parse_structured(raw, output_type)
+                error = (await accept(value) if accept is not None else None) or ""
+            except ValueError as invalid:
+                error = str(invalid)
+            if not error:
+                return value
+            conversation += [
+                ChatMessage(role="assistant", content=raw),
+                ChatMessage(role="user", content=f"That answer cannot be used: {error}. Answer again with only "
+                            "a JSON object that fixes this."),
+            ]  # fmt: skip
+        raise InvalidReply(f"{role}_invalid", error[:2000], raw)
+
+    # ------------------------------------------------------------------------------------------ test states
+
+    def state_messages(
+        self, env: Environment, header: str, default_state: dict[str, Any], index: int
+    ) -> list[ChatMessage]:
+        focus = STATE_FOCUS[index % len(STATE_FOCUS)]
+        user = (
+            f"Environment `{env.class_name}` ({env.domain}): {env.description}\n\n"
+            f"State definition:\n```python\n{header}\n```\n\n"
+            f"The state its constructor builds (shape example only; write new content):\n"
+            f"{clip_json(default_state, self.config.max_state_chars)}\n\n"
+            f"Write test state {index + 1} of {self.config.test_states}. Focus: {focus}."
+        )
+        return [ChatMessage(role="system", content=prompt("evaluate_state")), ChatMessage(role="user", content=user)]
+
+    # ----------------------------------------------------------------------------------------------- tester
+
+    async def propose(
+        self, env: Environment, tools: Sequence[dict[str, Any]], slot: tuple[str, CaseType], facts: str
+    ) -> tuple[str, dict[str, Any], str]:
+        """The tester's call for this round as (tool name, arguments, raw reply), forced to call a tool.
+
+        Raises InvalidReply (`no_tool_call`, `bad_arguments`) after the bounded retries; an unknown tool name
+        is returned as is, since only the session knows it is unknown (and it is the tester's error, counted by
+        the caller).
+        """
+        tool, case = slot
+        goal = _CASE_GOALS[case]
+        task = f"Your task this round: call `{tool}` with a {case.upper()} case: {goal}"
+        conversation = [
+            ChatMessage(role="system", content=prompt("evaluate_tester")),
+            ChatMessage(role="user", content=f"Environment `{env.class_name}`: {env.description}\n\n{facts}\n\n{task}"),
+        ]
+        choice = tool if self.config.tester_tool_choice == "named" else "required"
+        raw, kind, detail = "", "no_tool_call", ""
+        for _ in range(self.retries + 1):
+            request = ChatRequest(
+                messages=tuple(conversation), tools=tuple(tools), tool_choice=choice, parallel_tool_calls=False,
+                sampling=self.sampling("tester"),
+            )  # fmt: skip
+            reply = await self.llm.chat(request)
+            self.meter.add(reply)
+            raw = _raw_text(reply)
+            if reply.tool_calls:
+                call = reply.tool_calls[0].function
+                try:
+                    arguments = json.loads(call.arguments) if call.arguments.strip() else {}
+                except json.JSONDecodeError as error:
+                    kind, detail = "bad_arguments", f"the arguments are not valid JSON ({error})"
+                else:
+                    if isinstance(arguments, dict):
+                        return call.name, arguments, raw
+                    kind, detail = "bad_arguments", "the arguments must be a JSON object"
+            else:
+                kind, detail = "no_tool_call", "the reply called no tool"
+            conversation.append(ChatMessage(role="user", content=f"Your last reply was unusable: {detail}. {task}"))
+        raise InvalidReply(kind, detail, raw)
+
+    # ---------------------------------------------------------------------------------------------- checker
+
+    def checker_messages(self, facts: str) -> list[ChatMessage]:
+        return [ChatMessage(role="system", content=prompt("evaluate_checker")), ChatMessage(role="user", content=facts)]
+
+
+_CASE_GOALS: dict[CaseType, str] = {
+    "positive": "valid arguments the tool should accept, using ids and values that exist in the current state.",
+    "negative": "arguments the tool should refuse: an id that does not exist, an out-of-range or empty value, or "
+    "a request that breaks a business rule. Keep the parameter names and types valid.",
+}
+
+
+def _raw_text(reply: Reply) -> str:
+    calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in reply.tool_calls]
+    return json.dumps({"content": reply.content, "tool_calls": calls}, ensure_ascii=False)

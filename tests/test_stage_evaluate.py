@@ -1,0 +1,437 @@
+"""The evaluate stage with a scripted model over hand-written fixture environments and a real sandbox."""
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from builder.config import SandboxConfig, load_config
+from builder.envs.schema import inspect_source
+from builder.llm import ChatRequest, LLMRequestError, ScriptedModel, tool_reply
+from builder.llm.connect import client_for
+from builder.records import Environment, EnvPlan, Rejection, Topic
+from builder.runner import BatchStage, ItemStage, Rejected, StageContext, run_stages
+from builder.sandbox.runtime import Sandbox
+from builder.stages._evaluate_source import (
+    attributes_used,
+    class_header,
+    clip_json,
+    method_source,
+    state_output_type,
+    state_schema,
+)
+from builder.stages.code import code
+from builder.stages.evaluate import evaluate, schedule
+from builder.stages.plan import plan
+from builder.stats import StageStats
+from builder.store import Store
+
+FIXTURES = Path(__file__).parent / "fixtures" / "envs"
+FAST = SandboxConfig(call_timeout_s=1.0, kill_grace_s=0.5, memory_mb=256)
+
+BANK_STATE = {
+    "customers": {"c7": {"name": "Grace Hopper", "tier": "silver"}, "c8": {"name": "Alan Turing", "tier": "gold"}},
+    "accounts": {
+        "acc-7": {"owner": "c7", "balance": 2500, "kind": "checking", "frozen": False},
+        "acc-8": {"owner": "c8", "balance": 90000, "kind": "savings", "frozen": False},
+        "acc-9": {"owner": "c8", "balance": 0, "kind": "checking", "frozen": True},
+    },
+    "transfers": [],
+    "daily_limit": 40000,
+}
+GOOD_ARGS = {
+    "get_account": {"account_id": "acc-7"},
+    "list_accounts": {"owner": "c7"},
+    "transfer": {"source": "acc-7", "target": "acc-8", "amount": 100},
+    "freeze_account": {"account_id": "acc-404"},
+}
+PASS = {"analysis": "as documented", "verdict": "pass", "reason": "correct"}
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(FAST) as runtime:
+        yield runtime
+
+
+def environment(fixture: str, code: str | None = None, **fields) -> Environment:
+    code = code if code is not None else (FIXTURES / f"{fixture}.py").read_text()
+    try:
+        tools = list(inspect_source(code).tools)
+    except Exception:  # contract-broken code: the gates must say so
+        tools = []
+    values = {
+        "provenance": {"config_hash": "h", "parent_ids": ["plan-1"]}, "plan_id": "plan-1", "name": fixture,
+        "class_name": "X", "description": f"the {fixture} fixture", "domain": "test", "code": code,
+        "tools": tools, "state_schema": {},
+    }  # fmt: skip
+    return Environment(**{**values, **fields})
+
+
+def kind(request: ChatRequest) -> str:
+    if request.tools:
+        return "tester"
+    return request.response_format["json_schema"]["name"] if request.response_format else ""
+
+
+def scripted(state=None, tester=None, checker=None) -> ScriptedModel:
+    """A model: states, tester calls and checker verdicts each from a value or a function of the request."""
+
+    def pick(value, request, default):
+        value = default if value is None else value
+        return value(request) if callable(value) else value
+
+    def answer(request: ChatRequest):
+        role = kind(request)
+        if role == "TestState":
+            reply = pick(state, request, {"purpose": "two customers", "state": BANK_STATE})
+        elif role == "tester":
+            reply = pick(tester, request, lambda r: tool_reply((r.tool_choice, GOOD_ARGS[r.tool_choice])))
+        else:
+            reply = pick(checker, request, PASS)
+        return json.dumps(reply) if isinstance(reply, dict) else reply
+
+    return ScriptedModel(answer)
+
+
+def context(tmp_path, model, sandbox, *overrides) -> StageContext:
+    config = load_config(None, [f"store.path={tmp_path / 'store'}", *overrides])
+    llm = client_for(config.llm, model, model_id="m")
+    return StageContext(config, "hash", tmp_path, StageStats("evaluate"), llm=llm, open_sandbox=lambda: sandbox)
+
+
+async def rejection(env, ctx) -> Rejection:
+    with pytest.raises(Rejected) as verdict:
+        await evaluate(env, ctx)
+    return verdict.value.rejection
+
+
+# ------------------------------------------------------------------------------------------------ happy path
+
+
+async def test_good_environment_is_accepted_with_evidence_and_stored(tmp_path, sandbox):
+    model = scripted()
+    env = environment("bank")
+    (accepted,) = await evaluate(env, context(tmp_path, model, sandbox))
+    assert (accepted.id, accepted.status, accepted.reason) == (env.id, "accepted", None)
+    assert accepted.provenance == env.provenance  # the code's provenance; the verdict's is in the evidence
+    evidence = accepted.evaluation
+    assert accepted.scores == {"dual_agent": 1.0, "tool_coverage": 1.0}
+    assert evidence["counts"]["judged"] == 12 and len(evidence["calls"]) == 12
+    assert len(evidence["test_states"]) == 2 and evidence["test_states"][0]["state"] == BANK_STATE
+    # The harness schedules coverage: every tool positive first, then negative.
+    assert {name: counts["positive"] for name, counts in evidence["tools"].items()} == dict.fromkeys(GOOD_ARGS, 2)
+    assert sum(counts.get("negative", 0) for counts in evidence["tools"].values()) == 4
+    transfer = next(c for c in evidence["calls"] if c["tool"] == "transfer")
+    assert transfer["judge"] == "checker" and "acc-7.balance" in transfer["changes"]
+    assert evidence["usage"]["requests"] == 2 + 12 + 12  # states, tester calls, checker verdicts
+    assert evidence["provenance"]["prompt_versions"][0].startswith("evaluate_state@")
+    # Tester requests force the scheduled tool; checker requests carry the method source and the diff.
+    tester = [r for r in model.requests if kind(r) == "tester"]
+    assert {r.tool_choice for r in tester} == set(GOOD_ARGS)
+    checker = next(r for r in model.requests if kind(r) == "CheckerVerdict" and "`transfer`" in r.messages[1].content)
+    assert "def transfer(self" in checker.messages[1].content and "acc-7.balance" in checker.messages[1].content
+    refused = next(
+        r for r in model.requests if kind(r) == "CheckerVerdict" and "`freeze_account`" in r.messages[1].content
+    )
+    assert "reports failure and the state is unchanged" in refused.messages[1].content
+    (stored,) = Store(tmp_path / "store").environments("accepted")
+    assert stored.id == env.id and stored.evaluation["score"] == 1.0
+
+
+def test_schedule_covers_every_tool_positive_then_negative():
+    tools = ("a", "b", "c")
+    assert [schedule(tools, p) for p in range(7)] == [
+        ("a", "positive"), ("b", "positive"), ("c", "positive"),
+        ("a", "negative"), ("b", "negative"), ("c", "negative"), ("a", "positive"),
+    ]  # fmt: skip
+
+
+async def test_runner_writes_accepted_and_rejected_rows(tmp_path, sandbox):
+    envs = [environment("bank"), environment("crashing")]
+
+    async def source(_inputs, ctx):
+        return envs
+
+    stages = (
+        BatchStage("code", source, input=None, output=Environment),
+        ItemStage("evaluate", evaluate, input=Environment, output=Environment),
+    )
+    config = load_config(None, [f"store.path={tmp_path / 'store'}", "evaluate.calls=4"])
+    model = client_for(config.llm, scripted(), model_id="m")
+    stats = await run_stages(stages, config, tmp_path / "run", llm=lambda s: model, sandbox=lambda: sandbox)
+    assert (stats["evaluate"].kept, dict(stats["evaluate"].dropped)) == (1, {"gates_failed": 1})
+    kept = pl.read_parquet(tmp_path / "run" / "evaluate.parquet")
+    assert kept["status"].to_list() == ["accepted"]
+    assert json.loads(kept["evaluation"][0])["counts"]["judged"] == 4
+
+
+# ----------------------------------------------------------------------------------------------------- gates
+
+
+@pytest.mark.parametrize(
+    ("fixture", "code"),
+    [("crashing", "tool_raised"), ("nondeterministic", "nondeterministic"), ("set_state", "state_not_json")],
+)
+async def test_gates_reject_broken_environments_without_asking_the_model(tmp_path, sandbox, fixture, code):
+    model = scripted()
+    rejected = await rejection(environment(fixture), context(tmp_path, model, sandbox))
+    assert rejected.reason == "gates_failed" and rejected.detail.startswith(code)
+    assert model.requests == []
+
+
+async def test_gates_reject_contract_violations_and_stale_tool_schemas(tmp_path, sandbox):
+    ctx = context(tmp_path, scripted(), sandbox)
+    bad = await rejection(environment("bad", "import os\nclass X:\n    pass\n"), ctx)
+    assert bad.reason == "gates_failed" and "import_not_allowed" in bad.detail
+    stale = environment("bank", tools=list(inspect_source((FIXTURES / "counter.py").read_text()).tools))
+    assert (await rejection(stale, ctx)).detail.startswith("tools_mismatch")
+
+
+# ------------------------------------------------------------------------------------------- the dual check
+
+
+async def test_checker_that_always_fails_gives_low_score_with_verdicts_kept(tmp_path, sandbox):
+    fail = {"analysis": "wrong", "verdict": "fail", "reason": "the balance is wrong"}
+    rejected = await rejection(environment("bank"), context(tmp_path, scripted(checker=fail), sandbox))
+    assert rejected.reason == "low_score" and rejected.detail.startswith("score 0.00 < 0.85 over 12 judged calls")
+    evidence = json.loads(rejected.raw_output)
+    assert len(evidence["calls"]) == 12 and {c["verdict"] for c in evidence["calls"]} == {"fail"}
+    assert not (tmp_path / "store" / "environments.parquet").exists()
+
+
+async def test_warnings_count_as_not_failed(tmp_path, sandbox):
+    warn = {"analysis": "vague", "verdict": "warning", "reason": "vague error message"}
+    (accepted,) = await evaluate(environment("bank"), context(tmp_path, scripted(checker=warn), sandbox))
+    assert accepted.scores["dual_agent"] == 1.0 and accepted.evaluation["counts"]["warning"] == 12
+
+
+async def test_unknown_tools_are_the_testers_error_not_counted_but_bounded(tmp_path, sandbox):
+    def sometimes_unknown(request):  # every scheduled slot is first answered with a hallucinated tool
+        if "unusable (unknown_tool)" not in request.messages[1].content:
+            return tool_reply(("delete_everything", {}))
+        return tool_reply((request.tool_choice, GOOD_ARGS[request.tool_choice]))
+
+    ctx = context(
+        tmp_path, scripted(tester=sometimes_unknown), sandbox, "evaluate.calls=4", "evaluate.max_invalid_replies=2"
+    )
+    (accepted,) = await evaluate(environment("bank"), ctx)
+    evidence = accepted.evaluation
+    assert evidence["score"] == 1.0 and evidence["counts"]["judged"] == 4
+    assert evidence["counts"]["invalid_replies"] == 4  # one per scheduled slot, within 2 per state
+    assert {item["kind"] for item in evidence["invalid_replies"]} == {"unknown_tool"}
+
+    model = scripted(tester=tool_reply(("delete_everything", {})))
+    ctx = context(tmp_path, model, sandbox, "evaluate.max_invalid_replies=3")
+    rejected = await rejection(environment("bank"), ctx)
+    assert rejected.reason == "tester_invalid" and "unknown_tool=8" in rejected.detail
+    assert "delete_everything" in rejected.raw_output
+    assert sum(kind(r) == "tester" for r in model.requests) == 8  # (3 + 1) per test state, then it stops
+
+
+@pytest.mark.parametrize(
+    ("reply", "code"),
+    [("I would call transfer.", "no_tool_call"), (tool_reply(("transfer", "{not json")), "bad_arguments")],
+)
+async def test_malformed_tester_output_ends_as_a_bounded_rejection(tmp_path, sandbox, reply, code):
+    model = scripted(tester=reply)
+    ctx = context(tmp_path, model, sandbox, "evaluate.max_invalid_replies=1", "llm.structured_retries=1")
+    rejected = await rejection(environment("bank"), ctx)
+    assert rejected.reason == "tester_invalid" and f"{code}=4" in rejected.detail
+    assert rejected.raw_output
+    # 2 states x (1 + 1 invalid replies allowed) x (1 + 1 retries with the error fed back)
+    assert sum(kind(r) == "tester" for r in model.requests) == 8
+    assert "unusable" in model.requests[-1].messages[-1].content
+
+
+async def test_arguments_off_the_schema_never_reach_the_environment(tmp_path, sandbox):
+    model = scripted(tester=tool_reply(("transfer", {"source": "acc-7", "target": "acc-8", "amount": "lots"})))
+    rejected = await rejection(environment("bank"), context(tmp_path, model, sandbox, "evaluate.max_invalid_replies=0"))
+    assert rejected.reason == "tester_invalid" and "bad_arguments=2" in rejected.detail
+
+
+async def test_malformed_checker_output_ends_as_a_bounded_rejection(tmp_path, sandbox):
+    model = scripted(checker='{"analysis": "hmm", "verdict": "maybe"')
+    ctx = context(tmp_path, model, sandbox, "evaluate.max_invalid_replies=1", "llm.structured_retries=1")
+    rejected = await rejection(environment("bank"), ctx)
+    assert rejected.reason == "checker_invalid" and rejected.raw_output.startswith('{"analysis": "hmm"')
+    assert sum(kind(r) == "CheckerVerdict" for r in model.requests) == 2 * 2 * 2
+
+
+async def test_refused_request_rejects_but_a_dead_server_stops_the_run(tmp_path, sandbox):
+    refused = scripted(checker=LLMRequestError("400 bad", status_code=400))
+    assert (await rejection(environment("bank"), context(tmp_path, refused, sandbox))).reason == "llm_request"
+    down = scripted(checker=LLMRequestError("down", retryable=True))
+    with pytest.raises(LLMRequestError):
+        await evaluate(environment("bank"), context(tmp_path, down, sandbox, "llm.max_retries=0"))
+
+
+# ------------------------------------------------------------------------------------------------ test states
+
+
+async def test_states_off_the_schema_are_fed_back_then_rejected(tmp_path, sandbox):
+    bad = {"purpose": "typo", "state": {**BANK_STATE, "accounts": {"acc-7": {"owner": 7}}}}
+    model = scripted(state=bad)
+    rejected = await rejection(environment("bank"), context(tmp_path, model, sandbox, "llm.structured_retries=1"))
+    assert rejected.reason == "no_valid_test_state" and "state.accounts.acc-7.owner" in rejected.detail
+    assert json.loads(rejected.raw_output) == bad
+    assert len(model.requests) == 2 * 2  # each state slot: one try and one repair with the error fed back
+    assert "cannot be used" in model.requests[-1].messages[-1].content
+
+
+async def test_states_that_do_not_load_are_rejected(tmp_path):
+    huge = {"purpose": "big", "state": {**BANK_STATE, "customers": {"c7": {"name": "x" * 3000, "tier": "a"}}}}
+    with Sandbox(FAST.model_copy(update={"max_result_bytes": 1024})) as small:
+        ctx = context(tmp_path, scripted(state=huge), small, "llm.structured_retries=0")
+        rejected = await rejection(environment("bank"), ctx)
+    assert rejected.reason == "no_valid_test_state" and "does not load" in rejected.detail
+
+
+async def test_one_bad_state_leaves_all_calls_to_the_good_one(tmp_path, sandbox):
+    def state(request):
+        good = "state 1 of" in request.messages[1].content.lower()
+        return {"purpose": "ok", "state": BANK_STATE} if good else "not json"
+
+    ctx = context(tmp_path, scripted(state=state), sandbox, "evaluate.calls=3", "llm.structured_retries=0")
+    (accepted,) = await evaluate(environment("bank"), ctx)
+    evidence = accepted.evaluation
+    assert len(evidence["test_states"]) == 1 and {c["state"] for c in evidence["calls"]} == {0}
+    assert evidence["failed_test_states"][0]["index"] == 1 and evidence["counts"]["judged"] == 3
+
+
+async def test_crashes_the_tester_finds_are_failures_without_asking_the_checker(tmp_path, sandbox):
+    # Passes the gates (the fuzzer uses ids that exist) but raises on an unknown id instead of returning an error.
+    code = (
+        (FIXTURES / "bank.py")
+        .read_text()
+        .replace("account = self.accounts.get(account_id)", "account = self.accounts[account_id]")
+    )
+
+    def tester(request):
+        name = request.tool_choice
+        negative = "NEGATIVE case" in request.messages[1].content
+        return tool_reply((name, {"account_id": "acc-404"} if negative and name == "get_account" else GOOD_ARGS[name]))
+
+    model = scripted(tester=tester)
+    (accepted,) = await evaluate(environment("bank", code), context(tmp_path, model, sandbox))
+    evidence = accepted.evaluation
+    (crash,) = [c for c in evidence["calls"] if c["verdict"] == "fail"]
+    assert (crash["tool"], crash["case"], crash["judge"], crash["error_kind"]) == (
+        "get_account",
+        "negative",
+        "runtime",
+        "raised",
+    )
+    assert "KeyError" in crash["reason"]
+    assert evidence["score"] == round(11 / 12, 4) and evidence["counts"]["failed_by_runtime"] == 1
+    assert sum(kind(r) == "CheckerVerdict" for r in model.requests) == 11
+
+
+async def test_required_tool_choice_lets_the_tester_pick_and_marks_unscheduled_calls(tmp_path, sandbox):
+    model = scripted(tester=tool_reply(("get_account", GOOD_ARGS["get_account"])))
+    ctx = context(tmp_path, model, sandbox, "evaluate.tester_tool_choice=required", "evaluate.calls=4")
+    (accepted,) = await evaluate(environment("bank"), ctx)
+    assert {r.tool_choice for r in model.requests if kind(r) == "tester"} == {"required"}
+    cases = [call["case"] for call in accepted.evaluation["calls"]]
+    assert cases.count("unscheduled") == 3 and accepted.scores["tool_coverage"] == 0.25
+
+
+# ------------------------------------------------------------------------------------------- source helpers
+
+
+def test_state_schema_prefers_the_declared_one_and_infers_the_rest():
+    default = {"books": {"b1": {"title": "Dune", "copies": 2}}, "loans": [], "today": "2024-05-01", "note": None}
+    declared = {"type": "object", "properties": {"today": {"type": "string", "format": "date"}, "gone": {}}}
+    schema = state_schema(declared, default)
+    assert list(schema["properties"]) == ["books", "loans", "today", "note"]  # the constructor's attributes
+    assert schema["properties"]["today"] == {"type": "string", "format": "date"}
+    assert schema["properties"]["books"] == {
+        "type": "object",
+        "additionalProperties": {
+            "type": "object",
+            "properties": {"title": {"type": "string"}, "copies": {"type": "integer"}},
+        },
+    }
+    assert schema["properties"]["note"] == {} and schema["additionalProperties"] is False
+    with_ref = state_schema({"today": {"$ref": "#/$defs/Day"}}, default)
+    assert with_ref["properties"]["today"] == {"type": "string"}  # a $ref cannot be embedded: inferred instead
+    shape = state_output_type(schema)
+    assert shape.model_validate({"purpose": "p", "state": default}).state.model_dump() == default
+    with pytest.raises(ValueError, match="state.books.b1.copies"):
+        shape.model_validate({"purpose": "p", "state": {**default, "books": {"b1": {"title": "x", "copies": "2"}}}})
+
+
+def test_method_source_includes_called_helpers_and_attributes():
+    code = (
+        "class X:\n    def __init__(self):\n        self.items = {}\n        self.limit = 3\n\n"
+        "    def add(self, key: str) -> dict:\n        '''Add.\n\n        Args:\n            key: k.\n        '''\n"
+        "        if self._full():\n            return {'success': False}\n        self.items[key] = 1\n"
+        "        return {'success': True}\n\n"
+        "    def _full(self) -> bool:\n        return len(self.items) >= self.limit\n"
+    )
+    source = method_source(code, "add")
+    assert source.startswith("def add(self, key: str)") and "def _full(self)" in source
+    assert attributes_used(code, "add") == ["items", "limit"]
+    assert class_header(code).endswith("self.limit = 3")
+    assert clip_json({"a": "x" * 50}, 20).endswith("(38 more characters cut)")
+
+
+# ------------------------------------------------------------------------------------- the whole synthesis chain
+
+SYNTHESIS = Path(__file__).parent / "fixtures" / "synthesis"
+LIBRARY_STATE = {
+    "books": {
+        "b1": {"book_id": "b1", "title": "Dune", "copies": 2},
+        "b2": {"book_id": "b2", "title": "Emma", "copies": 0},
+    },
+    "members": {"m1": {"member_id": "m1", "name": "Sam Vimes", "max_loans": 2}},
+    "loans": {"L1": {"loan_id": "L1", "member_id": "m1", "book_id": "b1", "due": "2024-06-01", "returned": False}},
+}
+LIBRARY_ARGS = {
+    "get_book": {"book_id": "b1"},
+    "list_member_loans": {"member_id": "m1", "open_only": True},
+    "borrow_book": {"member_id": "m1", "book_id": "b1", "due": "2024-07-01"},
+    "return_book": {"loan_id": "L1"},
+}
+
+
+async def test_topic_to_accepted_environment_through_plan_code_and_evaluate(tmp_path, sandbox):
+    code_pieces = {path.stem: path.read_text() for path in (SYNTHESIS / "library_code").glob("*.txt")}
+
+    def answer(request: ChatRequest):
+        role = kind(request)
+        if role == "StateDraft":
+            return (SYNTHESIS / "library_state.json").read_text()
+        if role == "OperationsDraft":
+            return (SYNTHESIS / "library_operations.json").read_text()
+        if role == "TestState":
+            return json.dumps({"purpose": "one member with an open loan", "state": LIBRARY_STATE})
+        if role == "tester":
+            return tool_reply((request.tool_choice, LIBRARY_ARGS[request.tool_choice]))
+        if role == "CheckerVerdict":
+            return json.dumps(PASS)
+        text = request.messages[1].content
+        return code_pieces[next((n for n in LIBRARY_ARGS if f"Write the method {n}," in text), "__init__")]
+
+    topic = Topic(
+        provenance={"config_hash": "h"}, name="library_loans", description="A lending desk.", domain="library"
+    )
+
+    async def topics(_inputs, _ctx):
+        return [topic]
+
+    stages = (
+        BatchStage("topics", topics, input=None, output=Topic),
+        ItemStage("plan", plan, input=Topic, output=EnvPlan),
+        ItemStage("code", code, input=EnvPlan, output=Environment),
+        ItemStage("evaluate", evaluate, input=Environment, output=Environment),
+    )
+    config = load_config(None, [f"store.path={tmp_path / 'store'}", "evaluate.calls=8"])
+    llm = client_for(config.llm, ScriptedModel(answer), model_id="m")
+    stats = await run_stages(stages, config, tmp_path / "run", llm=lambda _stats: llm, sandbox=lambda: sandbox)
+    assert (stats["code"].kept, stats["evaluate"].kept) == (1, 1), stats["evaluate"].dropped
+    (stored,) = Store(tmp_path / "store").environments("accepted")
+    assert stored.class_name == "LibraryLoansEnv" and stored.scores == {"dual_agent": 1.0, "tool_coverage": 1.0}
+    assert stored.evaluation["test_states"][0]["state"] == LIBRARY_STATE  # follows the code stage's state schema
+    assert stored.synthesis  # the code stage's evidence survives evaluation

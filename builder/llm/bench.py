@@ -72,7 +72,7 @@ def run_bench(
         requests: Requests per phase; every one generates exactly `max_tokens` tokens (`ignore_eos`).
         server_concurrency: In-flight raw requests for phase (a); 0 means max(64, 2 x llm.max_concurrency).
     """
-    concurrency = server_concurrency or max(64, 2 * config.max_concurrency)
+    concurrency = min(requests, server_concurrency or max(64, 2 * config.max_concurrency))
     with ExitStack() as stack:
         url = config.url or stack.enter_context(VLLMServer(config, Path(run_dir) / SERVER_LOG)).url
         return asyncio.run(_measure(config, url, requests, max_tokens, concurrency))

@@ -31,7 +31,8 @@ from builder.llm import (
 from builder.llm.connect import client_for
 from builder.records import ChatMessage, Sampling
 
-pytestmark = pytest.mark.integration
+# The first test also waits for the shared server (25 s idle, several minutes on a loaded 2-core machine).
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 CONFIG = LLMConfig(device="cpu", max_tokens=128, temperature=0.0)  # client side; the server is conftest's
 WEATHER = function_tool(

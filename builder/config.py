@@ -357,6 +357,8 @@ OPERATIONAL_KEYS = frozenset(
         "llm.request_timeout_s",
         "llm.max_retries",
         "llm.cache",
+        "llm.cpu_kvcache_space_gb",
+        "llm.extra_server_args",
     }
 )
 

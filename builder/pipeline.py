@@ -88,6 +88,11 @@ class LazyModel:
     async def chat(self, request: ChatRequest) -> Reply:
         return await self._started().chat(request)
 
+    async def aclose(self) -> None:
+        """Close the client's connections within the event loop that opened them (if the model was started)."""
+        if self._client is not None:
+            await self._client.aclose()
+
     async def structured(self, *args: Any, **kwargs: Any) -> Any:
         """`LLMClient.structured`: validated pydantic output, or `StructuredOutputError` with the raw text."""
         return await self._started().structured(*args, **kwargs)
@@ -109,6 +114,9 @@ async def run_pipeline(
             # Refuses to start (SandboxUnavailable) when this machine lacks a layer of sandbox.required_layers.
             return stack.enter_context(Sandbox(config.sandbox))
 
-        return await run_stages(
-            STAGES, config, run_dir, until=until, only=only, llm=model.for_stage, sandbox=open_sandbox
-        )
+        try:
+            return await run_stages(
+                STAGES, config, run_dir, until=until, only=only, llm=model.for_stage, sandbox=open_sandbox
+            )
+        finally:
+            await model.aclose()

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
-from contextlib import ExitStack
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from builder.config import BuildConfig
 from builder.llm import CallRecord, ChatRequest, LLMClient, Reply, open_llm
 from builder.records import Environment, EnvPlan, Scenario, SeedTask, Selection, Topic, Trajectory
-from builder.runner import BatchStage, ItemStage, Stage, run_stages
+from builder.runner import BatchStage, Interrupted, ItemStage, Stage, run_stages
 from builder.sandbox.runtime import Sandbox
 from builder.stages.code import code
 from builder.stages.collect import collect
@@ -71,8 +72,10 @@ class LazyModel:
     def _started(self) -> LLMClient:
         if self._client is None:
             # Blocking on purpose: PR_SET_PDEATHSIG ties the server to the thread that starts it, so it must be
-            # the main thread, and no stage can progress before the server is up anyway.
-            self._client = self._open_client(self._count)
+            # the main thread, and no stage can progress before the server is up anyway. The event loop cannot
+            # see signals meanwhile, so Ctrl-C and SIGTERM interrupt the start-up directly.
+            with _signals_interrupt():
+                self._client = self._open_client(self._count)
         return self._client
 
     def _count(self, record: CallRecord) -> None:
@@ -96,6 +99,21 @@ class LazyModel:
     async def structured(self, *args: Any, **kwargs: Any) -> Any:
         """`LLMClient.structured`: validated pydantic output, or `StructuredOutputError` with the raw text."""
         return await self._started().structured(*args, **kwargs)
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """Within the block, SIGINT and SIGTERM raise `Interrupted` in the main thread at once."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    previous = {signum: signal.signal(signum, interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 async def run_pipeline(

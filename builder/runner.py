@@ -127,8 +127,11 @@ class BatchStage:
 Stage = ItemStage | BatchStage
 
 
-class Interrupted(Exception):
-    """The run was stopped by SIGINT or SIGTERM; finished work is saved and a rerun resumes."""
+class Interrupted(BaseException):
+    """The run was stopped by SIGINT or SIGTERM; finished work is saved and a rerun resumes.
+
+    A BaseException, like KeyboardInterrupt, so no stage's `except Exception` can mistake it for a bad item.
+    """
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}; rerun the same command to resume")

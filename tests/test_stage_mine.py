@@ -178,3 +178,24 @@ async def test_pipeline_collect_mine_dedupe_with_scripted_model(tmp_path):
     calls = len(model.requests)
     await run_stages(STAGES, config, tmp_path / "run", llm=lazy.for_stage, until="dedupe")
     assert len(model.requests) == calls
+
+
+def test_signal_during_model_start_up_interrupts_at_once(tmp_path):
+    import os
+    import signal
+    import threading
+    import time
+
+    from builder.runner import Interrupted
+
+    def slow_start(on_call):
+        time.sleep(30)  # a vLLM server booting; the event loop cannot see signals meanwhile
+
+    lazy = LazyModel(load_config(), slow_start)
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    started = time.monotonic()
+    with pytest.raises(Interrupted) as stop:
+        lazy._started()
+    assert stop.value.signum == signal.SIGTERM
+    assert time.monotonic() - started < 5
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the previous handler is back

@@ -68,6 +68,12 @@ class LLMConfig(Section):
     max_retries: int = Field(4, ge=0, description="Retries on connection errors, timeouts and 5xx (never 4xx).")
     structured_retries: int = Field(2, ge=0, description="Re-asks with the validation error fed back.")
     cache: bool = Field(True, description="Reuse finished replies from the run folder's response cache.")
+    server_tok_s: float | None = Field(
+        None,
+        gt=0,
+        description="Measured aggregate throughput of the server (server_tok_s of `bench llm`); when set, "
+        "stats.json estimates the GPU-hours the run's completion tokens took.",
+    )
     temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature for synthesis calls.")
     top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling for synthesis calls.")
     max_tokens: int = Field(1024, ge=1, description="Completion budget per synthesis call.")
@@ -359,6 +365,7 @@ OPERATIONAL_KEYS = frozenset(
         "llm.cache",
         "llm.cpu_kvcache_space_gb",
         "llm.extra_server_args",
+        "llm.server_tok_s",
     }
 )
 

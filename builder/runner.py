@@ -29,6 +29,7 @@ from tqdm import tqdm
 from builder import __version__
 from builder.config import BuildConfig, config_hash
 from builder.errors import BuilderError, RunError
+from builder.llm.accounting import estimate_gpu_hours
 from builder.records import Provenance, Record, Rejection, Sampling
 from builder.stats import StageStats, load_stats, save_stats
 from builder.tables import from_frame, from_row, schema, to_row, write_parquet_atomic
@@ -257,7 +258,7 @@ async def run_stages(
                 finally:
                     stats.wall_s += time.monotonic() - started
                     _count_outputs(stage, folder, stats)
-                    save_stats(folder.stats_path, all_stats, {"config_hash": digest})
+                    save_stats(folder.stats_path, all_stats, _run_totals(all_stats, config, digest))
                 logger.info(
                     "%s: %d in, %d kept, %d dropped %s",
                     stage.name,
@@ -271,6 +272,21 @@ async def run_stages(
                 raise Interrupted(interrupted[0]) from None
             raise
     return {name: all_stats[name] for name in names if name in all_stats}
+
+
+def _run_totals(all_stats: dict[str, StageStats], config: BuildConfig, digest: str) -> dict[str, Any]:
+    """Run-wide figures for stats.json: tokens over every stage and, with a known throughput, GPU-hours."""
+    completion = sum(stats.completion_tokens for stats in all_stats.values())
+    totals: dict[str, Any] = {
+        "config_hash": digest,
+        "prompt_tokens": sum(stats.prompt_tokens for stats in all_stats.values()),
+        "completion_tokens": completion,
+        "llm_calls": sum(stats.llm_calls for stats in all_stats.values()),
+    }
+    if config.llm.server_tok_s:
+        gpus = config.llm.tensor_parallel_size
+        totals["gpu_hours_estimate"] = estimate_gpu_hours(completion, config.llm.server_tok_s, num_gpus=gpus)
+    return totals
 
 
 async def _run_item_stage(stage: ItemStage, inputs: list[Record], ctx: StageContext, folder: RunFolder) -> None:

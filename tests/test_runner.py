@@ -176,3 +176,16 @@ def test_signal_stops_cleanly_and_resumes(tmp_path, signum):
     assert process.returncode == 0, err
     assert pl.read_parquet(run / "topics.parquet").height == 15
     assert sum(calls_per_input(calls).values()) <= 20 + 2
+
+
+async def test_run_totals_and_gpu_hour_estimate(tmp_path, monkeypatch):
+    (tmp_path / "calls").mkdir()
+    monkeypatch.setattr(toy_pipeline, "CALLS", tmp_path / "calls")
+    config = load_config(None, ["llm.server_tok_s=50"])
+    await run_stages(toy_pipeline.STAGES, config, tmp_path / "run")
+    saved = json.loads((tmp_path / "run" / "stats.json").read_text())
+    assert saved["completion_tokens"] == 100 and saved["prompt_tokens"] == 200 and saved["llm_calls"] == 20
+    assert saved["gpu_hours_estimate"] == pytest.approx(100 / 50 / 3600)
+    without = tmp_path / "run2"
+    await run_stages(toy_pipeline.STAGES, BuildConfig(), without)
+    assert "gpu_hours_estimate" not in json.loads((without / "stats.json").read_text())

@@ -18,7 +18,7 @@ from builder.sandbox.runtime import Sandbox
 from builder.stages.evaluate import evaluate
 from builder.stats import StageStats
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 BANK = (Path(__file__).parents[1] / "fixtures" / "envs" / "bank.py").read_text()
 REASONS = {"no_valid_test_state", "tester_invalid", "checker_invalid", "low_score", "llm_request"}

@@ -29,9 +29,10 @@ async def test_rollout_and_select_with_the_real_model(tmp_path):
         None,
         [
             f"store.path={json.dumps(str(tmp_path / 'store'))}",
-            "rollout.samples_per_scenario=2",
-            "rollout.max_turns=4",
-            "rollout.max_reply_tokens=128",
+            # Small on purpose: on a 2-core CI machine the 135M model decodes ~10 tok/s under tool grammars.
+            "rollout.samples_per_scenario=1",
+            "rollout.max_turns=2",
+            "rollout.max_reply_tokens=64",
             "rollout.max_tokens=2048",
             "select.rl_env_fraction=0",
         ],
@@ -44,7 +45,7 @@ async def test_rollout_and_select_with_the_real_model(tmp_path):
         for mode in ("non_conversational", "conversational"):
             trajectories += await rollout(bank_scenario(mode), ctx)
         calls = llm.totals.calls
-    assert calls >= 4 and len(trajectories) == 4
+    assert calls >= 2 and len(trajectories) == 2
     for t in trajectories:
         assert t.end_reason in END_REASONS and len(t.checks_passed) in (0, 2)
         assert t.messages[0].role == "system" and t.model and 0 <= t.reward <= 1
@@ -52,5 +53,5 @@ async def test_rollout_and_select_with_the_real_model(tmp_path):
         assert all(c.id in answered for m in t.messages for c in m.tool_calls or ())
     assert {t.mode for t in trajectories} == {"non_conversational", "conversational"}
     results = await select(trajectories, StageContext(config, "h", tmp_path, StageStats("select")))
-    assert len(results) == 4
+    assert len(results) == 2
     assert all(isinstance(r, Selection) or (isinstance(r, Rejection) and r.reason in SFT_REASONS) for r in results)

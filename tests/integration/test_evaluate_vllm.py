@@ -50,7 +50,7 @@ async def test_evaluate_with_the_real_model(tmp_path):
         try:
             (accepted,) = await evaluate(env, ctx)
         except Rejected as verdict:
-            assert verdict.value.rejection.reason in REASONS, verdict.value.rejection
+            assert verdict.rejection.reason in REASONS, verdict.rejection
         else:
             assert accepted.status == "accepted" and accepted.evaluation["counts"]["judged"] == 2
             assert {c["verdict"] for c in accepted.evaluation["calls"]} <= {"pass", "warning", "fail"}

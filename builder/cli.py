@@ -218,7 +218,7 @@ def _add_release_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from builder.pipeline import run_pipeline
+    from builder.pipeline import STAGES, run_pipeline
 
     config = load_config(args.config, args.overrides)
     run_dir = args.run_dir or config.run.runs_root / f"run-{config_hash(config)}"
@@ -229,6 +229,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     stats = asyncio.run(run_pipeline(config, run_dir, until=args.until, only=args.only))
     print(render_table(stats))
     print(f"\nstats: {run_dir / 'stats.json'}   log: {run_dir / 'builder.log'}")
+    last_stage = STAGES[-1].name
+    if config.hub.export_after_run and (args.only or args.until or last_stage) == last_stage:
+        from builder.publish.publish import export_after_run
+
+        out, manifest = export_after_run(config, run_dir / "stats.json")
+        logger.info("exported release candidate %s to %s", manifest["version"], out)
+        print(f"release candidate {manifest['version']}: {out} ({_counts(manifest)})")
+        print(f"publish it with: python -m builder publish --version {manifest['version']} --run-dir {run_dir}")
     return EXIT_OK
 
 

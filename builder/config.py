@@ -317,6 +317,14 @@ class HubConfig(Section):
     )
     private: bool = Field(False, description="Create the repository private (hf backend).")
     release_root: Path = Field(Path("release"), description="Exports go to <release_root>/<version>/.")
+    export_after_run: bool = Field(
+        True,
+        description="A `run` that finishes its last stage exports the store as the next version's release "
+        "candidate (<release_root>/<version>/), ready for `publish`.",
+    )
+    card_template: Path | None = Field(
+        None, description="Dataset card body template (string.Template); None: the packaged dataset_cards one."
+    )
     max_shard_mb: float = Field(
         256.0,
         gt=0,

@@ -34,9 +34,7 @@ def test_bench_json_has_exactly_the_issue_keys(tmp_path: Path) -> None:
         output = bench_llm(LLMConfig(url=stub.url), tmp_path, as_json=True, requests=4)
     data = json.loads(output)
     assert (
-        tuple(data)
-        == SUMMARY_KEYS
-        == ("server_tok_s", "client_tok_s", "ratio", "overhead_p50_ms", "overhead_p99_ms")
+        tuple(data) == SUMMARY_KEYS == ("server_tok_s", "client_tok_s", "ratio", "overhead_p50_ms", "overhead_p99_ms")
     )
     assert all(isinstance(value, float) for value in data.values())
 

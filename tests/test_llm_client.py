@@ -113,9 +113,7 @@ async def test_structured_failure_is_typed_and_carries_raw_text() -> None:
 
 
 async def test_truncated_structured_reply_mentions_token_limit() -> None:
-    model = ScriptedModel.sequence(
-        [text_reply('{"keep": tr', finish_reason="length"), '{"keep": true, "score": 1}']
-    )
+    model = ScriptedModel.sequence([text_reply('{"keep": tr', finish_reason="length"), '{"keep": true, "score": 1}'])
     client, _, _ = make_client(model)
     await client.structured(USER, Verdict)
     assert "cut off at the token limit" in model.requests[1].messages[-1].content
@@ -249,9 +247,7 @@ def test_client_works_across_event_loops() -> None:
     client = LLMClient(ScriptedModel(lambda request: "ok"), model_id="m", max_concurrency=1)
 
     async def three_calls() -> None:
-        await asyncio.wait_for(
-            asyncio.gather(*(client.chat(ChatRequest(messages=USER)) for _ in range(3))), 5
-        )
+        await asyncio.wait_for(asyncio.gather(*(client.chat(ChatRequest(messages=USER)) for _ in range(3))), 5)
 
     for _ in range(2):  # the pipeline may run each stage in its own asyncio.run
         asyncio.run(three_calls())

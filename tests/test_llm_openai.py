@@ -24,9 +24,7 @@ class Answer(BaseModel):
 async def test_request_body_carries_everything() -> None:
     history = (
         *USER,
-        ChatMessage(
-            role="assistant", tool_calls=(ToolCall(id="1", function=FunctionCall(name="f", arguments="{}")),)
-        ),
+        ChatMessage(role="assistant", tool_calls=(ToolCall(id="1", function=FunctionCall(name="f", arguments="{}")),)),
         ChatMessage(role="tool", tool_call_id="1", content="42"),
     )
     with StubServer(lambda body: (200, completion("ok"))) as stub:
@@ -42,12 +40,7 @@ async def test_request_body_carries_everything() -> None:
         )
         await model.chat(request)
     body = stub.requests[0]
-    assert (
-        body["model"] == "local"
-        and body["temperature"] == 0.0
-        and body["max_tokens"] == 7
-        and body["seed"] == 3
-    )
+    assert body["model"] == "local" and body["temperature"] == 0.0 and body["max_tokens"] == 7 and body["seed"] == 3
     assert body["tool_choice"] == {"type": "function", "function": {"name": "f"}}
     assert body["tools"] == [TOOL] and body["parallel_tool_calls"] is True and body["ignore_eos"] is True
     assert body["messages"][1]["tool_calls"][0]["function"] == {"name": "f", "arguments": "{}"}
@@ -60,9 +53,7 @@ async def test_reply_maps_tool_calls_reasoning_and_usage() -> None:
         {"id": "a", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
         {"id": "b", "type": "function", "function": {"name": "f", "arguments": '{"x": 2}'}},
     ]
-    body = completion(
-        "", tool_calls=calls, finish_reason="tool_calls", reasoning="thought", completion_tokens=9
-    )
+    body = completion("", tool_calls=calls, finish_reason="tool_calls", reasoning="thought", completion_tokens=9)
     with StubServer(lambda request: (200, body)) as stub:
         reply = await OpenAIChatModel(stub.url, "local").chat(ChatRequest(messages=USER, tools=(TOOL,)))
     assert [call.function.arguments for call in reply.tool_calls] == ['{"x": 1}', '{"x": 2}']

@@ -60,9 +60,7 @@ def call(name: str, arguments: str, call_id: str = "c1") -> ToolCall:
         (None, None, None, None),
     ],
 )
-def test_split_reasoning(
-    text: str | None, field: str | None, content: str | None, reasoning: str | None
-) -> None:
+def test_split_reasoning(text: str | None, field: str | None, content: str | None, reasoning: str | None) -> None:
     assert split_reasoning(text, field) == (content, reasoning)
 
 

@@ -13,8 +13,8 @@ import pytest
 from builder.cli import main
 from builder.config import load_config
 from builder.publish.backends import GitBackend, HfBackend
-from builder.publish.publish import publish
-from builder.publish.release import PublishError, parse_version, previous_version, released_versions
+from builder.publish.publish import export_after_run, export_version, publish
+from builder.publish.release import PublishError, next_version, parse_version, previous_version, released_versions
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from release_store import fill_store  # noqa: E402
@@ -245,3 +245,53 @@ def test_release_commands_have_help(command, capsys):
     for option in {"publish": ("--version", "--repo", "--backend", "--dry-run"), "export": ("--version", "--run-dir"),
                    "hub": ("--host", "--port")}[command[0]]:  # fmt: skip
         assert option in out
+
+
+def test_next_version_follows_the_highest_release():
+    assert next_version([]) == "0.1.0" and next_version(["other"]) == "0.1.0"
+    assert next_version(["v0.1.0", "v0.3.2", "v0.10.0-rc.1"]) == "0.10.0"  # rc.1 < 0.10.0: the release comes next
+    assert next_version(["v1.4.0"]) == "1.5.0"
+
+
+def test_run_end_export_is_the_next_version_with_its_changelog(tmp_path):
+    config = make_config(tmp_path)
+    fill_store(config.store.path)
+    stats = tmp_path / "stats.json"
+    stats.write_text("{}")
+    out, manifest = export_after_run(config, stats)  # new repository: first release
+    assert out == tmp_path / "release" / "0.1.0" and manifest["previous_version"] is None
+    publish(config, "0.1.0")
+    fill_store(config.store.path, generation=2)
+    out, manifest = export_after_run(config, stats)
+    assert out == tmp_path / "release" / "0.2.0" and (out / "README.md").is_file()
+    assert manifest["previous_version"] == "0.1.0"
+    assert "environments: 1 added, 0 removed (4 now)." in manifest["changelog"][0]["changes"]
+
+
+def test_run_end_export_survives_an_unreachable_backend(tmp_path, monkeypatch):
+    config = make_config(tmp_path)
+    fill_store(config.store.path)
+
+    def offline(self):
+        raise ConnectionError("no route to host")
+
+    monkeypatch.setattr(GitBackend, "tags", offline)
+    out, manifest = export_after_run(config, tmp_path / "no-stats-yet.json")
+    assert manifest["version"] == "0.1.0" and (out / "release.json").is_file()
+
+
+def test_card_template_can_be_replaced_and_bad_placeholders_are_named(tmp_path):
+    config = make_config(tmp_path)
+    fill_store(config.store.path)
+    template = tmp_path / "card.tmpl"
+    template.write_text("# $title at $tag\n\nOur own card.\n")
+    custom = config.model_copy(update={"hub": config.hub.model_copy(update={"card_template": template})})
+    out, _ = export_version(custom, "0.1.0")
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\n") and "# envs at v0.1.0\n\nOur own card." in card
+    template.write_text("$title $no_such_field\n")
+    with pytest.raises(PublishError, match="no_such_field"):
+        export_version(custom, "0.1.1")
+    missing = config.model_copy(update={"hub": config.hub.model_copy(update={"card_template": tmp_path / "nope"})})
+    with pytest.raises(PublishError, match="is not a file"):
+        export_version(missing, "0.1.1")

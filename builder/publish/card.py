@@ -21,9 +21,11 @@ from huggingface_hub import DatasetCardData
 
 from builder.publish.columns import COLUMN_DOCS, ROW_MEANING
 from builder.publish.export import CONFIG_SPLITS, SplitFiles, features_of
+from builder.publish.release import PublishError
 from builder.stats import StageStats
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "dataset_cards" / "README.md.tmpl"
+# Package data (pyproject), so the card renders from an installed wheel as from a checkout.
+TEMPLATE = Path(__file__).resolve().parents[1] / "dataset_cards" / "README.md.tmpl"
 TAGS = ("agents", "tool-use", "environments", "synthetic", "reinforcement-learning", "builder")
 TASK_CATEGORIES = ("reinforcement-learning", "text-generation")
 
@@ -49,7 +51,15 @@ class CardInputs:
 def render_card(inputs: CardInputs, template: Path = TEMPLATE) -> str:
     """The whole README.md: front matter, then the template's body with every placeholder filled."""
     tag = f"v{inputs.version}"
-    body = Template(template.read_text(encoding="utf-8")).substitute(
+    try:
+        body = _fill(Template(template.read_text(encoding="utf-8")), inputs, tag)
+    except (KeyError, ValueError) as error:
+        raise PublishError(f"card template {template}: bad or unknown placeholder {error}") from None
+    return f"---\n{front_matter(inputs)}---\n\n{body}"
+
+
+def _fill(template: Template, inputs: CardInputs, tag: str) -> str:
+    return template.substitute(
         title=inputs.repo.split("/")[-1],
         repo=inputs.repo,
         version=inputs.version,
@@ -67,7 +77,6 @@ def render_card(inputs: CardInputs, template: Path = TEMPLATE) -> str:
         plots="\n\n".join(f"**{title}**\n\n![{title}]({path})" for title, path in inputs.plots.items()),
         changelog=_changelog(inputs.history),
     )
-    return f"---\n{front_matter(inputs)}---\n\n{body}"
 
 
 def front_matter(inputs: CardInputs) -> str:

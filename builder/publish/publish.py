@@ -20,7 +20,7 @@ import polars as pl
 from builder import __version__
 from builder.config import BuildConfig, config_hash
 from builder.publish.backends import Backend, GitBackend, HfBackend, release_files
-from builder.publish.card import CardInputs, render_card
+from builder.publish.card import TEMPLATE, CardInputs, render_card
 from builder.publish.export import build_tables, write_tables
 from builder.publish.plots import write_plots
 from builder.publish.release import (
@@ -29,6 +29,7 @@ from builder.publish.release import (
     build_manifest,
     changes,
     history_with,
+    next_version,
     parse_version,
     previous_version,
     tag_of,
@@ -129,7 +130,10 @@ def _write_release(
         stats=load_stats(stats_path) if stats_path else {},
         export_counts=export_counts(frames, tables),
     )
-    (root / "README.md").write_text(render_card(inputs), encoding="utf-8")
+    template = config.hub.card_template or TEMPLATE
+    if not template.is_file():
+        raise PublishError(f"hub.card_template {template} is not a file")
+    (root / "README.md").write_text(render_card(inputs, template), encoding="utf-8")
     manifest = build_manifest(
         version=version,
         previous=previous,
@@ -221,6 +225,25 @@ def export_version(
     previous = _previous_manifest(target, previous_version(version, target.tags()))
     out = config.hub.release_root / version
     return out, export_release(config, version, out, repo=repo, previous=previous, stats_path=stats_path)
+
+
+def export_after_run(config: BuildConfig, stats_path: Path) -> tuple[Path, dict]:
+    """The release candidate a finished `run` leaves: the store exported as the repository's next version.
+
+    The version is the next minor after the highest one the backend has (0.1.0 for a new repository); when the
+    backend cannot be reached (e.g. the real Hub from an offline node) the candidate is exported as if the
+    repository were new, and `publish` later rewrites it against the real previous version.
+    """
+    target = make_backend(config)
+    try:
+        tags = target.tags()
+    except Exception as error:  # noqa: BLE001 - any backend failure only costs the changelog base here
+        logger.warning("could not read the versions of %s (%s); exporting as a first release", config.hub.repo, error)
+        tags = []
+    version = next_version(tags)
+    previous = _previous_manifest(target, previous_version(version, tags)) if tags else None
+    out = config.hub.release_root / version
+    return out, export_release(config, version, out, previous=previous, stats_path=stats_path)
 
 
 def _previous_manifest(target: Backend, version: str | None) -> dict | None:

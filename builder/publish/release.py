@@ -61,6 +61,16 @@ def previous_version(version: str, tags: Iterable[str]) -> str | None:
     return below[-1] if below else None
 
 
+def next_version(tags: Iterable[str]) -> str:
+    """The version a new release gets by default: 0.1.0 first, then the next minor of the highest release (or
+    the release a highest pre-release leads to: 0.3.0 after 0.3.0-rc.1)."""
+    versions = released_versions(tags)
+    if not versions:
+        return "0.1.0"
+    major, minor, patch, pre = _SEMVER.match(versions[-1]).groups()  # type: ignore[union-attr]
+    return f"{major}.{minor}.{patch}" if pre else f"{major}.{int(minor) + 1}.0"
+
+
 def file_hashes(root: Path) -> dict[str, dict]:
     """`{relative path: {sha256, bytes}}` of every file under `root` except the manifest itself."""
     hashes = {}

@@ -8,6 +8,7 @@ import pytest
 
 from builder.config import SandboxConfig, load_config
 from builder.envs.schema import inspect_source
+from builder.envs.state_schema import generated_state_schema
 from builder.llm import ChatRequest, LLMRequestError, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
 from builder.records import Environment, EnvPlan, Rejection, Topic
@@ -19,7 +20,6 @@ from builder.stages._evaluate_source import (
     clip_json,
     method_source,
     state_output_type,
-    state_schema,
 )
 from builder.stages.code import code
 from builder.stages.evaluate import evaluate, schedule
@@ -343,7 +343,7 @@ async def test_required_tool_choice_lets_the_tester_pick_and_marks_unscheduled_c
 def test_state_schema_prefers_the_declared_one_and_infers_the_rest():
     default = {"books": {"b1": {"title": "Dune", "copies": 2}}, "loans": [], "today": "2024-05-01", "note": None}
     declared = {"type": "object", "properties": {"today": {"type": "string", "format": "date"}, "gone": {}}}
-    schema = state_schema(declared, default)
+    schema = generated_state_schema(declared, default)
     assert list(schema["properties"]) == ["books", "loans", "today", "note"]  # the constructor's attributes
     assert schema["properties"]["today"] == {"type": "string", "format": "date"}
     assert schema["properties"]["books"] == {
@@ -351,10 +351,11 @@ def test_state_schema_prefers_the_declared_one_and_infers_the_rest():
         "additionalProperties": {
             "type": "object",
             "properties": {"title": {"type": "string"}, "copies": {"type": "integer"}},
+            "required": ["title", "copies"],  # tools read every field of a record
         },
     }
     assert schema["properties"]["note"] == {} and schema["additionalProperties"] is False
-    with_ref = state_schema({"today": {"$ref": "#/$defs/Day"}}, default)
+    with_ref = generated_state_schema({"today": {"$ref": "#/$defs/Day"}}, default)
     assert with_ref["properties"]["today"] == {"type": "string"}  # a $ref cannot be embedded: inferred instead
     shape = state_output_type(schema)
     assert shape.model_validate({"purpose": "p", "state": default}).state.model_dump() == default

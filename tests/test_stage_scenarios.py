@@ -8,6 +8,7 @@ import pytest
 
 from builder.config import SandboxConfig, load_config
 from builder.envs.schema import inspect_source
+from builder.envs.state_schema import generated_state_schema, infer_schema
 from builder.llm import ChatRequest, ScriptedModel
 from builder.llm.connect import client_for
 from builder.records import Environment, Scenario
@@ -15,8 +16,6 @@ from builder.runner import BatchStage, ItemStage, Rejected, StageContext, run_st
 from builder.sandbox.runtime import Sandbox
 from builder.stages._scenario_state import (
     attribute_problems,
-    infer_schema,
-    object_schema,
     reference_problems,
     size_problems,
 )
@@ -204,7 +203,7 @@ async def test_state_that_breaks_a_tool_is_repaired_then_rejected(tmp_path, sand
 def test_state_gates_count_records_and_follow_references():
     state = {"members": {"m1": {"name": "x"}}, "loans": [{"member_id": "m9", "book_id": "b1"}],
              "books": {"b1": {"title": "t"}}, "today": "2024-05-01"}  # fmt: skip
-    schema = object_schema({}, state)
+    schema = generated_state_schema({}, state)
     assert schema["properties"]["members"] == infer_schema(state["members"])
     assert size_problems(state, schema, 2) == [
         f"{name} holds 1 records; give it at least 2 realistic records" for name in ("members", "loans", "books")
@@ -214,10 +213,14 @@ def test_state_gates_count_records_and_follow_references():
         "patrons is not an attribute of the environment (it has: books, loans, members, today)"
     ]
     # A bare object schema is refined from the default state; a detailed one is kept as given.
-    given = object_schema({"members": {"type": "object"}, "today": {"type": "string", "format": "date"}}, state)
+    given = generated_state_schema(
+        {"members": {"type": "object"}, "today": {"type": "string", "format": "date"}}, state
+    )
     assert given["properties"]["members"]["additionalProperties"]["properties"] == {"name": {"type": "string"}}
     assert given["properties"]["today"] == {"type": "string", "format": "date"}
-    assert given["required"] == ["members", "today"]
+    # The default state is the ground truth of which attributes exist: undeclared ones are inferred and required.
+    assert given["required"] == ["members", "loans", "books", "today"]
+    assert given["properties"]["books"] == infer_schema(state["books"])
     # The code stage's form: records keyed by id, only the key required; every field becomes required (on a copy).
     record = {
         "type": "object",
@@ -225,7 +228,7 @@ def test_state_gates_count_records_and_follow_references():
         "required": ["id"],
     }
     planned = {"type": "object", "properties": {"members": {"type": "object", "additionalProperties": record}}}
-    members = object_schema(planned, {})["properties"]["members"]
+    members = generated_state_schema(planned, {})["properties"]["members"]
     assert members["additionalProperties"]["required"] == ["id", "name"] and record["required"] == ["id"]
 
 

@@ -68,52 +68,6 @@ def attributes_used(code: str, name: str) -> list[str]:
 # ------------------------------------------------------------------------------------------------- states
 
 
-def state_schema(declared: Any, default_state: dict[str, Any]) -> dict[str, Any]:
-    """The JSON schema test states must follow: an object with one property per state attribute.
-
-    `declared` is the environment's `state_schema` column: a full object schema (with `properties`) or a map of
-    attribute -> schema. Attributes it does not describe, or a schema that uses `$ref` (which cannot be embedded),
-    get a schema inferred from the default state (the one `__init__` builds), the ground truth of which
-    attributes exist.
-    """
-    properties = declared.get("properties", declared) if isinstance(declared, dict) else {}
-    usable = isinstance(properties, dict) and "$ref" not in json.dumps(properties)
-    result = {}
-    for attribute, value in default_state.items():
-        given = properties.get(attribute) if usable else None
-        result[attribute] = given if isinstance(given, dict) and given else infer_schema(value)
-    return {"type": "object", "properties": result, "required": list(result), "additionalProperties": False}
-
-
-def infer_schema(value: Any) -> dict[str, Any]:
-    """A JSON schema that describes `value` and others shaped like it (collections keyed by id stay open)."""
-    if isinstance(value, bool):
-        return {"type": "boolean"}
-    if isinstance(value, int):
-        return {"type": "integer"}
-    if isinstance(value, float):
-        return {"type": "number"}
-    if isinstance(value, str):
-        return {"type": "string"}
-    if value is None:
-        return {}  # None in the default state says nothing about the type it will hold
-    if isinstance(value, list):
-        return {"type": "array", "items": infer_schema(value[0])} if value else {"type": "array"}
-    if not value:
-        return {"type": "object"}
-    items = list(value.values())
-    if all(isinstance(item, dict) for item in items) and len(items) > 1 or _looks_keyed(value):
-        # A collection keyed by id (accounts, books): any keys, each value shaped like the first one.
-        return {"type": "object", "additionalProperties": infer_schema(items[0])}
-    return {"type": "object", "properties": {k: infer_schema(v) for k, v in value.items()}}
-
-
-def _looks_keyed(value: dict[str, Any]) -> bool:
-    """One entry whose value is a record and whose key looks like an id (`acc-1`, `b1`, `c1`)."""
-    (key, item), *_ = value.items()
-    return isinstance(item, dict) and any(ch.isdigit() for ch in key)
-
-
 class StateShapeError(ValueError):
     pass
 

@@ -12,60 +12,7 @@ from typing import Any, ClassVar
 import jsonschema
 from pydantic import RootModel, model_validator
 
-
-def object_schema(state_schema: Any, example: dict[str, Any]) -> dict[str, Any]:
-    """The state schema as one JSON object schema with every attribute required.
-
-    Accepts a full object schema (`{"type": "object", "properties": ...}`, as the code stage records it) or a
-    mapping attribute -> schema; an empty or missing schema is inferred from `example`, the class's default state,
-    so environments without a recorded schema still get a constrained output. Every field of a record is made
-    required.
-    """
-    if isinstance(state_schema, dict) and isinstance(state_schema.get("properties"), dict):
-        properties = copy.deepcopy(state_schema["properties"])
-    elif isinstance(state_schema, dict) and state_schema and all(isinstance(v, dict) for v in state_schema.values()):
-        properties = copy.deepcopy(state_schema)
-    else:
-        properties = {key: infer_schema(value) for key, value in example.items()}
-    for key, prop in properties.items():
-        # A bare {"type": "object"} says nothing of the records inside; the default state may show them.
-        if isinstance(prop, dict) and set(prop) <= {"type", "description"} and example.get(key):
-            described = {"description": prop["description"]} if "description" in prop else {}
-            properties[key] = {**infer_schema(example[key]), **described}
-    for prop in properties.values():
-        record = _record_schema(prop)
-        if record is not None and isinstance(record.get("properties"), dict):
-            # Tools read every field of a record; a field left out (even an optional one) is a KeyError later.
-            record["required"] = list(record["properties"])
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(properties),
-        "additionalProperties": False,
-    }
-
-
-def infer_schema(value: Any) -> dict[str, Any]:
-    """A JSON schema describing `value`'s shape: a dict whose values are all records becomes a map of records."""
-    if isinstance(value, bool):
-        return {"type": "boolean"}
-    if isinstance(value, int):
-        return {"type": "integer"}
-    if isinstance(value, float):
-        return {"type": "number"}
-    if isinstance(value, str):
-        return {"type": "string"}
-    if isinstance(value, list):
-        return {"type": "array", "items": infer_schema(value[0])} if value else {"type": "array"}
-    if isinstance(value, dict):
-        if value and all(isinstance(item, dict) for item in value.values()):
-            return {"type": "object", "additionalProperties": infer_schema(next(iter(value.values())))}
-        return {
-            "type": "object",
-            "properties": {key: infer_schema(item) for key, item in value.items()},
-            "required": list(value),
-        }
-    return {}
+from builder.envs.state_schema import record_collections
 
 
 def state_model(schema: dict[str, Any]) -> type[RootModel[dict[str, Any]]]:
@@ -87,19 +34,6 @@ def state_model(schema: dict[str, Any]) -> type[RootModel[dict[str, Any]]]:
             return self
 
     return InitialState
-
-
-def _record_schema(prop: Any) -> dict[str, Any] | None:
-    """The schema of one record when `prop` describes a collection of records (map or array of objects)."""
-    if not isinstance(prop, dict):
-        return None
-    items = prop.get("items") if prop.get("type") == "array" else prop.get("additionalProperties")
-    return items if isinstance(items, dict) and items.get("type") == "object" else None
-
-
-def record_collections(schema: dict[str, Any]) -> list[str]:
-    """State attributes that hold collections of records (a map of objects or an array of objects)."""
-    return [name for name, prop in schema.get("properties", {}).items() if _record_schema(prop) is not None]
 
 
 def size_problems(state: dict[str, Any], schema: dict[str, Any], min_records: int) -> list[str]:

@@ -32,6 +32,7 @@ from builder.envs.lint import Problem
 from builder.envs.probe import probe_environment
 from builder.envs.schema import EnvInterface, inspect_source
 from builder.envs.session import Session, SessionError, ToolResult, diff_states
+from builder.envs.state_schema import generated_state_schema
 from builder.llm import LLMRequestError
 from builder.prompts import prompt_version
 from builder.records import Environment, Record
@@ -43,7 +44,6 @@ from builder.stages._evaluate_source import (
     clip_json,
     method_source,
     state_output_type,
-    state_schema,
     state_view,
 )
 from builder.store import Store
@@ -158,7 +158,7 @@ async def make_test_states(
 ) -> tuple[list[TestState], list[tuple[int, InvalidReply]]]:
     """Valid test states (in index order) and the slots that produced none, with their last error."""
     config = ctx.config.evaluate
-    output_type = state_output_type(state_schema(env.state_schema, default_state))
+    output_type = state_output_type(generated_state_schema(env.state_schema, default_state))
     header = class_header(env.code)
 
     async def loads(draft: Any) -> str | None:

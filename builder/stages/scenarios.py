@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field
 
 from builder.envs.lint import ContractError
 from builder.envs.session import SessionError, diff_states
+from builder.envs.state_schema import generated_state_schema
 from builder.errors import BuilderError
 from builder.prompts import prompt, prompt_version
 from builder.records import Action, ChatMessage, Environment, Record, Rejection, Sampling, Scenario, UserScript
@@ -41,7 +42,6 @@ from builder.runner import Rejected, StageContext
 from builder.stages._llm import ask, system_user
 from builder.stages._scenario_state import (
     attribute_problems,
-    object_schema,
     reference_problems,
     size_problems,
     state_model,
@@ -190,7 +190,7 @@ async def _initial_state(
 ) -> tuple[dict[str, Any], int]:
     """A generated state that passed the load and realism gates, as the environment holds it; and the repairs."""
     config = ctx.config.scenarios
-    schema = object_schema(env.state_schema, example)
+    schema = generated_state_schema(env.state_schema, example)
     model = state_model(schema)
     user = (
         f"{_environment_text(env)}\n\n## State schema\n{json.dumps(schema)}\n\n## Default state of the class\n"

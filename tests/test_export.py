@@ -89,6 +89,20 @@ def test_splits_never_share_an_environment_and_sft_is_verified_train_only(releas
     assert scenarios["pass_rate"].to_list() == [0.5] * 6 and scenarios["num_rollouts"].to_list() == [2] * 6
 
 
+def test_pass_rate_counts_graded_rollouts_only_as_select_does(release_config):
+    from builder.store import Store
+
+    store = Store(release_config.store.path)
+    failed = [  # the model server fell over mid-episode: no verdict on the scenario
+        t.model_copy(update={"sample_index": 9, "end_reason": "llm_error", "solved": False, "reward": 0.0})
+        for t in store.trajectories()
+        if t.sample_index == 0
+    ]
+    store.upsert("trajectories", failed)
+    scenarios = pl.concat(list(tables_of(release_config)["scenarios"].values()))
+    assert scenarios["pass_rate"].to_list() == [0.5] * 6 and scenarios["num_rollouts"].to_list() == [2] * 6
+
+
 def test_every_published_column_is_documented(release_config):
     tables = tables_of(release_config)
     for config, splits in CONFIG_SPLITS.items():

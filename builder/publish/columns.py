@@ -44,7 +44,7 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "checks": "one Python `check(initial_state, final_state) -> bool` per checklist item (untrusted code)",
         "gold_actions": "a tool-call sequence that solves the task: `name`, `arguments` (JSON)",
         "difficulty": "`easy`, `medium` or `hard`",
-        "num_rollouts": "agent rollouts made for this scenario",
+        "num_rollouts": "graded agent rollouts of this scenario (infrastructure failures excluded)",
         "pass_rate": "share of those rollouts that passed every check (null without rollouts)",
         "verification": "JSON: evidence that the gold actions pass every check and no check is vacuous",
         "schema_version": "version of the record layout",

@@ -18,6 +18,8 @@ import polars as pl
 import pyarrow.parquet as pq
 from datasets import Features, List, Value
 
+from builder.agent import INFRA_END_REASONS
+
 CONFIG_SPLITS: dict[str, tuple[str, ...]] = {
     "environments": ("train", "rl"),
     "scenarios": ("train", "rl"),
@@ -101,7 +103,10 @@ def _environment_table(envs: pl.DataFrame, scenarios: pl.DataFrame) -> pl.DataFr
 
 
 def _scenario_table(scenarios: pl.DataFrame, trajectories: pl.DataFrame) -> pl.DataFrame:
-    rates = trajectories.group_by("scenario_id").agg(
+    # Graded rollouts only, as select counts them: an infrastructure end (LLM or sandbox failure, a leaking user
+    # simulator) says nothing about the scenario's difficulty.
+    graded = trajectories.filter(~pl.col("end_reason").is_in(sorted(INFRA_END_REASONS)))
+    rates = graded.group_by("scenario_id").agg(
         pl.len().cast(pl.Int64).alias("num_rollouts"), pl.col("solved").cast(pl.Float64).mean().alias("pass_rate")
     )
     return (

@@ -187,6 +187,13 @@ async def test_report_has_rates_distributions_and_yield(tmp_path):
     assert report["turns"]["min"] == 2 and report["turns"]["max"] == 5
     assert (report["sft_kept"], report["sft_yield"]) == (3, 0.75)
     assert report["decontamination"]["checked"] is False
+    # One environment, and it hashes into train: the operator is told the RL split is empty.
+    assert report["splits"]["train_envs"] == 1 and report["splits"]["rl_envs"] == 0
+    assert "the rl split has no environment" in report["splits"]["warning"]
+    balanced = context(tmp_path, "select.rl_env_fraction=0.3")
+    envs = env_ids(False, 2, 0.3) + env_ids(True, 2, 0.3)
+    await select([trajectory(env, f"s-{env}", 0) for env in envs], balanced)
+    assert balanced.stats.report["splits"] == {"train_envs": 2, "rl_envs": 2}
 
 
 # ------------------------------------------------------------------------------ rollout → select, end to end

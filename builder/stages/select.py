@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -39,6 +40,8 @@ SFT_REASONS = (
     "duplicate",
 )  # fmt: skip
 RL_REASONS = ("contaminated", "too_few_rollouts", "pass_rate_out_of_band")
+
+logger = logging.getLogger(__name__)
 
 
 async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[Record]:
@@ -68,6 +71,7 @@ async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[
             else:
                 results.append(_selection(ctx, "sft", "train", trajectory.id, scenario_id, env_id, rate, len(graded)))
     ctx.stats.report = _report(trajectories, results, decontamination)
+    ctx.stats.report["splits"] = _split_sizes({t.env_id for t in trajectories}, fraction)
     # The store's trajectories carry the verdict, so an export publishes exactly the SFT set chosen here.
     kept = {r.subject_id for r in results if isinstance(r, Selection) and r.kind == "sft"}
     judged = [t.model_copy(update={"selected": t.id in kept}) for t in trajectories]
@@ -246,6 +250,24 @@ def _distribution(values: Sequence[int]) -> dict[str, float]:
         "min": ordered[0], "median": statistics.median(ordered), "mean": round(statistics.fmean(ordered), 3),
         "p90": ordered[int(0.9 * (len(ordered) - 1))], "max": ordered[-1],
     }  # fmt: skip
+
+
+def _split_sizes(env_ids: set[str], fraction: float) -> dict[str, Any]:
+    """Environments per split, with a warning when one split is empty (few environments, a small fraction).
+
+    The split is a pure function of each id so that environments keep their split across releases; forcing an
+    environment into an empty split would break that, so the operator is told instead.
+    """
+    rl = sum(is_rl_environment(env_id, fraction) for env_id in env_ids)
+    sizes: dict[str, Any] = {"train_envs": len(env_ids) - rl, "rl_envs": rl}
+    empty = [split for split in ("train", "rl") if env_ids and sizes[f"{split}_envs"] == 0]
+    if empty:
+        sizes["warning"] = (
+            f"the {empty[0]} split has no environment ({len(env_ids)} environments, select.rl_env_fraction="
+            f"{fraction}); build more environments or change the fraction"
+        )
+        logger.warning("select: %s", sizes["warning"])
+    return sizes
 
 
 def _report(trajectories: Sequence[Trajectory], results: Sequence[Record], decontamination: dict) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from builder.envs.checks import CheckSpec, checks_from_file, run_checks
 from builder.envs.commands import env_check, env_replay, env_schema
 from builder.envs.schema import EnvInterface
 from builder.envs.session import Session, SessionError, diff_states
-from builder.envs.trainer import LiveEnvironment, python_type, trl_environment_factories
+from builder.envs.trainer import LiveEnvironment, python_type, trl_environment_factories, trl_prompt_row
 from builder.sandbox.runtime import Sandbox, SandboxUnavailable
 
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"
@@ -227,10 +227,16 @@ def test_live_environment(sandbox):
 
 
 def test_trl_adapter(sandbox):
-    factories = trl_environment_factories([{"env_id": "bank-v0", "code": BANK}], [SCENARIO], sandbox)
-    cls = factories["bank-v0"]
+    environment = {"env_id": "bank-v0", "code": BANK, "name": "bank", "domain": "finance", "description": "Accounts."}
+    factories = trl_environment_factories([environment], [SCENARIO], sandbox)
+    row = trl_prompt_row(SCENARIO, environment)
+    assert row["environment"] == "bank-v0" and row["scenario_id"] == "scenario-1"
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"] and row["prompt"][1]["content"] == SCENARIO["task"]
+    assert "bank (finance): Accounts." in row["prompt"][0]["content"]
+    assert trl_prompt_row(SCENARIO)["prompt"] == [{"role": "user", "content": SCENARIO["task"]}]
+    cls = factories[row["environment"]]
     env = cls()
-    assert env.reset(prompt=[{"role": "user", "content": "x"}], scenario_id="scenario-1") is None
+    assert env.reset(**{**SCENARIO, **row}) is None  # TRL passes every column of the row
     assert "insufficient funds" in env.transfer(source="acc-1", target="acc-2", amount=1000)
     env.transfer(source="acc-1", target="acc-2", amount=100, memo="rent")
     assert env.get_reward() == 1.0

@@ -232,8 +232,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     last_stage = STAGES[-1].name
     if config.hub.export_after_run and (args.only or args.until or last_stage) == last_stage:
         from builder.publish.publish import export_after_run
+        from builder.publish.release import PublishError
 
-        out, manifest = export_after_run(config, run_dir / "stats.json")
+        try:
+            out, manifest = export_after_run(config, run_dir / "stats.json")
+        except PublishError as error:
+            print(f"no release candidate: {error}")
+            return EXIT_OK
         logger.info("exported release candidate %s to %s", manifest["version"], out)
         print(f"release candidate {manifest['version']}: {out} ({_counts(manifest)})")
         print(f"publish it with: python -m builder publish --version {manifest['version']} --run-dir {run_dir}")

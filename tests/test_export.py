@@ -16,6 +16,7 @@ from builder.config import load_config
 from builder.publish.columns import COLUMN_DOCS
 from builder.publish.export import CONFIG_SPLITS, build_tables, features_of, is_rl_environment, write_tables
 from builder.publish.publish import export_release
+from builder.publish.release import PublishError
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from release_store import fill_store  # noqa: E402
@@ -206,5 +207,6 @@ def test_empty_splits_are_left_out_of_the_card_and_the_rest_loads(release_config
     loaded = load_dataset(str(tmp_path / "out"), "environments", cache_dir=str(tmp_path / "cache"))
     assert list(loaded) == ["train"] and loaded["train"].num_rows == 3
     empty = load_config(None, [f"store.path={json.dumps(str(tmp_path / 'empty'))}"])
-    assert set(export_release(empty, "0.0.1", tmp_path / "empty-out")["counts"].values()) == {0}
-    assert "configs" not in (tmp_path / "empty-out" / "README.md").read_text().split("---")[1]
+    with pytest.raises(PublishError, match="nothing to release"):  # a dataset with no config is not published
+        export_release(empty, "0.0.1", tmp_path / "empty-out")
+    assert not (tmp_path / "empty-out").exists()

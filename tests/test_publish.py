@@ -268,6 +268,19 @@ def test_run_end_export_is_the_next_version_with_its_changelog(tmp_path):
     assert "environments: 1 added, 0 removed (4 now)." in manifest["changelog"][0]["changes"]
 
 
+def test_an_empty_store_is_not_released(tmp_path, capsys):
+    config = make_config(tmp_path)
+    with pytest.raises(PublishError, match="nothing to release: .* holds no accepted environment"):
+        export_version(config, "0.1.0")
+    sets = [
+        f"--set=store.path={json.dumps(str(config.store.path))}",
+        f"--set=hub.root={json.dumps(str(config.hub.root))}",
+    ]
+    assert main(["publish", "--version", "0.1.0", *sets]) == 1
+    assert "nothing to release" in capsys.readouterr().err
+    assert not (tmp_path / "hub").exists() and not (tmp_path / "release").exists()
+
+
 def test_run_end_export_survives_an_unreachable_backend(tmp_path, monkeypatch):
     config = make_config(tmp_path)
     fill_store(config.store.path)

@@ -86,6 +86,11 @@ def export_release(
     tables = build_tables(
         frames["environments"], frames["scenarios"], frames["trajectories"], config.select.rl_env_fraction
     )
+    if not any(frame.height for frame in tables["environments"].values()):
+        raise PublishError(
+            f"nothing to release: the store {config.store.path} holds no accepted environment "
+            f"({frames['environments'].height} stored in all); run the pipeline through evaluate first"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:

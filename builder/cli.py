@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from builder import __version__
-from builder.config import BuildConfig, config_hash, load_config, to_toml
+from builder.config import PROFILES, BuildConfig, config_hash, load_config, resolve_profile, to_toml
 from builder.errors import BuilderError, ConfigError, RunError
 from builder.runner import Interrupted
 from builder.stats import load_stats, render_table
@@ -25,7 +25,16 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML config file (default: built-in defaults)")
+    parser.add_argument(
+        "--config", type=Path, metavar="FILE", help="TOML config file, layered over the profile (default: none)"
+    )
+    parser.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default="auto",
+        help="packaged base config under --config: cpu (embedded SmolLM2-135M, small evaluate N), gpu (Qwen3-8B, "
+        "the paper's N), none (built-in defaults); auto (default) picks gpu when nvidia-smi lists a GPU, else cpu",
+    )
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -158,7 +167,7 @@ def _add_sandbox_commands(commands: argparse._SubParsersAction) -> argparse._Sub
 def cmd_env_check(args: argparse.Namespace) -> int:
     from builder.envs.commands import env_check
 
-    sandbox_config = load_config(args.config, args.overrides).sandbox
+    sandbox_config = _config(args).sandbox
     return env_check(args.path, args.state, args.json, sandbox_config)
 
 
@@ -171,14 +180,14 @@ def cmd_env_schema(args: argparse.Namespace) -> int:
 def cmd_env_replay(args: argparse.Namespace) -> int:
     from builder.envs.commands import env_replay
 
-    sandbox_config = load_config(args.config, args.overrides).sandbox
+    sandbox_config = _config(args).sandbox
     return env_replay(args.path, args.state, args.calls, args.checks, args.json, sandbox_config)
 
 
 def cmd_bench_sandbox(args: argparse.Namespace) -> int:
     from builder.sandbox.bench import bench_sandbox
 
-    return bench_sandbox(args.json, load_config(args.config, args.overrides).sandbox)
+    return bench_sandbox(args.json, _config(args).sandbox)
 
 
 def _add_release_commands(commands: argparse._SubParsersAction) -> None:
@@ -220,11 +229,14 @@ def _add_release_commands(commands: argparse._SubParsersAction) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from builder.pipeline import STAGES, run_pipeline
 
-    config = load_config(args.config, args.overrides)
+    config = _config(args)
     run_dir = args.run_dir or config.run.runs_root / f"run-{config_hash(config)}"
     run_dir.mkdir(parents=True, exist_ok=True)
     _log_to_file(run_dir / "builder.log")
-    logger.info("builder %s: run folder %s, config %s", __version__, run_dir, config_hash(config))
+    logger.info(
+        "builder %s: run folder %s, config %s, profile %s",
+        __version__, run_dir, config_hash(config), resolve_profile(args.profile),
+    )  # fmt: skip
     print(f"run folder: {run_dir}", file=sys.stderr)
     stats = asyncio.run(run_pipeline(config, run_dir, until=args.until, only=args.only))
     print(render_table(stats))
@@ -257,8 +269,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    config: BuildConfig = load_config(args.config, args.overrides)
-    print(f"# builder {__version__}, config hash {config_hash(config)}\n")
+    config: BuildConfig = _config(args)
+    profile = resolve_profile(args.profile)
+    print(f"# builder {__version__}, config hash {config_hash(config)}, profile {profile} (--profile {args.profile})")
+    print("# reload with: python -m builder run --profile none --config THIS_FILE\n")
     print(to_toml(config), end="")
     return EXIT_OK
 
@@ -266,14 +280,14 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from builder.llm.connect import serve
 
-    config = load_config(args.config, args.overrides)
+    config = _config(args)
     return serve(config.llm, args.run_dir or config.run.runs_root / "serve")
 
 
 def cmd_bench_llm(args: argparse.Namespace) -> int:
     from builder.llm.bench import bench_llm
 
-    config = load_config(args.config, args.overrides)
+    config = _config(args)
     print(bench_llm(config.llm, config.run.runs_root / "bench-llm", as_json=args.json, requests=args.requests))
     return EXIT_OK
 
@@ -281,7 +295,7 @@ def cmd_bench_llm(args: argparse.Namespace) -> int:
 def cmd_bench_rollout(args: argparse.Namespace) -> int:
     from builder.bench_rollout import main
 
-    config = load_config(args.config, args.overrides)
+    config = _config(args)
     run_dir = config.run.runs_root / "bench-rollout"
     print(main(config, run_dir, as_json=args.json, episodes=args.episodes, latency_ms=args.latency_ms, real=args.real))
     return EXIT_OK
@@ -290,7 +304,7 @@ def cmd_bench_rollout(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from builder.publish.publish import export_version
 
-    config = load_config(args.config, args.overrides)
+    config = _config(args)
     out, manifest = export_version(config, args.version, args.repo, args.backend, _stats_path(args))
     print(f"exported {manifest['tag']} to {out}: {_counts(manifest)}")
     return EXIT_OK
@@ -299,7 +313,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_publish(args: argparse.Namespace) -> int:
     from builder.publish.publish import publish
 
-    config = load_config(args.config, args.overrides)
+    config = _config(args)
     result = publish(
         config, args.version, repo=args.repo, backend=args.backend, dry_run=args.dry_run, stats_path=_stats_path(args)
     )
@@ -315,11 +329,15 @@ def cmd_publish(args: argparse.Namespace) -> int:
 def cmd_hub_serve(args: argparse.Namespace) -> int:
     from builder.publish.server import serve
 
-    config = load_config(args.config, args.overrides)
+    config = _config(args)
     host, port = args.host or config.hub.host, args.port or config.hub.port
     signum = serve(config.hub.root, host, port, config.hub.olah_python)
     print(f"stopped the local Hub ({signal.Signals(signum).name})", file=sys.stderr)
     return 128 + signum
+
+
+def _config(args: argparse.Namespace) -> BuildConfig:
+    return load_config(args.config, args.overrides, args.profile)
 
 
 def _stats_path(args: argparse.Namespace) -> Path | None:

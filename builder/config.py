@@ -1,6 +1,7 @@
 """The one configuration tree: every knob of every stage, loaded from TOML with `--set key=value` overrides.
 
-Defaults give a small but complete run on a CPU machine. Every field documents itself (`python -m builder config`
+The built-in defaults plus the packaged profile for the machine (builder/profiles/: `cpu` with the embedded
+SmolLM2-135M model, `gpu` with Qwen3-8B) give a complete run. Every field documents itself (`python -m builder config`
 prints them); invalid values fail at load time with one error naming the key, the value and what is allowed.
 """
 
@@ -170,16 +171,15 @@ class CodeConfig(Section):
 class EvaluateConfig(Section):
     """The evaluate stage: deterministic gates, then the dual-agent check (tester calls tools, checker judges).
 
-    The defaults are the small CPU profile (N = 12 judged calls over 2 test states), sized for the embedded
-    SmolLM2-135M server. EnvScaler's paper setting is N = 100: `--set evaluate.calls=100` (or `calls = 100` under
-    `[evaluate]` in the config file) on a GPU node.
+    The default N is EnvScaler's 100 judged calls; the embedded CPU profile (builder/profiles/cpu.toml) sets 12,
+    sized for the SmolLM2-135M server.
     """
 
     calls: int = Field(
-        12,
+        100,
         ge=1,
         description="N: tool calls the checker must judge per environment, split over the test states "
-        "(CPU profile: 12; the paper's setting is 100).",
+        "(the paper's 100; the cpu profile sets 12).",
     )
     test_states: int = Field(2, ge=1, description="Initial states generated for the tester; each gets its own session.")
     keep_score: float = Field(
@@ -390,8 +390,29 @@ def config_hash(config: BuildConfig) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def load_config(path: Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> BuildConfig:
-    """Load the config from a TOML file (or the defaults) and apply `section.key=value` overrides.
+PROFILES = ("auto", "cpu", "gpu", "none")
+PROFILE_DIR = Path(__file__).with_name("profiles")
+
+
+def resolve_profile(profile: str) -> str:
+    """The packaged profile `profile` names: `auto` is `gpu` when `nvidia-smi` lists a GPU, else `cpu`."""
+    if profile not in PROFILES:
+        raise ConfigError(f"unknown profile {profile!r}; profiles are: {', '.join(PROFILES)}")
+    if profile != "auto":
+        return profile
+    from builder.llm.server import detect_device
+
+    return detect_device()
+
+
+def load_config(
+    path: Path | None = None, overrides: list[str] | tuple[str, ...] = (), profile: str = "none"
+) -> BuildConfig:
+    """Load the config: built-in defaults, then a packaged profile, then a TOML file, then `section.key=value`
+    overrides, each layer replacing the keys it sets.
+
+    `profile` is `none` (built-in defaults only), `cpu` or `gpu` (builder/profiles/<name>.toml), or `auto`
+    (the command line's default: the profile for this machine's hardware).
 
     Override values are parsed as TOML values (`3`, `0.5`, `true`, `[0.1, 0.9]`, `"text"`); anything that is not
     valid TOML is taken as a plain string, so `--set llm.model=Qwen/Qwen3-8B` needs no quotes; `none` unsets a key
@@ -401,13 +422,21 @@ def load_config(path: Path | None = None, overrides: list[str] | tuple[str, ...]
         ConfigError: the file is missing or not TOML, an override is malformed, or a value is invalid.
     """
     data: dict[str, Any] = {}
+    chosen = resolve_profile(profile)
+    if chosen != "none":
+        data = tomllib.loads((PROFILE_DIR / f"{chosen}.toml").read_text())
     if path is not None:
         try:
-            data = tomllib.loads(Path(path).read_text())
+            layer = tomllib.loads(Path(path).read_text())
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
+        for section, values in layer.items():
+            if isinstance(values, dict) and isinstance(data.get(section), dict):
+                data[section] = {**data[section], **values}
+            else:
+                data[section] = values
     for override in overrides:
         _apply_override(data, override)
     try:

@@ -119,3 +119,32 @@ def test_to_toml_round_trips(tmp_path: Path):
 def test_none_unsets_optional_keys_only():
     assert load_config(None, ["mine.max_seeds=none"]).mine.max_seeds is None
     assert load_config(None, ["llm.served_model_name=none"]).llm.served_model_name == "none"  # a string key
+
+
+def test_profiles_layer_under_the_config_file_and_overrides(tmp_path, monkeypatch):
+    assert load_config().evaluate.calls == 100  # the paper's N is the built-in default
+    cpu = load_config(profile="cpu")
+    assert cpu.evaluate.calls == 12 and cpu.llm.model == "builtin:SmolLM2-135M-Instruct"
+    gpu = load_config(profile="gpu")
+    assert (gpu.evaluate.calls, gpu.llm.model, gpu.llm.reasoning_parser) == (100, "Qwen/Qwen3-8B", "qwen3")
+    path = tmp_path / "mine.toml"
+    path.write_text('[llm]\nmax_concurrency = 8\n[evaluate]\nkeep_score = 0.9\n')
+    layered = load_config(path, ["evaluate.test_states=3"], profile="gpu")
+    assert layered.llm.model == "Qwen/Qwen3-8B" and layered.llm.max_concurrency == 8  # the file replaces one key
+    assert (layered.evaluate.calls, layered.evaluate.keep_score, layered.evaluate.test_states) == (100, 0.9, 3)
+    monkeypatch.setattr("builder.llm.server.detect_device", lambda: "gpu")
+    assert load_config(profile="auto") == gpu
+    monkeypatch.setattr("builder.llm.server.detect_device", lambda: "cpu")
+    assert load_config(profile="auto") == cpu
+    with pytest.raises(ConfigError, match="unknown profile 'tpu'"):
+        load_config(profile="tpu")
+
+
+def test_printed_config_reloads_to_the_same_hash_with_any_profile(tmp_path, capsys):
+    from builder.cli import main
+
+    assert main(["config", "--profile", "cpu"]) == 0
+    path = tmp_path / "printed.toml"
+    path.write_text(capsys.readouterr().out)
+    assert config_hash(load_config(path, profile="none")) == config_hash(load_config(profile="cpu"))
+    assert config_hash(load_config(path, profile="cpu")) == config_hash(load_config(profile="cpu"))

@@ -96,7 +96,8 @@ def scripted(state=None, tester=None, checker=None) -> ScriptedModel:
 
 
 def context(tmp_path, model, sandbox, *overrides) -> StageContext:
-    config = load_config(None, [f"store.path={tmp_path / 'store'}", *overrides])
+    # The embedded CPU profile: N = 12 judged calls (the built-in default is the paper's 100).
+    config = load_config(None, [f"store.path={tmp_path / 'store'}", *overrides], profile="cpu")
     llm = client_for(config.llm, model, model_id="m")
     return StageContext(config, "hash", tmp_path, StageStats("evaluate"), llm=llm, open_sandbox=lambda: sandbox)
 

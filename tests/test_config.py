@@ -128,7 +128,7 @@ def test_profiles_layer_under_the_config_file_and_overrides(tmp_path, monkeypatc
     gpu = load_config(profile="gpu")
     assert (gpu.evaluate.calls, gpu.llm.model, gpu.llm.reasoning_parser) == (100, "Qwen/Qwen3-8B", "qwen3")
     path = tmp_path / "mine.toml"
-    path.write_text('[llm]\nmax_concurrency = 8\n[evaluate]\nkeep_score = 0.9\n')
+    path.write_text("[llm]\nmax_concurrency = 8\n[evaluate]\nkeep_score = 0.9\n")
     layered = load_config(path, ["evaluate.test_states=3"], profile="gpu")
     assert layered.llm.model == "Qwen/Qwen3-8B" and layered.llm.max_concurrency == 8  # the file replaces one key
     assert (layered.evaluate.calls, layered.evaluate.keep_score, layered.evaluate.test_states) == (100, 0.9, 3)

@@ -151,7 +151,8 @@ def test_uninterruptible_code_is_killed_at_the_deadline(world, name):
     started = time.monotonic()
     result, pid = attack(world, HARD_KILLS[name])
     elapsed = time.monotonic() - started
-    assert result.error_kind == "timeout" and elapsed < 2.5
+    # The deadline is 0.5 s + 0.5 s grace; the bound leaves room for a loaded machine (each loop runs for hours).
+    assert result.error_kind == "timeout" and elapsed < 5.0, elapsed
     assert_contained(world, pid)
 
 

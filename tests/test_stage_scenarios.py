@@ -25,7 +25,8 @@ from builder.stats import StageStats
 from builder.store import Store
 
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"
-FAST = SandboxConfig(call_timeout_s=0.5, kill_grace_s=0.5, memory_mb=256)
+# Deadlines with room for a loaded CI machine; the hanging-check test still ends within a few seconds.
+FAST = SandboxConfig(call_timeout_s=2.0, kill_grace_s=1.0, memory_mb=256)
 
 
 @pytest.fixture(scope="module")

@@ -120,7 +120,9 @@ class MineConfig(Section):
     )
     seeds_split: str = Field("train", description="Split to read when `seeds` is a Hugging Face dataset id.")
     request_field: str = Field("request", description="Field of each seed row that holds the user request.")
-    max_seeds: int | None = Field(32, ge=1, description="Read at most this many seed tasks (None: all).")
+    max_seeds: int | None = Field(
+        32, ge=1, description="Keep at most this many seed tasks; drops by the cheap filters do not count (None: all)."
+    )
     min_words: int = Field(4, ge=1, description="Seed requests with fewer words are dropped (too_short).")
     max_words: int = Field(200, ge=1, description="Seed requests with more words are dropped (too_long).")
     keep_threshold: float = Field(

@@ -58,6 +58,7 @@ class LazyModel:
         self._config = config
         self._open_client = open_client
         self._client: LLMClient | None = None
+        self._failure: BaseException | None = None
         self._stats: StageStats | None = None
 
     @property
@@ -70,12 +71,20 @@ class LazyModel:
         return self
 
     def _started(self) -> LLMClient:
+        if self._failure is not None:
+            # Items already scheduled in the stage call in after a failed or interrupted start: they must not
+            # start the server again (each try costs minutes, and a Ctrl-C would only stop one of them).
+            raise self._failure
         if self._client is None:
             # Blocking on purpose: PR_SET_PDEATHSIG ties the server to the thread that starts it, so it must be
             # the main thread, and no stage can progress before the server is up anyway. The event loop cannot
             # see signals meanwhile, so Ctrl-C and SIGTERM interrupt the start-up directly.
-            with _signals_interrupt():
-                self._client = self._open_client(self._count)
+            try:
+                with _signals_interrupt():
+                    self._client = self._open_client(self._count)
+            except BaseException as error:
+                self._failure = error
+                raise
         return self._client
 
     def _count(self, record: CallRecord) -> None:

@@ -55,7 +55,8 @@ async def test_local_files_with_duplicates_and_limit(tmp_path, suffix):
         pl.DataFrame(rows).write_parquet(path)
     ctx = context(tmp_path, f"mine.seeds={path}", "mine.request_field=q", "mine.max_seeds=3")
     kept, rejected = split(await collect([], ctx))
-    assert [seed.request for seed in kept] == ["Book room 12 for me", "Cancel order 7 right now"]
+    expected = ["Book room 12 for me", "Cancel order 7 right now", "Refund order 9 to my card"]
+    assert [seed.request for seed in kept] == expected  # the duplicate does not count against max_seeds
     assert [r.reason for r in rejected] == ["duplicate"]
     assert "repeats row 0" in rejected[0].detail
 
@@ -96,6 +97,10 @@ async def test_api_bank_through_collect(tmp_path):
     kept, rejected = split(await collect([], context(tmp_path, f"mine.seeds={API_BANK}", "mine.max_seeds=none")))
     assert 250 < len(kept) < 400
     assert Counter(r.reason for r in rejected)["duplicate"] > 800  # lv3 repeats each utterance per API step
+    # max_seeds counts kept tasks: the repeats in between do not use up the budget.
+    capped, dropped = split(await collect([], context(tmp_path, f"mine.seeds={API_BANK}", "mine.max_seeds=30")))
+    assert len(capped) == 30 and [seed.request for seed in capped] == [seed.request for seed in kept[:30]]
+    assert dropped and {r.reason for r in dropped} == {"duplicate"}
 
 
 def test_parsers_on_odd_rows():

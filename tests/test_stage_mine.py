@@ -1,4 +1,5 @@
 import json
+import time
 
 import polars as pl
 import pytest
@@ -199,3 +200,27 @@ def test_signal_during_model_start_up_interrupts_at_once(tmp_path):
     assert stop.value.signum == signal.SIGTERM
     assert time.monotonic() - started < 5
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the previous handler is back
+
+
+@pytest.mark.parametrize("failure", ["signal", "server_error"])
+async def test_a_failed_model_start_is_not_retried_by_the_other_items(tmp_path, failure):
+    import os
+    import signal
+
+    from builder.llm.errors import ServerError
+    from builder.runner import Interrupted
+
+    starts = []
+
+    def failing_start(on_call):
+        starts.append(1)
+        if failure == "signal":
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives while the (blocking) start-up runs
+            time.sleep(5)
+        raise ServerError("vLLM exited with code 1 during start-up")
+
+    config = load_config(None, ["mine.max_seeds=6", "llm.max_concurrency=6"])
+    lazy = LazyModel(config, failing_start)
+    with pytest.raises(Interrupted if failure == "signal" else ServerError):
+        await run_stages(STAGES, config, tmp_path / "run", llm=lazy.for_stage, until="mine")
+    assert len(starts) == 1  # six items were in flight; one start-up, not six

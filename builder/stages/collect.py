@@ -62,9 +62,10 @@ async def collect(_: Sequence[Record], ctx: StageContext) -> list[Record]:
     results: list[Record] = []
     seen: dict[str, str] = {}
     rows = read_seeds(mine.seeds, fmt=mine.seed_format, request_field=mine.request_field, split=mine.seeds_split)
-    for count, row in enumerate(rows):
-        if mine.max_seeds is not None and count >= mine.max_seeds:
-            break
+    kept = 0
+    for row in rows:
+        if mine.max_seeds is not None and kept >= mine.max_seeds:
+            break  # counted after the filters: a source full of repeats (API-Bank) still yields max_seeds tasks
         request = " ".join((row.request or "").split())
         seed = SeedTask(
             provenance=ctx.provenance(), source=mine.seeds, source_ref=row.ref, request=request, domain=row.domain
@@ -82,4 +83,5 @@ async def collect(_: Sequence[Record], ctx: StageContext) -> list[Record]:
             continue
         seen[_normalised(request)] = row.ref
         results.append(seed)
+        kept += 1
     return results

@@ -224,3 +224,22 @@ async def test_a_failed_model_start_is_not_retried_by_the_other_items(tmp_path, 
     with pytest.raises(Interrupted if failure == "signal" else ServerError):
         await run_stages(STAGES, config, tmp_path / "run", llm=lazy.for_stage, until="mine")
     assert len(starts) == 1  # six items were in flight; one start-up, not six
+
+
+def test_free_text_in_model_facing_schemas_is_bounded():
+    """A constrained decoder closes a string at maxLength, so a looping small model still ends its JSON."""
+    from builder.stages._evaluate_agents import CheckerVerdict
+    from builder.stages.mine import Judgement, TopicDraft
+
+    def unbounded(schema: dict, path: str = "") -> list[str]:
+        if schema.get("type") == "string" and "enum" not in schema:
+            return [] if "maxLength" in schema else [path]
+        found = []
+        for name, sub in schema.get("properties", {}).items():
+            found += unbounded(sub, f"{path}.{name}")
+        if isinstance(schema.get("items"), dict):
+            found += unbounded(schema["items"], f"{path}[]")
+        return found
+
+    for model in (Judgement, TopicDraft, CheckerVerdict):
+        assert unbounded(model.model_json_schema()) == [], model.__name__

@@ -35,9 +35,12 @@ STATE_FOCUS = (
 class CheckerVerdict(BaseModel):
     """The checker's ruling on one tool call (analysis first, so the verdict follows from it)."""
 
-    analysis: str = Field(description="Brief: what the method should do with these arguments and what it did.")
+    # Length caps are part of the schema, so a constrained decoder closes the strings (see stages/mine.py).
+    analysis: str = Field(
+        description="Brief: what the method should do with these arguments and what it did.", max_length=800
+    )
     verdict: Literal["pass", "warning", "fail"]
-    reason: str = Field(description="One sentence justifying the verdict.")
+    reason: str = Field(description="One sentence justifying the verdict.", max_length=400)
 
 
 class InvalidReply(Exception):  # noqa: N818 - a verdict about a reply, not a program error

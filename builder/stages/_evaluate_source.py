@@ -86,7 +86,7 @@ def state_output_type(schema: dict[str, Any]) -> type[BaseModel]:
     class TestState(BaseModel):
         model_config = ConfigDict(extra="forbid")
 
-        purpose: str = Field(description="One sentence: what situation this state sets up for testing.")
+        purpose: str = Field(description="One sentence: what situation this state sets up for testing.", max_length=400)
         state: state_type  # type: ignore[valid-type]
 
         @model_validator(mode="after")

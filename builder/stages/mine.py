@@ -8,6 +8,7 @@ can be modelled and how useful it is. Topics scoring under `mine.keep_threshold`
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
 from pydantic import BaseModel, Field
 
@@ -17,16 +18,19 @@ from builder.runner import Rejected, StageContext
 from builder.stages._llm import ask, system_user
 
 
+# Length caps on free text are part of the JSON schema, so a constrained decoder must close the string: a small
+# model that loops inside a string ("to cherish, to cherish, ...") then ends its answer instead of running into
+# max_tokens and failing as invalid JSON (a third of the 135M model's mine failures before the caps).
 class Judgement(BaseModel):
-    reason: str = Field(description="One or two sentences.")
+    reason: str = Field(description="One or two sentences.", max_length=400)
     needs_stateful_system: bool
 
 
 class TopicDraft(BaseModel):
-    name: str
-    description: str
-    domain: str
-    core_entities: list[str] = Field(min_length=1, max_length=8)
+    name: str = Field(max_length=80)
+    description: str = Field(max_length=600)
+    domain: str = Field(max_length=40)
+    core_entities: list[Annotated[str, Field(max_length=60)]] = Field(min_length=1, max_length=8)
     modelability: int = Field(ge=1, le=10)
     usefulness: int = Field(ge=1, le=10)
 

@@ -2,7 +2,8 @@
 
 The real CLI, runner, sandbox, Parquet store and export run; only the model backend is replaced: `llm.url` is
 set, so `open_llm` builds its client (response cache, accounting) around `OpenAIChatModel`, which the test swaps
-for the teacher of tests/fixtures/teacher.py. A second run on the same folder must resume everything.
+for the teacher of tests/fixtures/teacher.py. A second run on the same folder must resume everything, and a run
+stopped half-way and resumed must end exactly like the one-shot run.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ def restore_logging():
     log.setLevel(level)
 
 
-def run(tmp_path) -> int:
-    seeds = tmp_path / "seeds.jsonl"
+def run(tmp_path, name: str, *options: str) -> int:
+    """`python -m builder run` over `tmp_path/<name>/` (run folder, store, Hub, releases); the seed file is shared,
+    so every run has the same config and config hash."""
+    seeds, root = tmp_path / "seeds.jsonl", tmp_path / name
     seeds.write_text("".join(json.dumps({"request": seed}) + "\n" for seed in SEEDS))
     overrides = {
         "llm.url": "http://teacher.invalid/v1",
@@ -58,29 +61,36 @@ def run(tmp_path) -> int:
         "scenarios.per_environment": 1,
         "rollout.samples_per_scenario": 2,
         "select.rl_env_fraction": RL_FRACTION,
-        "store.path": tmp_path / "store",
-        "hub.root": tmp_path / "hub",
-        "hub.release_root": tmp_path / "release",
+        "store.path": root / "store",
+        "hub.root": root / "hub",
+        "hub.release_root": root / "release",
     }
     args = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
-    return main(["run", "--run-dir", str(tmp_path / "run"), *args])
+    return main(["run", "--run-dir", str(root / "run"), *args, *options])
 
 
-def run_outputs(tmp_path) -> dict[str, pl.DataFrame]:
+def run_outputs(root) -> dict[str, pl.DataFrame]:
     """Every stage table of the run folder and every store table."""
-    folder, store = tmp_path / "run", Store(tmp_path / "store")
-    tables = {path.name: pl.read_parquet(path) for path in sorted(folder.glob("*.parquet"))}
+    store = Store(root / "store")
+    tables = {path.name: pl.read_parquet(path) for path in sorted((root / "run").glob("*.parquet"))}
     return tables | {f"store/{name}": store.read_frame(name) for name in ("environments", "scenarios", "trajectories")}
 
 
-def test_seeds_to_release_candidate_then_a_rerun_resumes_everything(tmp_path, model, restore_logging, capsys):
+def assert_same(outputs: dict[str, pl.DataFrame], expected: dict[str, pl.DataFrame]) -> None:
+    assert list(outputs) == list(expected)
+    for name, frame in expected.items():
+        assert outputs[name].equals(frame), name
+
+
+def test_seeds_to_release_candidate_and_resumed_runs_change_nothing(tmp_path, model, restore_logging, capsys):
     from datasets import load_dataset
 
-    assert run(tmp_path) == 0
+    root = tmp_path / "main"
+    assert run(tmp_path, "main") == 0
     assert "release candidate 0.1.0" in capsys.readouterr().out
 
     # Every stage kept something, dropped what it should, and says what it cost.
-    stats = load_stats(tmp_path / "run" / "stats.json")
+    stats = load_stats(root / "run" / "stats.json")
     assert list(stats) == STAGE_NAMES
     for name, stage in stats.items():
         assert stage.kept > 0 and stage.to_json()["yield"] > 0, (name, stage.to_json())
@@ -96,7 +106,7 @@ def test_seeds_to_release_candidate_then_a_rerun_resumes_everything(tmp_path, mo
     assert sum(stage.llm_calls for stage in stats.values()) == len(model.requests)
 
     # The store: accepted environments with the dual-agent evidence, one in each split.
-    store = Store(tmp_path / "store")
+    store = Store(root / "store")
     envs = store.environments()
     assert len(envs) == 2 and {env.status for env in envs} == {"accepted"}
     assert {env.name for env in envs} == {"library_loans", "equipment_lending"}
@@ -137,14 +147,14 @@ def test_seeds_to_release_candidate_then_a_rerun_resumes_everything(tmp_path, mo
     assert [m.role for m in conversation.messages][:4] == ["system", "user", "assistant", "user"]
 
     # Select: SFT from the train environment's solved samples, RL from the rl environment's scenarios.
-    selections = pl.read_parquet(tmp_path / "run" / "select.parquet")
+    selections = pl.read_parquet(root / "run" / "select.parquet")
     assert sorted(selections["kind"].to_list()) == ["rl", "rl", "sft", "sft"]
     assert set(selections.filter(pl.col("kind") == "rl")["env_id"]) == rl_envs
     assert set(selections.filter(pl.col("kind") == "sft")["env_id"]).isdisjoint(rl_envs)
     assert selections.filter(pl.col("kind") == "rl")["pass_rate"].to_list() == [0.5, 0.5]
 
     # The release candidate: every config and split loads with `datasets`, environments disjoint across splits.
-    (release,) = (tmp_path / "release").iterdir()
+    (release,) = (root / "release").iterdir()
     assert release.name == "0.1.0"
     manifest = json.loads((release / "release.json").read_text())
     assert manifest["counts"] == {
@@ -165,15 +175,20 @@ def test_seeds_to_release_candidate_then_a_rerun_resumes_everything(tmp_path, mo
     assert load_dataset("parquet", data_files=shards, split="train", cache_dir=str(tmp_path / "hf-cache")).num_rows == 2
 
     # A rerun on the same folder resumes every stage: no model call, the same tables and the same release data.
-    before, calls = run_outputs(tmp_path), len(model.requests)
-    assert run(tmp_path) == 0
+    before, calls = run_outputs(root), len(model.requests)
+    assert run(tmp_path, "main") == 0
     assert len(model.requests) == calls
-    again = load_stats(tmp_path / "run" / "stats.json")
+    again = load_stats(root / "run" / "stats.json")
     assert {name: (s.llm_calls, s.llm_cache_hits) for name, s in again.items()} == {
         name: (s.llm_calls, s.llm_cache_hits) for name, s in stats.items()
     }
-    after = run_outputs(tmp_path)
-    assert list(after) == list(before)
-    for name, frame in before.items():
-        assert after[name].equals(frame), name
+    assert_same(run_outputs(root), before)
     assert json.loads((release / "release.json").read_text())["data_sha256"] == manifest["data_sha256"]
+
+    # A run stopped after scenarios and then resumed (in a folder of its own) ends exactly like the one-shot run.
+    assert run(tmp_path, "split", "--until", "scenarios") == 0
+    assert not (tmp_path / "split" / "release").exists()  # no release candidate from an unfinished run
+    assert run(tmp_path, "split") == 0
+    assert_same(run_outputs(tmp_path / "split"), before)
+    resumed = json.loads((tmp_path / "split" / "release" / "0.1.0" / "release.json").read_text())
+    assert resumed["data_sha256"] == manifest["data_sha256"]

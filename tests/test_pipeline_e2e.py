@@ -66,7 +66,8 @@ def run(tmp_path, name: str, *options: str) -> int:
         "hub.release_root": root / "release",
     }
     args = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
-    return main(["run", "--run-dir", str(root / "run"), *args, *options])
+    # --profile none: the built-in defaults plus these overrides, whatever GPU the machine has.
+    return main(["run", "--profile", "none", "--run-dir", str(root / "run"), *args, *options])
 
 
 def run_outputs(root) -> dict[str, pl.DataFrame]:

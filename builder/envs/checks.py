@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from builder.pyast import parse
 from builder.sandbox.runtime import Sandbox, Worker, WorkerFailure
 
 
@@ -50,9 +51,7 @@ class Verdict(BaseModel):
 def checks_from_file(source: str) -> list[CheckSpec]:
     """Every top-level `check_*` function of a checks file, in order (found by parsing, not running, it)."""
     names = [
-        node.name
-        for node in ast.parse(source).body
-        if isinstance(node, ast.FunctionDef) and node.name.startswith("check_")
+        node.name for node in parse(source).body if isinstance(node, ast.FunctionDef) and node.name.startswith("check_")
     ]
     return [CheckSpec(name=name, source=source, function=name) for name in names]
 

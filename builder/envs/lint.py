@@ -14,6 +14,7 @@ import unicodedata
 from pydantic import BaseModel, ConfigDict
 
 from builder.errors import BuilderError
+from builder.pyast import parse
 from builder.sandbox.allowed import ALLOWED_MODULES
 
 # code -> what it means (also the README table). Stable: codes are aggregated in stats and fed to models.
@@ -82,7 +83,7 @@ class ContractError(BuilderError):
 def lint(source: str) -> list[Problem]:
     """Every contract violation in `source`, sorted by line. An empty list means the module may be loaded."""
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except SyntaxError as error:
         return [Problem(code="syntax", line=error.lineno or 0, message=f"syntax error: {error.msg}")]
     problems = _module_problems(tree) + _expression_problems(tree)

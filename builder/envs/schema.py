@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from builder.envs.lint import RESERVED_TOOLS, ContractError, Problem, lint
+from builder.pyast import parse
 
 JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
 SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Return|Raises|Yields|Examples?|Notes?):\s*$")
@@ -41,7 +42,7 @@ def inspect_source(source: str) -> EnvInterface:
     problems = lint(source)
     if problems:
         raise ContractError(problems)
-    cls = next(node for node in ast.parse(source).body if isinstance(node, ast.ClassDef))
+    cls = next(node for node in parse(source).body if isinstance(node, ast.ClassDef))
     return EnvInterface(class_name=cls.name, tools=tuple(tool_schema(method) for method in tool_methods(cls)))
 
 
@@ -149,7 +150,7 @@ def _parameters_with_defaults(method: ast.FunctionDef | ast.AsyncFunctionDef) ->
 def annotation_schema(node: ast.expr) -> dict[str, Any]:
     """JSON schema of a type annotation; raises ValueError (with advice) for unsupported types."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return annotation_schema(ast.parse(node.value, mode="eval").body)
+        return annotation_schema(parse(node.value, mode="eval").body)
     if isinstance(node, ast.Constant) and node.value is None:
         return {"type": "null"}
     name = _type_name(node)

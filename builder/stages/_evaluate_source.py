@@ -14,9 +14,11 @@ from typing import Annotated, Any
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, create_model, model_validator
 
+from builder.pyast import parse
+
 
 def _env_class(code: str) -> ast.ClassDef:
-    return next(node for node in ast.parse(code).body if isinstance(node, ast.ClassDef))
+    return next(node for node in parse(code).body if isinstance(node, ast.ClassDef))
 
 
 def _methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:

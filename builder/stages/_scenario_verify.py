@@ -18,6 +18,7 @@ from builder.envs.checks import CheckResult, checks_from_scenario, run_checks
 from builder.envs.lint import lint
 from builder.envs.probe import generate_arguments
 from builder.envs.session import Session, SessionError, ToolResult
+from builder.pyast import parse
 from builder.sandbox.runtime import Sandbox
 
 # Tool failures that say the state (or the code) is broken, as opposed to an answered domain error.
@@ -90,7 +91,7 @@ def lint_check(source: str) -> list[str]:
     problems = [str(p) for p in found]
     if any(p.code == "syntax" for p in found):
         return problems
-    tree = ast.parse(source)
+    tree = parse(source)
     functions = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "check"]
     if any(isinstance(node, ast.ClassDef) for node in tree.body):
         problems.append("define no classes; write one function `check`")

@@ -16,6 +16,7 @@ from typing import Any
 
 from builder.envs.lint import lint
 from builder.envs.schema import annotation_schema, inspect_source, tool_methods
+from builder.pyast import parse
 from builder.records import EnvPlan, OperationPlan
 from builder.sandbox.allowed import ALLOWED_MODULES
 from builder.stages.code_pieces import STATE, Piece, PieceError, signature
@@ -91,7 +92,7 @@ def unbound_names(source: str) -> dict[str, int]:
     here is certainly undefined (a NameError waiting to happen), while some scope mistakes go unreported.
     """
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except SyntaxError:
         return {}
     bound, used = set(dir(builtins)), {}
@@ -117,7 +118,7 @@ def missing_imports(source: str) -> list[str]:
     unbound = unbound_names(source)
     datetime_attributes = set()
     if "datetime" in unbound:
-        for node in ast.walk(ast.parse(source)):
+        for node in ast.walk(parse(source)):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "datetime":
                 datetime_attributes.add(node.attr)
     added = []
@@ -147,7 +148,7 @@ def module_errors(assembly: Assembly, plan: EnvPlan) -> dict[str, list[PieceErro
         add(line, "undefined_name", f"{name} is not defined; define it or import it from the allowed modules")
     if errors:
         return errors
-    cls = next(node for node in ast.parse(assembly.source).body if isinstance(node, ast.ClassDef))
+    cls = next(node for node in parse(assembly.source).body if isinstance(node, ast.ClassDef))
     seen: set[str] = set()
     for node in cls.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -220,7 +221,7 @@ def schema_problems(tool: dict[str, Any] | None, op: OperationPlan) -> list[str]
             problems.append(f"parameter {name} is required: remove its default; {expected}")
         if not param.required and name in required:
             problems.append(f"parameter {name} is optional: give it the default None; {expected}")
-        want = annotation_schema(ast.parse(param.type, mode="eval").body)["type"]
+        want = annotation_schema(parse(param.type, mode="eval").body)["type"]
         if want not in _types(properties[name]):
             problems.append(f"parameter {name} must have type {param.type}; {expected}")
     return problems
@@ -240,7 +241,7 @@ def state_schema(plan: EnvPlan) -> dict[str, Any]:
     for entity in plan.entities:
         attributes = {}
         for attribute in entity.attributes:
-            schema = annotation_schema(ast.parse(attribute.type, mode="eval").body)
+            schema = annotation_schema(parse(attribute.type, mode="eval").body)
             attributes[attribute.name] = {
                 **schema,
                 **({"description": attribute.description} if attribute.description else {}),

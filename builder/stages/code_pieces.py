@@ -14,6 +14,7 @@ import textwrap
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from builder.pyast import parse
 from builder.records import EnvPlan, OperationPlan
 
 STATE = "__init__"  # key of the state piece; never an operation name (those are public snake_case names)
@@ -83,7 +84,7 @@ def _drop_trailing_prose(code: str) -> str:
 
 def _parses(code: str) -> bool:
     try:
-        ast.parse(code)
+        parse(code)
     except (SyntaxError, RecursionError, MemoryError):
         return False
     return True
@@ -91,7 +92,7 @@ def _parses(code: str) -> bool:
 
 def _parse(code: str, truncated: bool) -> ast.Module | PieceError:
     try:
-        return ast.parse(code)
+        return parse(code)
     except (RecursionError, MemoryError):  # absurdly deep nesting: the parser gives up before any syntax error
         return PieceError("syntax", "the code is nested too deeply to parse; write simpler code")
     except SyntaxError as error:
@@ -121,7 +122,7 @@ def state_piece(text: str, plan: EnvPlan, truncated: bool = False) -> Piece | li
     inits = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
     if not classes and inits:  # only the constructor was written: put it in the planned class
         code = f"class {plan.class_name}:\n" + textwrap.indent(_segment(code.splitlines(), inits[0]), "    ") + "\n"
-        tree, fixes = ast.parse(code), [*fixes, "wrapped_in_class"]
+        tree, fixes = parse(code), [*fixes, "wrapped_in_class"]
         classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
     if not classes:
         return [PieceError("missing_class", f"write the class statement `class {plan.class_name}:` with __init__")]

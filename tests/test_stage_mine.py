@@ -230,6 +230,8 @@ def test_free_text_in_model_facing_schemas_is_bounded():
     """A constrained decoder closes a string at maxLength, so a looping small model still ends its JSON."""
     from builder.stages._evaluate_agents import CheckerVerdict
     from builder.stages.mine import Judgement, TopicDraft
+    from builder.stages.plan_rules import OperationsDraft, StateDraft
+    from builder.stages.scenarios import CheckCode, GoldSolution, TaskDraft
 
     def unbounded(schema: dict, path: str = "") -> list[str]:
         if schema.get("type") == "string" and "enum" not in schema:
@@ -239,7 +241,20 @@ def test_free_text_in_model_facing_schemas_is_bounded():
             found += unbounded(sub, f"{path}.{name}")
         if isinstance(schema.get("items"), dict):
             found += unbounded(schema["items"], f"{path}[]")
+        if "$ref" in schema:
+            found += unbounded(defs[schema["$ref"].rsplit("/", 1)[-1]], path)
         return found
 
-    for model in (Judgement, TopicDraft, CheckerVerdict):
-        assert unbounded(model.model_json_schema()) == [], model.__name__
+    for model in (
+        Judgement,
+        TopicDraft,
+        CheckerVerdict,
+        StateDraft,
+        OperationsDraft,
+        TaskDraft,
+        GoldSolution,
+        CheckCode,
+    ):
+        schema = model.model_json_schema()
+        defs = schema.get("$defs", {})
+        assert unbounded(schema) == [], model.__name__

@@ -74,45 +74,48 @@ DraftType = Annotated[PlanType, BeforeValidator(normal_type)]
 
 # List caps also go into the JSON schema, so constrained decoding cannot run away generating items until the
 # token budget cuts the JSON off; the operation count is checked by validation, since its bounds are config.
+# String caps do the same for text: a small model looping inside a description must close the string.
+Name = Annotated[str, Field(max_length=60)]
+Sentence = Annotated[str, Field(max_length=300)]
 
 
 class AttributeDraft(BaseModel):
-    name: str
+    name: Name
     type: DraftType
-    description: str = ""
+    description: str = Field("", max_length=300)
 
 
 class EntityDraft(BaseModel):
-    name: str = Field(description="snake_case singular, e.g. member")
-    key: str = Field(description="the attribute that identifies a record, e.g. member_id")
+    name: Name = Field(description="snake_case singular, e.g. member")
+    key: Name = Field(description="the attribute that identifies a record, e.g. member_id")
     attributes: list[AttributeDraft] = Field(max_length=16)
 
 
 class StateDraft(BaseModel):
     """The first half of a plan: what the environment stores and the rules it keeps."""
 
-    class_name: str = Field(description="PascalCase ending in Env, e.g. LibraryLoansEnv")
-    description: str
+    class_name: Name = Field(description="PascalCase ending in Env, e.g. LibraryLoansEnv")
+    description: str = Field(max_length=600)
     entities: list[EntityDraft] = Field(max_length=MAX_ENTITIES)
-    rules: list[str] = Field(max_length=12, description="business rules and constraints, one sentence each")
+    rules: list[Sentence] = Field(max_length=12, description="business rules and constraints, one sentence each")
 
 
 class ParameterDraft(BaseModel):
-    name: str
+    name: Name
     type: DraftType
-    description: str = ""
+    description: str = Field("", max_length=300)
     required: bool = True
 
 
 class OperationDraft(BaseModel):
-    name: str = Field(description="snake_case verb phrase, e.g. borrow_book")
+    name: Name = Field(description="snake_case verb phrase, e.g. borrow_book")
     kind: Annotated[Literal["query", "change"], BeforeValidator(normal_kind)]
-    description: str
+    description: str = Field(max_length=400)
     parameters: list[ParameterDraft] = Field(max_length=10)
-    returns: str = Field(description="what the result holds on success")
+    returns: Sentence = Field(description="what the result holds on success")
     enforces: list[int] = Field(max_length=12, description="numbers of the rules it enforces")
-    reads: list[str] = Field(max_length=MAX_ENTITIES, description="entities it reads")
-    writes: list[str] = Field(max_length=MAX_ENTITIES, description="entities it changes; empty for a query")
+    reads: list[Name] = Field(max_length=MAX_ENTITIES, description="entities it reads")
+    writes: list[Name] = Field(max_length=MAX_ENTITIES, description="entities it changes; empty for a query")
 
 
 class OperationsDraft(BaseModel):

@@ -28,7 +28,7 @@ import logging
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -63,18 +63,19 @@ STATE_CHARS = 6000  # the state shown in prompts is cut to this many characters
 CODE_SAMPLING_TEMPERATURE = 0.2  # checks and gold sequences are precise code: sample close to greedy
 
 
+# String caps are part of the schema so a constrained decoder closes every string (see stages/mine.py).
 class TaskDraft(BaseModel):
-    task: str = Field(description="The user's full request, first person.")
+    task: str = Field(description="The user's full request, first person.", max_length=1200)
     difficulty: Literal["easy", "medium", "hard"]
-    user_profile: str
-    known_up_front: str
-    reveal_when_asked: str
-    ending: str
-    checklist: list[str] = Field(min_length=1, max_length=6)
+    user_profile: str = Field(max_length=600)
+    known_up_front: str = Field(max_length=600)
+    reveal_when_asked: str = Field(max_length=600)
+    ending: str = Field(max_length=300)
+    checklist: list[Annotated[str, Field(max_length=300)]] = Field(min_length=1, max_length=6)
 
 
 class GoldAction(BaseModel):
-    name: str
+    name: str = Field(max_length=80)
     arguments: dict[str, Any]
 
 
@@ -83,7 +84,9 @@ class GoldSolution(BaseModel):
 
 
 class CheckCode(BaseModel):
-    code: str = Field(description="Python source defining `def check(initial_state, final_state) -> bool`.")
+    code: str = Field(
+        description="Python source defining `def check(initial_state, final_state) -> bool`.", max_length=4000
+    )
 
 
 @dataclass

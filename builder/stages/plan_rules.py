@@ -75,7 +75,7 @@ DraftType = Annotated[PlanType, BeforeValidator(normal_type)]
 # List caps also go into the JSON schema, so constrained decoding cannot run away generating items until the
 # token budget cuts the JSON off; the operation count is checked by validation, since its bounds are config.
 # String caps do the same for text: a small model looping inside a description must close the string.
-Name = Annotated[str, Field(max_length=60)]
+Name = Annotated[str, Field(max_length=MAX_NAME)]  # the identifier rule below, enforced while decoding
 Sentence = Annotated[str, Field(max_length=300)]
 
 

@@ -46,8 +46,9 @@ def value_error(schema: dict[str, Any], value: Any, path: str) -> str | None:
         return None
     kinds = schema.get("type")
     if kinds is not None:
-        kinds = [kinds] if isinstance(kinds, str) else kinds
-        if not any(_is(value, kind) for kind in kinds):
+        # One type is the common case; it skips building a list and a generator on every call.
+        if not (_is(value, kinds) if isinstance(kinds, str) else any(_is(value, kind) for kind in kinds)):
+            kinds = [kinds] if isinstance(kinds, str) else kinds
             return f"{path}: expected {' or '.join(kinds)}, got {_kind(value)}"
     if "enum" in schema and value not in schema["enum"]:
         return f"{path}: {value!r} is not one of {schema['enum']}"

@@ -1,6 +1,7 @@
 """The call path's framing and deadlines, against fake workers (pipes and a sleeping process) and real ones."""
 
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -140,3 +141,33 @@ def test_worker_checks_arguments_against_the_real_signature():
         assert s.call("echo", {"text": "é" * 300_000}).result == 300_000
         assert s.call("blob", {"size": 900_000}).result == "z" * 900_000
         assert s.call("plain", {"a": 1}).result == 3
+
+
+LOOP = """
+class T:
+    def __init__(self):
+        self.n = 0
+
+    def spin(self) -> int:
+        while True:
+            self.n += 1
+
+    def add(self) -> int:
+        self.n += 1
+        return self.n
+"""
+
+
+def test_soft_deadline_signal_from_the_parent_times_out_a_call_and_is_harmless_between_calls():
+    tools = (_tool("spin", {}, []), _tool("add", {}, []))
+    with Sandbox(FAST) as sandbox, Session(sandbox, LOOP, interface=EnvInterface(class_name="T", tools=tools)) as s:
+        assert s.call("add").result == 1
+        os.kill(s._worker.pid, signal.SIGALRM)  # between requests: ignored, the worker lives on
+        time.sleep(0.05)
+        assert s.call("add").result == 2
+        started = time.monotonic()
+        result = s.call("spin")
+        elapsed = time.monotonic() - started
+        assert result.error_kind == "timeout" and FAST.call_timeout_s <= elapsed < FAST.call_timeout_s + 0.4
+        assert s._worker.alive  # a soft timeout: same worker, no replay needed
+        assert s.call("add").ok

@@ -57,6 +57,7 @@ class Worker:
         self.layers: dict[str, str] = {}
         self.alive = True
         self._buffer = b""
+        self._soft_deadline: float | None = None  # when to send SIGALRM (a tool error); None once sent or idle
         # One poll object for the life of the worker: building and registering one per call costs more than
         # the poll itself.
         self._readable = select.poll()
@@ -70,13 +71,17 @@ class Worker:
         """Send one request and return the reply; raises WorkerFailure (and kills the worker) on any fault."""
         if not self.alive:
             raise WorkerFailure("crashed", "the sandbox worker is no longer running")
-        deadline = time.monotonic() + (timeout_s or self.config.call_timeout_s + self.config.kill_grace_s)
+        now = time.monotonic()
+        deadline = now + (timeout_s or self.config.call_timeout_s + self.config.kill_grace_s)
+        self._soft_deadline = now + self.config.call_timeout_s
         try:
             self._send(frames.encode(message), deadline)
             return self.receive(deadline)
         except WorkerFailure:
             self.kill()
             raise
+        finally:
+            self._soft_deadline = None
 
     def _send(self, data: bytes, deadline: float) -> None:
         # The worker is idle between requests, so its pipe is empty and a frame that fits the pipe buffer
@@ -130,27 +135,42 @@ class Worker:
             except BlockingIOError:
                 if time.perf_counter() < spin_until:
                     continue
-                remaining_ms = (deadline - time.monotonic()) * 1000
-                if remaining_ms <= 0 or not self._readable.poll(remaining_ms):
-                    raise WorkerFailure("timeout", "the sandbox worker missed its deadline and was killed") from None
+                self._wait_readable(deadline)
                 spin_until = 0.0  # readable (or hung up) now: the next read will not block
                 continue
             if not chunk:
                 raise WorkerFailure("crashed", "the sandbox worker died")
             return chunk
 
+    def _wait_readable(self, deadline: float) -> None:
+        # poll() until the reply is readable; at the soft deadline send SIGALRM once (the worker answers with a
+        # `timeout` error and lives on), at the hard deadline give up (the caller kills the worker).
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise WorkerFailure("timeout", "the sandbox worker missed its deadline and was killed")
+            if self._soft_deadline is not None and now >= self._soft_deadline:
+                self._soft_deadline = None
+                self._signal(signal.SIGALRM)
+            until = deadline if self._soft_deadline is None else min(self._soft_deadline, deadline)
+            if self._readable.poll((until - now) * 1000):
+                return
+
+    def _signal(self, number: int) -> None:
+        try:
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, number)
+            else:
+                os.kill(self.pid, number)
+        except (ProcessLookupError, OSError):
+            pass
+
     def kill(self) -> None:
         """SIGKILL the worker and release its descriptors (idempotent)."""
         if not self.alive:
             return
         self.alive = False
-        try:
-            if self._pidfd is not None:
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-            else:
-                os.kill(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, OSError):
-            pass
+        self._signal(signal.SIGKILL)
         for fd in (self.req_fd, self.resp_fd, self._pidfd):
             if fd is not None:
                 os.close(fd)

@@ -25,7 +25,8 @@ import harden
 
 
 class SoftTimeout(BaseException):
-    """Raised by SIGALRM inside a call; a BaseException so `except Exception` in generated code misses it."""
+    """Raised by the parent's SIGALRM inside a call; a BaseException so `except Exception` in generated code misses
+    it."""
 
 
 def _preload(extra: list[str]) -> None:
@@ -98,6 +99,16 @@ class Worker:
         # in place of the much slower Signature.bind on every call.
         self.keywords: dict[str, tuple[frozenset[str], frozenset[str]] | None] = {}
         self.handlers = {"load": self.load, "call": self.call, "snapshot": self.snapshot, "check": self.check}
+        self.busy = False
+
+    def on_alarm(self, signum: int, frame: Any) -> None:
+        """SIGALRM from the parent at the soft deadline: a timeout error if a request is running, else nothing.
+
+        The parent sends it (its clock already runs for the hard deadline), which spares the worker a
+        setitimer pair on every call. Between requests it only interrupts a read, which Python retries.
+        """
+        if self.busy:
+            raise SoftTimeout()
 
     def serve(self, layers: dict[str, str]) -> None:
         self.send({"ok": True, "layers": layers, "pid": os.getpid()})
@@ -120,7 +131,7 @@ class Worker:
         handler = self.handlers.get(op)
         if handler is None:
             return {"ok": True} if op == "ping" else {"ok": False, "kind": "protocol", "error": f"bad op {op!r}"}
-        signal.setitimer(signal.ITIMER_REAL, self.config["soft_timeout_s"])
+        self.busy = True
         try:
             return handler(request)
         except SoftTimeout:
@@ -132,7 +143,7 @@ class Worker:
         except BaseException as error:
             return {"ok": False, "kind": "raised", "error": _describe(error)}
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            self.busy = False
 
     def load(self, request: dict[str, Any]) -> dict[str, Any]:
         namespace = _fresh_namespace("generated_env")
@@ -206,10 +217,6 @@ def _fresh_namespace(name: str) -> dict[str, Any]:
     return {"__name__": name, "__builtins__": dict(PRISTINE_BUILTINS)}
 
 
-def _on_alarm(signum: int, frame: Any) -> None:
-    raise SoftTimeout()
-
-
 def _run_worker(config: dict[str, Any], req_fd: int, resp_fd: int) -> None:
     """Body of a forked worker; never returns."""
     try:
@@ -218,10 +225,11 @@ def _run_worker(config: dict[str, Any], req_fd: int, resp_fd: int) -> None:
         for low, high in zip(keep, keep[1:] + [65536], strict=True):
             os.closerange(low + 1, high)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGALRM, _on_alarm)
+        worker = Worker(config, req_fd, resp_fd)
+        signal.signal(signal.SIGALRM, worker.on_alarm)
         harden.set_not_dumpable()
         layers = _harden(config)
-        Worker(config, req_fd, resp_fd).serve(layers)
+        worker.serve(layers)
     finally:
         os._exit(70)
 

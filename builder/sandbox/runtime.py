@@ -123,8 +123,8 @@ class Worker:
     def _read_some(self, deadline: float) -> bytes:
         # First spin briefly on a non-blocking read: a small call's reply usually comes within tens of
         # microseconds, and on this VM sleeping in poll() and being woken again (plus the cold caches after it)
-        # costs more than the spin (measured p50 ~58 -> ~43 µs). Then one poll with the time left, then one read.
-        # The deadline is enforced here, in the parent, whatever the worker does; poll() returns early with
+        # costs more than the spin (measured p50 ~58 -> ~43 µs). Then poll() (`_wait_readable`), then read.
+        # The deadlines are enforced there, in the parent, whatever the worker does; poll() returns early with
         # POLLHUP when the worker dies, and the read then sees EOF.
         spin_until = time.perf_counter() + SPIN_S
         while True:

@@ -24,15 +24,19 @@ def argument_error(parameters: dict[str, Any], arguments: Any) -> str | None:
     if not isinstance(arguments, dict):
         return f"arguments must be a JSON object, got {_kind(arguments)}"
     properties = parameters.get("properties", {})
-    missing = [name for name in parameters.get("required", []) if name not in arguments]
-    if missing:
-        return f"missing required argument(s): {', '.join(missing)}"
-    extra = [name for name in arguments if name not in properties]
-    if extra and parameters.get("additionalProperties") is False:
+    # This runs on every tool call: plain loops and a keys-view comparison, and the lists for the messages are
+    # built only once something is wrong.
+    for name in parameters.get("required", ()):
+        if name not in arguments:
+            missing = [name for name in parameters["required"] if name not in arguments]
+            return f"missing required argument(s): {', '.join(missing)}"
+    if parameters.get("additionalProperties") is False and not properties.keys() >= arguments.keys():
+        extra = [name for name in arguments if name not in properties]
         return f"unexpected argument(s): {', '.join(extra)}; expected: {', '.join(properties) or 'none'}"
     for name, value in arguments.items():
-        if name in properties:
-            error = value_error(properties[name], value, name)
+        schema = properties.get(name)
+        if schema is not None:
+            error = value_error(schema, value, name)
             if error:
                 return error
     return None
@@ -46,8 +50,9 @@ def value_error(schema: dict[str, Any], value: Any, path: str) -> str | None:
         return None
     kinds = schema.get("type")
     if kinds is not None:
-        kinds = [kinds] if isinstance(kinds, str) else kinds
-        if not any(_is(value, kind) for kind in kinds):
+        # One type is the common case; it skips building a list and a generator on every call.
+        if not (_is(value, kinds) if isinstance(kinds, str) else any(_is(value, kind) for kind in kinds)):
+            kinds = [kinds] if isinstance(kinds, str) else kinds
             return f"{path}: expected {' or '.join(kinds)}, got {_kind(value)}"
     if "enum" in schema and value not in schema["enum"]:
         return f"{path}: {value!r} is not one of {schema['enum']}"

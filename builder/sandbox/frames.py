@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from typing import Any
 
 import msgpack
 
 HEADER = struct.Struct(">I")
+# One reusable Packer per thread: `packb` builds a new one (and its buffer) for every message, which costs about
+# as much as the packing. A Packer is not thread-safe, hence one per thread.
+_local = threading.local()
 
 
 class FrameError(Exception):
@@ -21,7 +25,11 @@ class FrameError(Exception):
 
 def encode(message: dict[str, Any]) -> bytes:
     """One frame: a 4-byte big-endian length, then the msgpack body."""
-    body = msgpack.packb(message, use_bin_type=True)
+    try:
+        packer = _local.packer
+    except AttributeError:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    body = packer.pack(message)  # autoreset: returns the bytes and empties the buffer, also after an error
     return HEADER.pack(len(body)) + body
 
 
@@ -44,21 +52,37 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def read_exact(fd: int, size: int) -> bytes:
-    """Read exactly `size` bytes, blocking; raises FrameError on EOF."""
-    chunks = []
-    while size:
-        chunk = os.read(fd, min(size, 1 << 20))
+class FrameReader:
+    """Blocking reader of capped frames from one descriptor (the worker's request pipe).
+
+    It reads up to a pipe buffer at a time and keeps what follows a frame, so a small frame costs one
+    `os.read` instead of one for the header and one for the body.
+    """
+
+    def __init__(self, fd: int, max_bytes: int) -> None:
+        self.fd, self.max_bytes = fd, max_bytes
+        self.buffer = b""
+
+    def read(self) -> dict[str, Any]:
+        """The next frame's message; raises FrameError on EOF, garbage or a frame above the cap."""
+        while len(self.buffer) < HEADER.size:
+            self.buffer += self._read()
+        (size,) = HEADER.unpack_from(self.buffer)
+        if size > self.max_bytes:
+            raise FrameError(f"frame of {size} bytes exceeds the {self.max_bytes}-byte cap")
+        end = HEADER.size + size
+        if len(self.buffer) < end:  # a big frame: collect its chunks and join once
+            chunks, received = [self.buffer], len(self.buffer)
+            while received < end:
+                chunks.append(self._read())
+                received += len(chunks[-1])
+            self.buffer = b"".join(chunks)
+        body, self.buffer = self.buffer[HEADER.size : end], self.buffer[end:]
+        return decode(body)
+
+    def _read(self) -> bytes:
+        # At most one pipe buffer: a larger size makes os.read allocate that much on every call.
+        chunk = os.read(self.fd, 1 << 16)
         if not chunk:
             raise FrameError("pipe closed")
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
-
-
-def read_frame(fd: int, max_bytes: int) -> dict[str, Any]:
-    """Blocking read of one frame of at most `max_bytes` body bytes."""
-    (size,) = HEADER.unpack(read_exact(fd, HEADER.size))
-    if size > max_bytes:
-        raise FrameError(f"frame of {size} bytes exceeds the {max_bytes}-byte cap")
-    return decode(read_exact(fd, size))
+        return chunk

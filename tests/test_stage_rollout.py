@@ -282,6 +282,18 @@ async def test_bench_rollout_runs_graded_episodes(sandbox):
     figures = await run_rollouts(_SlowScripted(0.0), sandbox, episodes=6, in_flight=3, config=load_config(None, []))
     assert (figures["episodes"], figures["solved"]) == (6, 6)
     assert figures["episodes_per_s"] > 0 and 0 <= figures["share_outside_model"] <= 1
+    assert 0 < figures["steady_s"] < figures["wall_s"] and figures["steady_tok_s"] is not None
+    drained = await run_rollouts(_SlowScripted(0.0), sandbox, episodes=3, in_flight=3, config=load_config(None, []))
+    assert drained["steady_s"] == 0 and drained["steady_tok_s"] is None  # all start at once: no steady phase
+
+
+def test_bench_rollout_judges_the_target_on_the_steady_phase():
+    from builder.bench_rollout import to_text
+
+    tail_heavy = {"ratio": 0.69, "steady_ratio": 0.93}
+    assert to_text(tail_heavy).endswith("ok")
+    assert "BELOW TARGET" in to_text({"ratio": 0.95, "steady_ratio": 0.8})
+    assert "no steady phase" in to_text({"ratio": 0.69, "steady_ratio": None})
 
 
 def test_user_model_needs_a_server_url(tmp_path, sandbox):

@@ -112,6 +112,16 @@ async def test_structured_failure_is_typed_and_carries_raw_text() -> None:
     assert len(model.requests) == 3
 
 
+async def test_structured_reasks_show_only_the_latest_failed_reply() -> None:
+    model = ScriptedModel.sequence(['{"keep": 1}', '{"keep": 2}', '{"keep": 3}', '{"keep": true, "score": 1}'])
+    client, _, _ = make_client(model, structured_retries=3)
+    await client.structured(USER, Verdict)
+    last = model.requests[3].messages
+    assert len(last) == len(USER) + 2  # the prompt, the third reply and its error: not every earlier attempt
+    assert last[-2].content == '{"keep": 3}'
+    assert all(m.content not in ('{"keep": 1}', '{"keep": 2}') for m in last)
+
+
 async def test_truncated_structured_reply_mentions_token_limit() -> None:
     model = ScriptedModel.sequence([text_reply('{"keep": tr', finish_reason="length"), '{"keep": true, "score": 1}'])
     client, _, _ = make_client(model)

@@ -138,6 +138,18 @@ async def test_a_plan_that_stays_invalid_is_rejected_after_bounded_repairs(tmp_p
     assert len(requests_named(model, "OperationsDraft")) == 3  # the first try and two repairs
 
 
+async def test_repairs_show_only_the_latest_draft_so_the_request_stays_small(tmp_path):
+    too_few = {"operations": OPERATIONS["operations"][:2]}
+    model = scripted(operations=[too_few])
+    with pytest.raises(Rejected):
+        await plan(topic(), context(tmp_path, model, "plan.repair_attempts=3"))
+    first, *repairs = requests_named(model, "OperationsDraft")
+    assert len(repairs) == 3
+    for repair in repairs:  # a growing conversation outgrew a 4096-token context in a real run
+        assert repair.messages[:-2] == first.messages
+        assert [m.role for m in repair.messages[-2:]] == ["assistant", "user"]
+
+
 async def test_operation_bounds_come_from_the_config(tmp_path):
     model = scripted()
     with pytest.raises(Rejected) as verdict:

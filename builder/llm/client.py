@@ -132,7 +132,8 @@ class LLMClient:
             StructuredOutputError: no reply validated; carries the last raw text and every error.
             LLMRequestError: a request failed (see `chat`).
         """
-        conversation = [ChatMessage.model_validate(message) for message in messages]
+        asked = [ChatMessage.model_validate(message) for message in messages]
+        conversation = asked
         fmt = response_format(output_type)
         limit = self.structured_retries if retries is None else retries
         errors: list[str] = []
@@ -150,8 +151,12 @@ class LLMClient:
                 return parse_structured(raw_text, output_type)
             except ValueError as error:
                 errors.append(str(error))
-            conversation.append(ChatMessage(role="assistant", content=raw_text))
-            conversation.append(ChatMessage(role="user", content=_feedback(errors[-1], reply.finish_reason)))
+            # Only the latest reply goes back: every failed reply kept would soon outgrow the context.
+            conversation = [
+                *asked,
+                ChatMessage(role="assistant", content=raw_text),
+                ChatMessage(role="user", content=_feedback(errors[-1], reply.finish_reason)),
+            ]
         message = f"no valid {output_type.__name__} after {len(errors)} replies; last error: {errors[-1]}"
         raise StructuredOutputError(message, raw_text=raw_text, errors=errors, attempts=len(errors))
 

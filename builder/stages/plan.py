@@ -102,7 +102,9 @@ async def _repaired(
         if not errors:
             return draft
         # The cleaned draft goes back, so the error messages' names and positions match what the model sees.
-        conversation += [
+        # Only the latest draft: a conversation holding every attempt outgrew a 4096-token context.
+        conversation = [
+            *messages,
             ChatMessage(role="assistant", content=draft.model_dump_json()),
             ChatMessage(role="user", content=repair_request(errors)),
         ]

@@ -112,8 +112,15 @@ class Session:
             self._worker = None  # the next call forks a fresh worker and replays the history
             return _error(name, failure.kind, f"{failure}")
         if reply.get("ok"):
+            try:
+                result = _from_json(reply["json"])
+            except (KeyError, TypeError, ValueError):
+                # Only a worker whose tool code escaped the encoder answers like this: never trust it again, and
+                # leave the call out of the replay so the fresh worker does not run it a second time.
+                self.close()
+                return _error(name, "protocol", "the sandbox worker's reply was not the JSON it promised")
             self._history.append((name, arguments))
-            return ToolResult(name=name, ok=True, result=_from_json(reply["json"]))
+            return ToolResult(name=name, ok=True, result=result)
         kind = str(reply.get("kind", "raised"))
         if kind in _REPLAYABLE:
             self._history.append((name, arguments))
@@ -140,7 +147,11 @@ class Session:
             raise SessionError(failure.kind, f"reading the state failed: {failure}") from None
         if not reply.get("ok"):
             raise SessionError(str(reply.get("kind")), f"reading the state failed: {reply.get('error')}")
-        return _from_json(reply["json"])
+        try:
+            return _from_json(reply["json"])
+        except (KeyError, TypeError, ValueError):
+            self.close()
+            raise SessionError("protocol", "reading the state failed: the worker's reply was not JSON") from None
 
     def close(self) -> None:
         """Kill the worker (idempotent)."""

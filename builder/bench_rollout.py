@@ -4,9 +4,12 @@ Runs many episodes of `builder.agent.run_episode` at once against real sandbox s
 environment, graded by its check. With the scripted agent (default; `--latency-ms` simulates a model's reply
 time) it prints episodes per second and the share of wall time during which no model call was in flight (the
 rollout machinery's own cost). With `--real` the configured model answers (managed server or `llm.url`), and the
-completion tokens per second achieved during rollouts are compared with the server's best throughput measured
-by `bench llm`'s raw phase: over the whole run (`ratio`) and over the steady phase, while every slot is kept
-full (`steady_ratio`, the figure a long rollout run sees; target >= 0.90).
+completion tokens per second achieved during rollouts are compared with the server's best on the same work:
+every request the rollouts sent is sent again, `llm.max_concurrency` at a time, with nothing waiting between
+them (no turn waits for the previous one, no tool runs, no grading). Over the whole run that is `ratio`; over
+the steady phase, while every slot is kept full, `steady_ratio` (the figure a long rollout run sees; target
+>= 0.90). A decode-only baseline (`bench llm`) would not do: an agent's requests are mostly prompt (the tools,
+the conversation so far), and on a CPU prompt processing dominates the server's time.
 """
 
 from __future__ import annotations
@@ -75,6 +78,42 @@ class _SlowScripted:
         return await self.model.chat(request)
 
 
+class RecordingBackend:
+    """Passes requests on to a backend and keeps every one the server answered, for the replay baseline."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.requests: list[ChatRequest] = []
+
+    async def chat(self, request: ChatRequest) -> Reply:
+        reply = await self.backend.chat(request)
+        self.requests.append(request)
+        return reply
+
+    async def aclose(self) -> None:
+        close = getattr(self.backend, "aclose", None)
+        if close is not None:
+            await close()
+
+
+async def replay(client: Any, requests: list[ChatRequest]) -> dict:
+    """Send `requests` again through `client` (its concurrency limit applies), all queued at once: the completion
+    tokens per second the server gives this exact work when nothing waits between requests."""
+    tokens = 0
+
+    async def one(request: ChatRequest) -> None:
+        nonlocal tokens
+        tokens += (await client.chat(request)).usage.completion_tokens
+
+    started = time.perf_counter()
+    try:
+        await asyncio.gather(*(one(request) for request in requests))
+    finally:
+        await client.aclose()
+    wall = time.perf_counter() - started
+    return {"replay_requests": len(requests), "replay_s": round(wall, 3), "replay_tok_s": round(tokens / wall, 1)}
+
+
 def _counter_agent(request: ChatRequest) -> Reply | str:
     done = sum(message.role == "tool" for message in request.messages)
     return tool_reply(("increment", {"by": 1})) if done < 3 else "Done: the counter went up by 3."
@@ -138,21 +177,19 @@ def bench_rollout(
         sandbox = stack.enter_context(Sandbox(config.sandbox))
         if not real:
             return asyncio.run(run_rollouts(_SlowScripted(latency_ms / 1000), sandbox, episodes, in_flight, config))
-        from builder.llm.bench import run_bench
         from builder.llm.connect import SERVER_LOG, client_for
         from builder.llm.openai_backend import OpenAIChatModel
         from builder.llm.server import VLLMServer
 
         llm = config.llm
         url = llm.url or stack.enter_context(VLLMServer(llm, Path(run_dir) / SERVER_LOG)).url
-        llm = llm.model_copy(update={"url": url})
-        backend = OpenAIChatModel(url, llm.served_model_name, timeout_s=llm.request_timeout_s)
+        backend = RecordingBackend(OpenAIChatModel(url, llm.served_model_name, timeout_s=llm.request_timeout_s))
         client = client_for(llm, backend, model_id=f"bench:{url}", cache=None)
         figures = asyncio.run(run_rollouts(client, sandbox, episodes, in_flight, config))
-        best = run_bench(llm, run_dir).server_tok_s
-        steady = figures["steady_tok_s"]
+        again = client_for(llm, backend.backend, model_id=f"bench:{url}", cache=None)
+        figures.update(asyncio.run(replay(again, backend.requests)))
+        best, steady = figures["replay_tok_s"], figures["steady_tok_s"]
         figures.update(
-            server_tok_s=round(best, 1),
             ratio=round(figures["rollout_tok_s"] / best, 3) if best else 0.0,
             steady_ratio=round(steady / best, 3) if best and steady is not None else None,
         )

@@ -96,6 +96,26 @@ def test_cpu_command_has_the_recipe_flags() -> None:
     assert chatml_tools_template().read_text().startswith("{%- if tools %}")
 
 
+ZEN3 = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma bmi2\nprocessor\t: 1\n"
+ZEN5 = "processor\t: 0\nflags\t\t: fpu avx avx2 avx512f avx512bw avx512_bf16\n"
+
+
+def test_cpu_dtype_is_float32_without_avx512() -> None:
+    assert server_module.cpu_dtype(ZEN3) == "float32"  # bfloat16 is emulated there: 4x slower
+    assert server_module.cpu_dtype(ZEN5) == "auto"
+    assert server_module.cpu_dtype("") == "float32"  # no flags line: assume the slow case
+
+
+def test_dtype_on_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "cpu_dtype", lambda: "float32")
+    assert server_command(LLMConfig(), "/m", "cpu", 1)[-2:] == ["--dtype", "float32"]
+    assert "--dtype" not in server_command(LLMConfig(), "/m", "gpu", 1)  # vLLM's own choice on a GPU
+    explicit = server_command(LLMConfig(dtype="bfloat16"), "/m", "cpu", 1)
+    assert explicit[-2:] == ["--dtype", "bfloat16"]
+    monkeypatch.setattr(server_module, "cpu_dtype", lambda: "auto")
+    assert "--dtype" not in server_command(LLMConfig(), "/m", "cpu", 1)
+
+
 def test_gpu_command_for_qwen3() -> None:
     config = LLMConfig(
         model="Qwen/Qwen3-8B",

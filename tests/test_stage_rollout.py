@@ -287,6 +287,22 @@ async def test_bench_rollout_runs_graded_episodes(sandbox):
     assert drained["steady_s"] == 0 and drained["steady_tok_s"] is None  # all start at once: no steady phase
 
 
+async def test_bench_rollout_replays_exactly_the_requests_the_rollouts_sent(sandbox):
+    from builder.bench_rollout import RecordingBackend, _counter_agent, replay, run_rollouts
+    from builder.llm import ScriptedModel
+    from builder.llm.connect import client_for
+
+    config = load_config(None, [])
+    recording = RecordingBackend(ScriptedModel(_counter_agent))
+    client = client_for(config.llm, recording, model_id="m", cache=None)
+    figures = await run_rollouts(client, sandbox, episodes=5, in_flight=2, config=config)
+    assert figures["solved"] == 5 and len(recording.requests) == 5 * 4  # three increments and the answer each
+    replayed = ScriptedModel(_counter_agent)
+    baseline = await replay(client_for(config.llm, replayed, model_id="m", cache=None), recording.requests)
+    assert baseline["replay_requests"] == 20 and baseline["replay_tok_s"] > 0
+    assert sorted(r.messages for r in replayed.requests) == sorted(r.messages for r in recording.requests)
+
+
 def test_bench_rollout_judges_the_target_on_the_steady_phase():
     from builder.bench_rollout import to_text
 

@@ -13,6 +13,7 @@ import atexit
 import importlib.util
 import logging
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -48,6 +49,24 @@ def detect_device() -> str:
     return "gpu" if result.returncode == 0 and "GPU" in result.stdout else "cpu"
 
 
+def cpu_dtype(cpuinfo: str | None = None) -> str:
+    """The dtype vLLM should use on this CPU: "float32" on x86 without AVX-512, else "auto" (vLLM's bfloat16).
+
+    vLLM's CPU kernels for bfloat16 need AVX-512; on an AVX2-only x86 (e.g. AMD Zen 3) bfloat16 falls back to
+    slow paths: measured with SmolLM2-135M, prompt processing 36 tok/s against 146 in float32, and 32 requests
+    in flight 19 tok/s against 78. `cpuinfo` is the text of /proc/cpuinfo (read when None).
+    """
+    if cpuinfo is None:
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            return "auto"
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "auto"
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    return "auto" if "avx512f" in flags else "float32"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -68,10 +87,14 @@ def server_command(config: LLMConfig, model: str, device: str, port: int) -> lis
         command += ["--chat-template", template]
     if config.reasoning_parser:
         command += ["--reasoning-parser", config.reasoning_parser]
+    dtype = config.dtype
     if device == "gpu":
         command += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
     else:
         command += ["--enforce-eager"]
+        dtype = cpu_dtype() if dtype == "auto" else dtype
+    if dtype != "auto":
+        command += ["--dtype", dtype]
     return command + list(config.extra_server_args)
 
 

@@ -103,7 +103,8 @@ async def replay(client: Any, requests: list[ChatRequest]) -> dict:
 
     async def one(request: ChatRequest) -> None:
         nonlocal tokens
-        tokens += (await client.chat(request)).usage.completion_tokens
+        reply = await client.chat(request)  # not `tokens += await ...`: that reads `tokens` before suspending
+        tokens += reply.usage.completion_tokens
 
     started = time.perf_counter()
     try:
@@ -111,7 +112,12 @@ async def replay(client: Any, requests: list[ChatRequest]) -> dict:
     finally:
         await client.aclose()
     wall = time.perf_counter() - started
-    return {"replay_requests": len(requests), "replay_s": round(wall, 3), "replay_tok_s": round(tokens / wall, 1)}
+    return {
+        "replay_requests": len(requests),
+        "replay_tokens": tokens,
+        "replay_s": round(wall, 3),
+        "replay_tok_s": round(tokens / wall, 1),
+    }
 
 
 def _counter_agent(request: ChatRequest) -> Reply | str:
@@ -162,6 +168,7 @@ async def run_rollouts(model: Any, sandbox: Sandbox, episodes: int, in_flight: i
         "wall_s": round(wall, 3),
         "episodes_per_s": round(episodes / wall, 2),
         "share_outside_model": round(max(0.0, 1 - clock.busy_s / wall), 4),
+        "completion_tokens": clock.completion_tokens,
         "rollout_tok_s": round(clock.completion_tokens / wall, 1),
         "steady_s": round(steady_s, 3),
         "steady_tok_s": round(clock.tokens_between(started, started + steady_s) / steady_s, 1) if steady_s else None,

@@ -288,19 +288,20 @@ async def test_bench_rollout_runs_graded_episodes(sandbox):
 
 
 async def test_bench_rollout_replays_exactly_the_requests_the_rollouts_sent(sandbox):
-    from builder.bench_rollout import RecordingBackend, _counter_agent, replay, run_rollouts
-    from builder.llm import ScriptedModel
+    from builder.bench_rollout import RecordingBackend, _SlowScripted, replay, run_rollouts
     from builder.llm.connect import client_for
 
     config = load_config(None, [])
-    recording = RecordingBackend(ScriptedModel(_counter_agent))
+    recording = RecordingBackend(_SlowScripted(0.002))  # replies suspend, so concurrent sums would race
     client = client_for(config.llm, recording, model_id="m", cache=None)
     figures = await run_rollouts(client, sandbox, episodes=5, in_flight=2, config=config)
     assert figures["solved"] == 5 and len(recording.requests) == 5 * 4  # three increments and the answer each
-    replayed = ScriptedModel(_counter_agent)
+    replayed = _SlowScripted(0.002)
     baseline = await replay(client_for(config.llm, replayed, model_id="m", cache=None), recording.requests)
     assert baseline["replay_requests"] == 20 and baseline["replay_tok_s"] > 0
-    assert sorted(r.messages for r in replayed.requests) == sorted(r.messages for r in recording.requests)
+    assert baseline["replay_tokens"] == figures["completion_tokens"] > 0  # the same work, every token counted
+    sent = replayed.model.requests
+    assert sorted(r.messages for r in sent) == sorted(r.messages for r in recording.requests)
 
 
 def test_bench_rollout_judges_the_target_on_the_steady_phase():

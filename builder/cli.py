@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
         "rollout",
         help="episodes per second and the rollout machinery's share of wall time",
         description="Run many graded episodes against real sandbox sessions (scripted agent, or --real for the "
-        "configured model, compared with the server's best throughput; see docs/rollouts.md).",
+        "configured model, compared with the server's best on the same requests replayed without waiting "
+        "on each other; see docs/rollouts.md).",
     )
     _add_config_options(bench_rollout)
     bench_rollout.add_argument("--json", action="store_true", help="print one JSON object")

@@ -122,6 +122,17 @@ async def test_structured_reasks_show_only_the_latest_failed_reply() -> None:
     assert all(m.content not in ('{"keep": 1}', '{"keep": 2}') for m in last)
 
 
+async def test_a_repeated_bad_reply_is_asked_again_not_answered_from_the_cache(tmp_path) -> None:
+    from builder.llm.cache import ResponseCache
+
+    model = ScriptedModel(lambda request: '{"keep": "maybe"}')  # the same invalid reply every time
+    client, _, _ = make_client(model, structured_retries=3, cache=ResponseCache(tmp_path / "cache.sqlite"))
+    with pytest.raises(StructuredOutputError):
+        await client.structured(USER, Verdict)
+    assert len(model.requests) == 4  # each re-ask is a fresh sample, so none is a cache hit of the one before
+    assert [r.sample_index for r in model.requests] == [0, 1, 2, 3]
+
+
 async def test_truncated_structured_reply_mentions_token_limit() -> None:
     model = ScriptedModel.sequence([text_reply('{"keep": tr', finish_reason="length"), '{"keep": true, "score": 1}'])
     client, _, _ = make_client(model)

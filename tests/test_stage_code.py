@@ -123,6 +123,7 @@ async def test_code_that_does_not_parse_is_regenerated_with_the_error(tmp_path):
     assert len(again) == 2 and len(model.requests) == 6  # only the failing piece is asked again
     assert again[1].messages[-2].content == broken.strip()
     assert "[syntax]" in again[1].messages[-1].content
+    assert [r.sample_index for r in again] == [0, 1]  # a fresh sample: never the cached reply to the same request
     assert env.synthesis["regenerated"] == {"get_book": 1}
 
 

@@ -150,6 +150,19 @@ async def test_repairs_show_only_the_latest_draft_so_the_request_stays_small(tmp
         assert [m.role for m in repair.messages[-2:]] == ["assistant", "user"]
 
 
+async def test_a_repeated_invalid_draft_gets_fresh_samples_through_the_response_cache(tmp_path):
+    from builder.llm.cache import ResponseCache
+
+    broken = json.loads(json.dumps(STATE))
+    broken["entities"][0]["key"] = "isbn"  # a real run: the 135M model sent the same invalid state three times
+    model = scripted(states=[broken, broken, STATE])
+    ctx = context(tmp_path, model, "plan.repair_attempts=2")
+    ctx.llm = client_for(ctx.config.llm, model, model_id="m", cache=ResponseCache(tmp_path / "cache.sqlite"))
+    (result,) = await plan(topic(), ctx)
+    assert isinstance(result, EnvPlan)  # the third, fresh sample was valid; a cache hit would have repeated
+    assert len(requests_named(model, "StateDraft")) == 3
+
+
 async def test_operation_bounds_come_from_the_config(tmp_path):
     model = scripted()
     with pytest.raises(Rejected) as verdict:

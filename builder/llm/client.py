@@ -143,7 +143,9 @@ class LLMClient:
                 messages=tuple(conversation),
                 response_format=fmt,
                 sampling=sampling or Sampling(),
-                sample_index=sample_index,
+                # A fresh sample per re-ask: a model that repeats its reply would otherwise send the very same
+                # request again, which the response cache (or a seeded server) answers the very same way.
+                sample_index=sample_index + len(errors),
             )
             reply = await self.chat(request)
             raw_text = reply.content or ""

@@ -26,6 +26,7 @@ async def ask(
     *,
     sampling: Sampling,
     invalid_reason: str,
+    sample_index: int = 0,
 ) -> T:
     """The model's answer as a validated `output_type`.
 
@@ -35,7 +36,7 @@ async def ask(
         LLMRequestError: the server could not be reached after every retry; the run stops and can resume.
     """
     try:
-        return await ctx.llm.structured(messages, output_type, sampling=sampling)
+        return await ctx.llm.structured(messages, output_type, sampling=sampling, sample_index=sample_index)
     except StructuredOutputError as error:
         detail = "; ".join(error.errors)[-2000:]
         raise Rejected(ctx.reject(subject, invalid_reason, detail, raw_output=error.raw_text)) from None

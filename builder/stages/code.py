@@ -100,11 +100,11 @@ async def code(plan: EnvPlan, ctx: StageContext) -> list[Record]:
     requests |= {op.name: system_user(prompt("code_method"), method_request(plan, op)) for op in plan.operations}
     work = _Synthesis(plan, requests)
     todo = list(requests)
-    for _ in range(ctx.config.code.repair_attempts + 1):
+    for attempt in range(ctx.config.code.repair_attempts + 1):
         # Plain text, not JSON with a `code` field: code inside a JSON string must escape every quote, backslash
         # and newline, which models get wrong more often than fences, and the JSON wrapper would add no check
         # that `ast` and the lint do not already do. Fences and prose are stripped deterministically.
-        replies = await asyncio.gather(*(_write(ctx, plan, work.conversation(key), sampling) for key in todo))
+        replies = await asyncio.gather(*(_write(ctx, plan, work.conversation(key), sampling, attempt) for key in todo))
         for key, (text, truncated) in zip(todo, replies, strict=True):
             work.take(key, text, truncated)
         if not work.errors:
@@ -119,10 +119,13 @@ async def code(plan: EnvPlan, ctx: StageContext) -> list[Record]:
     raise Rejected(ctx.reject(plan, _reason(errors), _detail(errors), raw_output=_raw(work.raw, errors)))
 
 
-async def _write(ctx: StageContext, plan: EnvPlan, messages: list[ChatMessage], sampling: Sampling) -> tuple[str, bool]:
-    """The model's text and whether it hit the token limit."""
+async def _write(
+    ctx: StageContext, plan: EnvPlan, messages: list[ChatMessage], sampling: Sampling, attempt: int
+) -> tuple[str, bool]:
+    """The model's text and whether it hit the token limit. Each attempt is a fresh sample (`sample_index`), so
+    a piece whose reply came back unchanged is not answered from the cache with the same reply again."""
     try:
-        reply = await ctx.llm.chat(ChatRequest(messages=tuple(messages), sampling=sampling))
+        reply = await ctx.llm.chat(ChatRequest(messages=tuple(messages), sampling=sampling, sample_index=attempt))
     except LLMRequestError as error:
         if error.retryable:
             raise  # the server is gone: stop the run, a rerun resumes

@@ -95,8 +95,13 @@ async def _repaired(
             last draft as the raw output.
     """
     conversation = list(messages)
-    for _ in range(ctx.config.plan.repair_attempts + 1):
-        answer = await ask(ctx, topic, conversation, output_type, sampling=sampling, invalid_reason="plan_malformed")
+    for attempt in range(ctx.config.plan.repair_attempts + 1):
+        # Each repair is a fresh sample: a model that repeats its draft must not get the identical request (and
+        # the cached identical answer) again.
+        answer = await ask(
+            ctx, topic, conversation, output_type, sampling=sampling, invalid_reason="plan_malformed",
+            sample_index=attempt * (ctx.config.llm.structured_retries + 1),
+        )  # fmt: skip
         draft = clean(answer)
         errors = check(draft)
         if not errors:

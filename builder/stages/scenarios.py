@@ -201,10 +201,13 @@ async def _initial_state(
         f"(different people, items and situations from the others), with at least {config.min_records} records in "
         "every collection of records."
     )
-    messages = system_user(prompt("scenario_state"), user)
+    asked = messages = system_user(prompt("scenario_state"), user)
     reason, problems = "", []
     for attempt in range(config.repair_attempts + 1):
-        reply = await ask(ctx, env, messages, model, sampling=_sampling(ctx), invalid_reason="state_invalid")
+        reply = await ask(
+            ctx, env, messages, model, sampling=_sampling(ctx), invalid_reason="state_invalid",
+            sample_index=attempt * (ctx.config.llm.structured_retries + 1),
+        )  # fmt: skip
         state = reply.root
         loaded, problems = await asyncio.to_thread(load_state, ctx.sandbox, env.code, state)
         reason = "state_load_failed"
@@ -215,8 +218,9 @@ async def _initial_state(
         if loaded is not None and not problems:
             return loaded, attempt
         feedback = "This state was refused:\n- " + "\n- ".join(problems) + "\nReply with the corrected full state."
+        # Only the latest state goes back (a state is large; every attempt kept would outgrow the context).
         messages = [
-            *messages,
+            *asked,
             ChatMessage(role="assistant", content=json.dumps(state)),
             ChatMessage(role="user", content=feedback),
         ]

@@ -44,7 +44,23 @@ class LLMConfig(Section):
         None, description="Use this OpenAI-compatible endpoint (…/v1) instead of starting a vLLM server."
     )
     device: Literal["auto", "cpu", "gpu"] = Field("auto", description="Which vLLM to start; auto detects a GPU.")
-    max_model_len: int = Field(4096, ge=256, description="Context length the server allocates.")
+    max_model_len: int = Field(
+        32768,
+        ge=256,
+        description="Context length of the model (the managed server allocates it; with llm.url it is the "
+        "external server's). No request is sent whose prompt plus completion budget exceeds it.",
+    )
+    thinking: Literal["off", "on"] = Field(
+        "off",
+        description="Reasoning mode of models that have one (Qwen3): sent per request as "
+        "chat_template_kwargs.enable_thinking; a chat template without the switch ignores it.",
+    )
+    reasoning_budget: int = Field(
+        2048,
+        ge=0,
+        description="With thinking on: tokens added to every completion budget for the reasoning that "
+        "precedes the answer (it counts against max_tokens on the server).",
+    )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto",
         description="Weights and activations dtype (vLLM --dtype). auto: vLLM's choice, except float32 on a CPU "
@@ -82,7 +98,9 @@ class LLMConfig(Section):
     )
     temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature for synthesis calls.")
     top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling for synthesis calls.")
-    max_tokens: int = Field(1024, ge=1, description="Completion budget per synthesis call.")
+    max_tokens: int = Field(
+        4096, ge=1, description="Completion budget of a synthesis call that sets none of its own."
+    )
 
 
 class SandboxConfig(Section):
@@ -152,9 +170,7 @@ class PlanConfig(Section):
     repair_attempts: int = Field(
         2, ge=0, description="Re-asks per plan part (state, operations) with the validation errors fed back."
     )
-    max_tokens: int = Field(
-        1024, ge=64, description="Completion budget of one plan request (state, operations); capped by llm.max_tokens."
-    )
+    max_tokens: int = Field(4096, ge=64, description="Completion budget of one plan request (state, operations).")
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> PlanConfig:
@@ -166,7 +182,7 @@ class PlanConfig(Section):
 class CodeConfig(Section):
     repair_attempts: int = Field(3, ge=0, description="Regenerations of a failing piece with the error fed back.")
     max_tokens: int = Field(
-        768, ge=64, description="Completion budget of one piece (state code or one method); capped by llm.max_tokens."
+        3072, ge=64, description="Completion budget of one piece (state code or one method)."
     )
     load_check: bool = Field(
         True,
@@ -206,11 +222,11 @@ class EvaluateConfig(Section):
         3000, ge=200, description="States shown to the tester and checker are cut to this many JSON characters."
     )
     state_temperature: float = Field(0.5, ge=0, le=2, description="Sampling temperature of test-state generation.")
-    state_max_tokens: int = Field(1536, ge=64, description="Completion budget of one test state.")
+    state_max_tokens: int = Field(4096, ge=64, description="Completion budget of one test state.")
     tester_temperature: float = Field(0.5, ge=0, le=2, description="Sampling temperature of the tester agent.")
-    tester_max_tokens: int = Field(256, ge=16, description="Completion budget of one tester call.")
+    tester_max_tokens: int = Field(1024, ge=16, description="Completion budget of one tester call.")
     checker_temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature of the checker agent.")
-    checker_max_tokens: int = Field(512, ge=32, description="Completion budget of one checker verdict.")
+    checker_max_tokens: int = Field(1536, ge=32, description="Completion budget of one checker verdict.")
 
 
 class ScenariosConfig(Section):
@@ -247,11 +263,11 @@ class RolloutConfig(Section):
     samples_per_scenario: int = Field(2, ge=1, description="Rollouts per scenario (k), for pass rates and RL groups.")
     temperature: float = Field(1.0, ge=0, le=2, description="Agent sampling temperature.")
     top_p: float = Field(0.95, gt=0, le=1, description="Agent nucleus sampling.")
-    max_reply_tokens: int = Field(512, ge=1, description="Completion budget of one agent (or user) reply.")
+    max_reply_tokens: int = Field(2048, ge=1, description="Completion budget of one agent (or user) reply.")
     max_turns: int = Field(16, ge=1, description="Agent replies before a rollout is cut (end reason max_turns).")
     max_tool_calls: int = Field(32, ge=1, description="Tool calls before a rollout is cut (max_tool_calls).")
     max_tokens: int = Field(
-        3072,
+        24000,
         ge=1,
         description="A rollout is cut (max_tokens) once the conversation reaches this many tokens (the last "
         "agent call's prompt + completion); keep it under llm.max_model_len minus max_reply_tokens.",
@@ -261,6 +277,15 @@ class RolloutConfig(Section):
         ge=1,
         description="Episodes run at once (scenarios x samples); more than llm.max_concurrency, because an "
         "episode spends part of its time in tool calls and the server should never idle.",
+    )
+    rl_agent_model: str | None = Field(
+        None,
+        description="Agent model for scenarios of `rl` environments, typically the small policy the RL set is "
+        "for, so the RL pass-rate band is measured with it (None: the synthesis model, as for `train`). "
+        "Served by rollout.rl_agent_url, or by a managed vLLM server of its own when that is unset.",
+    )
+    rl_agent_url: str | None = Field(
+        None, description="OpenAI-compatible endpoint (…/v1) serving rollout.rl_agent_model (None: start one)."
     )
     user_model: str | None = Field(
         None, description="Served model name of the user simulator (None: the agent's model on the same server)."
@@ -381,6 +406,7 @@ OPERATIONAL_KEYS = frozenset(
         "llm.cpu_kvcache_space_gb",
         "llm.extra_server_args",
         "llm.server_tok_s",
+        "rollout.rl_agent_url",
     }
 )
 

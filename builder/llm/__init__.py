@@ -9,6 +9,7 @@ from builder.llm.connect import open_llm
 from builder.llm.errors import (
     LLMError,
     LLMRequestError,
+    PromptTooLongError,
     ServerError,
     StructuredOutputError,
     TransientLLMError,
@@ -33,6 +34,7 @@ __all__ = [
     "LLMRequestError",
     "OpenAIChatModel",
     "ParsedToolCall",
+    "PromptTooLongError",
     "Reply",
     "ResponseCache",
     "ScriptedModel",

@@ -28,6 +28,25 @@ class LLMRequestError(LLMError):
         self.retryable = retryable
 
 
+class PromptTooLongError(LLMRequestError):
+    """The prompt alone leaves no room for a useful reply in the model's context; nothing was sent.
+
+    A stage that can say the same in fewer tokens (fewer state records, only the methods involved) catches it,
+    shrinks its prompt and asks again; otherwise it becomes a `prompt_too_long` rejection.
+
+    Attributes:
+        prompt_tokens: The prompt's measured (or conservatively estimated) size.
+        context_tokens: The model's context (llm.max_model_len).
+        min_completion: The smallest completion budget the request would accept.
+    """
+
+    def __init__(self, message: str, *, prompt_tokens: int, context_tokens: int, min_completion: int) -> None:
+        super().__init__(message, status_code=None, retryable=False)
+        self.prompt_tokens = prompt_tokens
+        self.context_tokens = context_tokens
+        self.min_completion = min_completion
+
+
 class StructuredOutputError(LLMError):
     """The model never produced output that validates against the requested pydantic model.
 

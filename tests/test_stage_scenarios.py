@@ -82,8 +82,8 @@ MOVED_IN = "Has acc-2's balance increased by 3000 cents?"
 MOVED_OUT = "Has acc-1's balance decreased by 3000 cents?"
 FROZEN = "Has account acc-2 been frozen?"
 TASK = {
-    "task": "I'm Ada Lovelace. Move 30.00 from my checking account acc-1 to my savings account acc-2, then freeze "
-    "the savings account.",
+    "task": "I'm Ada Lovelace, customer c1. Move 30.00 from my checking account acc-1 to my savings account acc-2, "
+    "then freeze the savings account.",
     "difficulty": "medium",
     "user_profile": "Ada, a busy engineer who writes short messages.",
     "known_up_front": "Wants to move 30.00 to savings and freeze the savings account.",
@@ -272,7 +272,8 @@ async def test_gold_calling_a_missing_tool_is_repaired_with_the_error_fed_back(t
 
 
 async def test_gold_that_fails_the_checks_is_rejected(tmp_path, sandbox):
-    short = [{**g, "arguments": {**g["arguments"], "amount": 2000}} if g["name"] == "transfer" else g for g in GOLD]
+    # 30 cents instead of 30.00: a value the task gives (so the task is not underspecified), misread.
+    short = [{**g, "arguments": {**g["arguments"], "amount": 30}} if g["name"] == "transfer" else g for g in GOLD]
     model = scripted(gold=[short])
     (rejection,) = await scenarios(
         environment("bank"), context(tmp_path, model, sandbox, "scenarios.repair_attempts=0")
@@ -283,7 +284,7 @@ async def test_gold_that_fails_the_checks_is_rejected(tmp_path, sandbox):
 
 
 async def test_gold_with_a_change_no_check_needs_fails_the_negative_control(tmp_path, sandbox):
-    extra = [*GOLD, {"name": "freeze_account", "arguments": {"account_id": "acc-4"}}]
+    extra = [*GOLD, {"name": "freeze_account", "arguments": {"account_id": "acc-1"}}]
     model = scripted(gold=[extra])
     (rejection,) = await scenarios(
         environment("bank"), context(tmp_path, model, sandbox, "scenarios.repair_attempts=0")
@@ -415,7 +416,8 @@ async def test_gold_whose_replay_differs_is_rejected(tmp_path, sandbox):
         status="accepted",
     )  # fmt: skip
     item = "Has a ticket titled 'printer' been opened?"
-    task = {**TASK, "checklist": [item]}
+    said = "Please open a ticket about the printer."
+    task = {**TASK, "task": said, "known_up_front": said, "checklist": [item]}
     code = (
         "def check(initial_state, final_state):\n"
         "    return any(t['title'] == 'printer' for t in final_state['tickets'].values())\n"

@@ -33,9 +33,7 @@ _NUMBER = re.compile(
 _MONEY_AFTER = re.compile(r"\s*(dollars?|euros?|pounds?|usd|eur|gbp|bucks)\b")
 _NUMBER_WORDS = {
     word: value
-    for value, word in enumerate(
-        "zero one two three four five six seven eight nine ten eleven twelve".split()
-    )
+    for value, word in enumerate("zero one two three four five six seven eight nine ten eleven twelve".split())
 }
 _MONTHS = {
     name: index

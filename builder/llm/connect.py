@@ -36,12 +36,12 @@ def rl_agent_config(config: BuildConfig) -> LLMConfig | None:
     """The `llm` config of the RL agent (`rollout.rl_agent_model`), or None when none is set.
 
     Derived from `llm`: it keeps how a server is reached and paced (device, timeouts, retries, concurrency,
-    cache, tool parser, thinking) and drops what belongs to the synthesis model's server (its chat template,
-    reasoning parser, dtype, tensor parallelism, extra vLLM arguments), so the policy gets its own defaults: for
-    the builtin SmolLM2 the packaged ChatML+tools template and, on CPU, the dtype `server_command` picks. The
-    context is `rollout.rl_agent_max_model_len`, else `llm.max_model_len`, capped at 8192 for the builtin model.
-    With `rollout.rl_agent_url` the model is used there under the name `rl_agent_model`; else a managed server
-    loads it.
+    cache, tool parser) and drops what belongs to the synthesis model (its chat template, reasoning parser and
+    thinking mode, dtype, tensor parallelism, extra vLLM arguments), so the policy gets its own defaults: for
+    the builtin SmolLM2 the packaged ChatML+tools template and, on CPU, the dtype `server_command` picks; it
+    plays without a reasoning mode. The context is `rollout.rl_agent_max_model_len`, else `llm.max_model_len`
+    capped at 8192 for the builtin model. With `rollout.rl_agent_url` the model is used there under the name
+    `rl_agent_model`; else a managed server loads it.
     """
     rollout = config.rollout
     if rollout.rl_agent_model is None:
@@ -58,6 +58,7 @@ def rl_agent_config(config: BuildConfig) -> LLMConfig | None:
         "max_model_len": context,
         "chat_template": None,
         "reasoning_parser": None,
+        "thinking": "off",
         "dtype": "auto",
         "tensor_parallel_size": 1,
         "extra_server_args": (),

@@ -270,7 +270,8 @@ class RolloutConfig(Section):
         24000,
         ge=1,
         description="A rollout is cut (max_tokens) once the conversation reaches this many tokens (the last "
-        "agent call's prompt + completion); keep it under llm.max_model_len minus max_reply_tokens.",
+        "agent call's prompt + completion), or the playing model's context minus max_reply_tokens if that is "
+        "less (llm.max_model_len; for the RL agent rollout.rl_agent_max_model_len).",
     )
     episodes_in_flight: int = Field(
         32,

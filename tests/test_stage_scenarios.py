@@ -402,7 +402,7 @@ class DeskEnv:
             {"success": true, "ticket_id": ...}.
         """
         ticket_id = f"t{len(self.tickets) + 1}"
-        self.tickets[ticket_id] = {"title": title, "opened_ns": time.time_ns()}
+        self.tickets[ticket_id] = {"title": title, "opened_ns": time.perf_counter_ns()}
         return {"success": True, "ticket_id": ticket_id}
 '''
 

@@ -88,9 +88,7 @@ def run_checks(
     return Verdict(checks=tuple(results), reward=reward, solved=bool(results) and passed == len(results))
 
 
-def _run_one(
-    worker: Worker, spec: CheckSpec, initial_json: str, final_json: str, world: dict[str, Any]
-) -> CheckResult:
+def _run_one(worker: Worker, spec: CheckSpec, initial_json: str, final_json: str, world: dict[str, Any]) -> CheckResult:
     request = {
         "op": "check", "source": spec.source, "function": spec.function,
         "initial_json": initial_json, "final_json": final_json, **world,

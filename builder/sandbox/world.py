@@ -130,13 +130,12 @@ def _strftime(format: str, moment: Any = None) -> str:  # noqa: A002 - time.strf
     return _real_strftime(format, _localtime() if moment is None else moment)
 
 
-
 def _now(cls: type, tz: datetime.tzinfo | None = None) -> Any:
     return cls.fromtimestamp(_time(), tz)  # exactly how datetime.py defines now(), on the episode's clock
 
 
 def _utcnow(cls: type) -> Any:
-    return cls.fromtimestamp(_time(), datetime.timezone.utc).replace(tzinfo=None)
+    return cls.fromtimestamp(_time(), datetime.UTC).replace(tzinfo=None)
 
 
 def _today(cls: type) -> Any:

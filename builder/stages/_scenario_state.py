@@ -48,7 +48,10 @@ def state_model(schema: dict[str, Any]) -> type[RootModel[dict[str, Any]]]:
             if problem is not None:
                 where = "/".join(str(part) for part in problem.absolute_path) or "(reply)"
                 raise ValueError(f"{where}: {problem.message}"[:500])
-            self.root["now"] = parse_now(self.root["now"]).isoformat(timespec="seconds")  # ValueError: not ISO
+            try:
+                self.root["now"] = parse_now(self.root["now"]).isoformat(timespec="seconds")
+            except ValueError as error:
+                raise ValueError(f"now: {error}") from None
             return self
 
     return InitialState

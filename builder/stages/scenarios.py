@@ -37,8 +37,19 @@ from builder.envs.session import SessionError, diff_states
 from builder.envs.state_schema import generated_state_schema
 from builder.errors import BuilderError
 from builder.prompts import prompt, prompt_version
-from builder.records import Action, ChatMessage, Environment, Record, Rejection, Sampling, Scenario, UserScript
+from builder.records import (
+    Action,
+    ChatMessage,
+    Environment,
+    Record,
+    Rejection,
+    Sampling,
+    Scenario,
+    UserScript,
+    scenario_seed,
+)
 from builder.runner import Rejected, StageContext
+from builder.sandbox.world import parse_now
 from builder.stages._llm import ask, system_user
 from builder.stages._scenario_state import (
     attribute_problems,
@@ -96,6 +107,7 @@ class Draft:
 
     task: TaskDraft
     task_messages: list[ChatMessage]
+    now: str  # the scenario's date-time, chosen with the state
     checks: list[str] = field(default_factory=list)
     check_messages: list[list[ChatMessage]] = field(default_factory=list)
     gold: list[dict[str, Any]] = field(default_factory=list)
@@ -184,14 +196,20 @@ def _state_text(state: dict[str, Any]) -> str:
     return text if len(text) <= STATE_CHARS else text[:STATE_CHARS] + " ... (cut)"
 
 
+def _now_text(now: str) -> str:
+    """`now` as the prompts show it: the weekday too, so "tomorrow" and "next Monday" come out right."""
+    return f"{now} ({parse_now(now):%A}); the environment's clock reads this date-time."
+
+
 def _tools_text(env: Environment) -> str:
     return json.dumps([tool["function"] for tool in env.tools], ensure_ascii=False)
 
 
 async def _initial_state(
     env: Environment, ctx: StageContext, slot: int, example: dict[str, Any]
-) -> tuple[dict[str, Any], int]:
-    """A generated state that passed the load and realism gates, as the environment holds it; and the repairs."""
+) -> tuple[dict[str, Any], str, int]:
+    """A generated state that passed the load and realism gates, as the environment holds it; the scenario's `now`
+    (the model's "today" for the state); and the repairs."""
     config = ctx.config.scenarios
     schema = generated_state_schema(env.state_schema, example)
     model = state_model(schema)
@@ -208,32 +226,37 @@ async def _initial_state(
             ctx, env, messages, model, sampling=_sampling(ctx), invalid_reason="state_invalid",
             sample_index=attempt * (ctx.config.llm.structured_retries + 1),
         )  # fmt: skip
-        state = reply.root
-        loaded, problems = await asyncio.to_thread(load_state, ctx.sandbox, env.code, state)
+        now, state = reply.root["now"], reply.root["state"]
+        loaded, problems = await asyncio.to_thread(
+            load_state, ctx.sandbox, env.code, state, now=now, seed=scenario_seed(env.id, now)
+        )
         reason = "state_load_failed"
         if loaded is not None and not problems:
             problems, reason = size_problems(loaded, schema, config.min_records), "state_too_small"
         if loaded is not None and not problems:
             problems, reason = attribute_problems(state, example) + reference_problems(loaded), "state_inconsistent"
         if loaded is not None and not problems:
-            return loaded, attempt
+            return loaded, now, attempt
         feedback = "This state was refused:\n- " + "\n- ".join(problems) + "\nReply with the corrected full state."
         # Only the latest state goes back (a state is large; every attempt kept would outgrow the context).
         messages = [
             *asked,
-            ChatMessage(role="assistant", content=json.dumps(state)),
+            ChatMessage(role="assistant", content=json.dumps(reply.root)),
             ChatMessage(role="user", content=feedback),
         ]
-    raise Rejected(ctx.reject(env, reason, "; ".join(problems)[:2000], raw_output=json.dumps(state)[:20000]))
+    raise Rejected(ctx.reject(env, reason, "; ".join(problems)[:2000], raw_output=json.dumps(reply.root)[:20000]))
 
 
-async def _task(env: Environment, ctx: StageContext, state: dict[str, Any], feedback: str = "") -> Draft:
-    user = f"{_environment_text(env)}\n\n## Tools\n{_tools_text(env)}\n\n## Current state\n{_state_text(state)}"
+async def _task(env: Environment, ctx: StageContext, state: dict[str, Any], now: str, feedback: str = "") -> Draft:
+    user = (
+        f"{_environment_text(env)}\n\n## Tools\n{_tools_text(env)}\n\n## Now\n{_now_text(now)}\n\n"
+        f"## Current state\n{_state_text(state)}"
+    )
     if feedback:
         user += f"\n\n## A previous task for this state was refused\n{feedback}\nWrite a different task."
     messages = system_user(prompt("scenario_task"), user)
     draft = await ask(ctx, env, messages, TaskDraft, sampling=_sampling(ctx), invalid_reason="task_invalid")
-    return Draft(draft, messages)
+    return Draft(draft, messages, now)
 
 
 async def _check(
@@ -247,8 +270,8 @@ async def _check(
     """The code of check `index`; with `previous` (messages, code, problem), a repair of that code."""
     if previous is None:
         user = (
-            f"{_environment_text(env)}\n\n## Initial state\n{_state_text(state)}\n\n## Task\n{draft.task.task}\n\n"
-            f"## Checklist item\n{draft.task.checklist[index]}"
+            f"{_environment_text(env)}\n\n## Now\n{_now_text(draft.now)}\n\n## Initial state\n{_state_text(state)}"
+            f"\n\n## Task\n{draft.task.task}\n\n## Checklist item\n{draft.task.checklist[index]}"
         )
         messages = system_user(prompt("scenario_check"), user)
     else:
@@ -269,8 +292,8 @@ async def _gold(
 ) -> tuple[list[dict[str, Any]], list[ChatMessage]]:
     if not feedback:
         user = (
-            f"{_environment_text(env)}\n\n## Tools\n{_tools_text(env)}\n\n## Current state\n{_state_text(state)}"
-            f"\n\n## Task\n{draft.task.task}"
+            f"{_environment_text(env)}\n\n## Tools\n{_tools_text(env)}\n\n## Now\n{_now_text(draft.now)}\n\n"
+            f"## Current state\n{_state_text(state)}\n\n## Task\n{draft.task.task}"
         )
         messages = system_user(prompt("scenario_gold"), user)
     else:
@@ -301,15 +324,16 @@ async def _fill(env: Environment, ctx: StageContext, state: dict[str, Any], draf
 
 async def _build(env: Environment, ctx: StageContext, slot: int, example: dict[str, Any]) -> list[Scenario]:
     config = ctx.config.scenarios
-    state, state_repairs = await _initial_state(env, ctx, slot, example)
-    draft = await _task(env, ctx, state)
+    state, now, state_repairs = await _initial_state(env, ctx, slot, example)
+    draft = await _task(env, ctx, state, now)
     await _fill(env, ctx, state, draft)
     repairs: list[str] = []
     blame_gold_next = True  # for gold_fails_checks: alternate between the gold and the checks, gold first
     for round_ in range(config.repair_attempts + 1):
         evidence = await asyncio.to_thread(
-            verify, ctx.sandbox, env.code, state, draft.gold, draft.checks, min_gold_calls=config.min_gold_calls
-        )
+            verify, ctx.sandbox, env.code, state, draft.gold, draft.checks, min_gold_calls=config.min_gold_calls,
+            now=now, seed=scenario_seed(env.id, now),
+        )  # fmt: skip
         if evidence.reason is None:
             return _scenarios(env, ctx, state, draft, evidence, state_repairs, repairs)
         if round_ == config.repair_attempts:
@@ -317,7 +341,7 @@ async def _build(env: Environment, ctx: StageContext, slot: int, example: dict[s
             raise Rejected(_reject_slot(ctx, env, slot, evidence.reason, evidence.detail, raw[:20000]))
         repairs.append(evidence.reason)
         if evidence.reason == "already_solved":
-            draft = await _task(env, ctx, state, feedback=f"{draft.task.task}\nWhy: {evidence.detail}")
+            draft = await _task(env, ctx, state, now, feedback=f"{draft.task.task}\nWhy: {evidence.detail}")
             await _fill(env, ctx, state, draft)
             blame_gold_next = True
         elif evidence.reason == "check_broken" or (evidence.reason == "gold_fails_checks" and not blame_gold_next):
@@ -400,6 +424,7 @@ def _scenarios(
             env_id=env.id,
             mode=mode,
             initial_state=state,
+            now=draft.now,
             task=task,
             user=user if mode == "conversational" else None,
             checklist=tuple(draft.task.checklist),

@@ -26,7 +26,7 @@ closed to linted code (no dunder access, no `os`): the originals stay reachable 
 
 The zygote calls `install()` once after preloading (before any worker forks) and each worker calls `begin(now,
 seed)` when a `load` or `check` request arrives. The parent imports only `DEFAULT_NOW`, `DEFAULT_SEED`,
-`parse_now` and `derive_seed` from here.
+`parse_now`, `describe_now` and `derive_seed` from here.
 """
 
 from __future__ import annotations
@@ -54,6 +54,11 @@ def parse_now(text: str) -> datetime.datetime:
     if not 1971 <= moment.year <= 2999:
         raise ValueError(f"now must lie between the years 1971 and 2999, not {text!r}")
     return moment
+
+
+def describe_now(now: str) -> str:
+    """`now` as prompts show it, with its weekday so that "tomorrow" and "next Monday" come out right."""
+    return f"{now} ({parse_now(now):%A})"
 
 
 def derive_seed(*parts: object) -> int:

@@ -49,7 +49,7 @@ from builder.records import (
     scenario_seed,
 )
 from builder.runner import Rejected, StageContext
-from builder.sandbox.world import parse_now
+from builder.sandbox.world import describe_now
 from builder.stages._llm import ask, system_user
 from builder.stages._scenario_state import (
     attribute_problems,
@@ -197,8 +197,7 @@ def _state_text(state: dict[str, Any]) -> str:
 
 
 def _now_text(now: str) -> str:
-    """`now` as the prompts show it: the weekday too, so "tomorrow" and "next Monday" come out right."""
-    return f"{now} ({parse_now(now):%A}); the environment's clock reads this date-time."
+    return f"{describe_now(now)}; the environment's clock reads this date-time."
 
 
 def _tools_text(env: Environment) -> str:

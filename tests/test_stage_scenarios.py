@@ -566,8 +566,8 @@ async def test_clock_and_uuid_stamping_gold_verifies_at_the_scenarios_now(tmp_pa
         "def check(initial_state, final_state):\n"
         "    today = datetime.date.today()\n"
         "    tomorrow = (today + datetime.timedelta(days=1)).isoformat()\n"
-        "    return any(t['title'] == 'printer' and t['opened_at'].startswith(today.isoformat()) and t['due'] == tomorrow\n"
-        "               for t in final_state['tickets'].values())\n"
+        "    return any(t['title'] == 'printer' and t['opened_at'].startswith(today.isoformat())\n"
+        "               and t['due'] == tomorrow for t in final_state['tickets'].values())\n"
     )
     look = {"name": "list_tickets", "arguments": {}}
     gold = [look, {"name": "open_ticket", "arguments": {"title": "printer", "priority": "urgent"}}, look]
@@ -598,7 +598,8 @@ async def test_the_same_scenario_at_another_now_fails_its_date_check(tmp_path, s
     assert kept.now == NOW
     later = {"now": "2024-03-20T08:00:00", "state": state}
     (rejection,) = await scenarios(
-        helpdesk(), context(tmp_path, scripted(later, task, {item: check}, [gold]), sandbox, "scenarios.repair_attempts=0")
+        helpdesk(),
+        context(tmp_path, scripted(later, task, {item: check}, [gold]), sandbox, "scenarios.repair_attempts=0"),
     )
     assert rejection.reason == "gold_fails_checks"
 

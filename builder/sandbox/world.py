@@ -48,7 +48,10 @@ def parse_now(text: str) -> datetime.datetime:
     """The naive local date-time of an ISO 8601 `YYYY-MM-DDTHH:MM[:SS[.ffffff]]`; raises ValueError otherwise."""
     if not isinstance(text, str) or len(text) < 16 or text[10:11] != "T":
         raise ValueError(f"now must be an ISO 8601 date-time like {DEFAULT_NOW!r}, not {text!r}")
-    moment = datetime.datetime.fromisoformat(text)  # ValueError for impossible dates such as 2024-02-30
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError as error:  # an impossible date such as 2024-02-30, or no date-time at all
+        raise ValueError(f"now {text!r} is not an ISO 8601 date-time: {error}") from None
     if moment.tzinfo is not None:
         raise ValueError(f"now must be a naive local date-time (no time zone), not {text!r}")
     if not 1971 <= moment.year <= 2999:

@@ -72,7 +72,6 @@ def derive_seed(*parts: object) -> int:
 
 # ----------------------------------------------------------------------------------------- inside a worker
 
-_real_time = time.time
 _real_clock_gettime = time.clock_gettime
 _real_clock_gettime_ns = time.clock_gettime_ns
 _real_localtime, _real_gmtime, _real_strftime = time.localtime, time.gmtime, time.strftime

@@ -143,6 +143,7 @@ def _add_sandbox_commands(commands: argparse._SubParsersAction) -> argparse._Sub
     check.add_argument("path", type=Path, metavar="ENV.py")
     check.add_argument("--state", type=Path, metavar="STATE.json", help="initial state (default: __init__'s)")
     check.add_argument("--json", action="store_true", help="print one JSON report")
+    _add_now_option(check)
     _add_config_options(check)
     check.set_defaults(handler=cmd_env_check)
     schema = env_commands.add_parser("schema", help="print the tools as an OpenAI `tools` JSON list")
@@ -154,6 +155,7 @@ def _add_sandbox_commands(commands: argparse._SubParsersAction) -> argparse._Sub
     replay.add_argument("--calls", type=Path, required=True, metavar="CALLS.json")
     replay.add_argument("--checks", type=Path, metavar="CHECKS.py", help="file of check_*(initial, final) functions")
     replay.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_now_option(replay)
     _add_config_options(replay)
     replay.set_defaults(handler=cmd_env_replay)
     bench = commands.add_parser("bench", help="measure the runtime on this machine")
@@ -165,11 +167,30 @@ def _add_sandbox_commands(commands: argparse._SubParsersAction) -> argparse._Sub
     return bench_commands
 
 
+def _add_now_option(parser: argparse.ArgumentParser) -> None:
+    from builder.sandbox.world import DEFAULT_NOW
+
+    parser.add_argument(
+        "--now", type=_now_argument, default=DEFAULT_NOW, metavar="DATE-TIME",
+        help=f"the sandbox clock's date-time, ISO 8601 local time (default {DEFAULT_NOW}; a scenario's `now`)",
+    )  # fmt: skip
+
+
+def _now_argument(text: str) -> str:
+    from builder.sandbox.world import parse_now
+
+    try:
+        parse_now(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def cmd_env_check(args: argparse.Namespace) -> int:
     from builder.envs.commands import env_check
 
     sandbox_config = _config(args).sandbox
-    return env_check(args.path, args.state, args.json, sandbox_config)
+    return env_check(args.path, args.state, args.json, sandbox_config, now=args.now)
 
 
 def cmd_env_schema(args: argparse.Namespace) -> int:
@@ -182,7 +203,7 @@ def cmd_env_replay(args: argparse.Namespace) -> int:
     from builder.envs.commands import env_replay
 
     sandbox_config = _config(args).sandbox
-    return env_replay(args.path, args.state, args.calls, args.checks, args.json, sandbox_config)
+    return env_replay(args.path, args.state, args.calls, args.checks, args.json, sandbox_config, now=args.now)
 
 
 def cmd_bench_sandbox(args: argparse.Namespace) -> int:

@@ -14,9 +14,10 @@ import json
 from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
 from builder import __version__
+from builder.sandbox.world import DEFAULT_NOW, derive_seed, parse_now
 
 SCHEMA_VERSION = 1
 
@@ -237,15 +238,29 @@ class UserScript(Frozen):
     ending: str
 
 
+def scenario_seed(env_id: str, now: str) -> int:
+    """The sandbox seed of every session of a scenario (verification, gold replay, rollouts, training).
+
+    One seed per scenario, not per episode: an agent that creates the record the gold creates draws the same
+    `uuid4()` id, so its change lands on the same state path as the gold's (see `builder.reward`).
+    """
+    return derive_seed(env_id, now)
+
+
 class Scenario(Record):
     """An initial state, a task and the rule-based checks that grade the final state."""
 
     KIND = "scenario"
-    ID_FIELDS = ("env_id", "initial_state", "task", "mode")
+    ID_FIELDS = ("env_id", "initial_state", "now", "task", "mode")
 
     env_id: str
     mode: Literal["non_conversational", "conversational"]
     initial_state: JSON
+    now: str = Field(
+        DEFAULT_NOW,
+        description="The scenario's current date-time (ISO 8601, naive local time): what the sandbox's clock reads "
+        "and what the agent and the simulated user are told today is.",
+    )
     task: str
     user: UserScript | None = None
     checklist: tuple[str, ...]
@@ -253,6 +268,17 @@ class Scenario(Record):
     gold_actions: tuple[Action, ...]
     difficulty: Literal["easy", "medium", "hard"]
     verification: JSON = Field(default_factory=dict, description="Evidence that the checks and gold agree.")
+
+    @field_validator("now")
+    @classmethod
+    def _iso_now(cls, value: str) -> str:
+        parse_now(value)
+        return value
+
+    @property
+    def seed(self) -> int:
+        """The sandbox seed of this scenario's sessions (`scenario_seed`)."""
+        return scenario_seed(self.env_id, self.now)
 
 
 class Trajectory(Record):

@@ -15,6 +15,7 @@ from typing import Any
 from builder.envs.checks import checks_from_scenario, run_checks
 from builder.envs.session import Session, diff_states
 from builder.records import Action
+from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED
 
 
 @dataclass(frozen=True)
@@ -29,13 +30,17 @@ class Grade:
     collateral: tuple[str, ...]
 
 
-def gold_paths(sandbox: Any, code: str, initial_state: dict[str, Any], gold: Sequence[Action]) -> tuple[str, ...]:
-    """The state paths the gold solution changes, from a replay in a fresh session.
+def gold_paths(
+    sandbox: Any, code: str, initial_state: dict[str, Any], gold: Sequence[Action],
+    *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
+) -> tuple[str, ...]:  # fmt: skip
+    """The state paths the gold solution changes, from a replay in a fresh session at the scenario's `now` and
+    `seed` (the episodes' own, so an id the gold generates is the one the agent's same call generates).
 
     Raises:
         SessionError, ContractError: the environment does not load or its state cannot be read.
     """
-    with Session(sandbox, code, initial_state) as session:
+    with Session(sandbox, code, initial_state, now=now, seed=seed) as session:
         before = session.snapshot()
         for action in gold:
             session.call(action.name, action.arguments)
@@ -69,9 +74,12 @@ def grade(
     allowed_paths: Sequence[str],
     *,
     collateral_zeroes_reward: bool,
+    now: str = DEFAULT_NOW,
+    seed: int = DEFAULT_SEED,
 ) -> Grade:
-    """Run the checks on the two snapshots and apply the collateral-damage guard."""
-    verdict = run_checks(sandbox, checks_from_scenario(tuple(checks)), initial_state, final_state)
+    """Run the checks on the two snapshots (at the scenario's `now`) and apply the collateral-damage guard."""
+    specs = checks_from_scenario(tuple(checks))
+    verdict = run_checks(sandbox, specs, initial_state, final_state, now=now, seed=seed)
     changed = [change["path"] for change in diff_states(initial_state, final_state)]
     collateral = collateral_paths(changed, allowed_paths)
     reward = 0.0 if collateral and collateral_zeroes_reward else verdict.reward

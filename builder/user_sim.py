@@ -19,6 +19,7 @@ from builder.agent import USER_ERROR, USER_LEAK, UserTurn, add_usage
 from builder.llm import ChatModel, ChatRequest, LLMRequestError
 from builder.prompts import prompt
 from builder.records import ChatMessage, Sampling, Scenario, Usage
+from builder.sandbox.world import describe_now
 
 STOP = "###STOP###"
 GREETING = "Hello! How can I help you today?"
@@ -109,6 +110,7 @@ class UserSimulator:
             reveal_when_asked=script.reveal_when_asked,
             ending=script.ending,
             stop=STOP,
+            now=describe_now(scenario.now),
         )
 
     def history(self, messages: Sequence[ChatMessage]) -> list[ChatMessage]:

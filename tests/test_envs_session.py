@@ -164,9 +164,9 @@ def test_env_schema_and_check_commands(tmp_path):
     assert env_check(FIXTURES / "library.py", as_json=True, config=FAST, out=out) == 0
     assert json.loads(out.getvalue())["ok"] is True
     flaky = tmp_path / "flaky.py"
-    flaky.write_text(BANK.replace('transfer_id = f"t{len(self.transfers) + 1}"',
-                                  'transfer_id = str(uuid.uuid4())').replace("from typing", "import uuid\nfrom typing")
-                     .replace("amount <= 0 or", "False and"))  # fmt: skip
+    # uuid4 and the date-time clock are deterministic in the sandbox; the performance counter is not.
+    stamped = BANK.replace('transfer_id = f"t{len(self.transfers) + 1}"', "transfer_id = str(time.perf_counter_ns())")
+    flaky.write_text(stamped.replace("from typing", "import time\nfrom typing").replace("amount <= 0 or", "False and"))
     state = tmp_path / "state.json"
     state.write_text(json.dumps({"customers": {}}))
     out = io.StringIO()

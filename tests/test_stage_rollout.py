@@ -8,7 +8,7 @@ from builder.agent import Limits, run_episode
 from builder.config import SandboxConfig, load_config
 from builder.llm import ChatRequest, LLMRequestError, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
-from builder.records import Rejection, Sampling, Trajectory
+from builder.records import Action, Rejection, Sampling, Trajectory
 from builder.reward import collateral_paths
 from builder.runner import Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
@@ -370,3 +370,31 @@ def test_pipeline_ends_with_rollout_then_select():
     assert names[-2:] == ["rollout", "select"]
     for before, after in zip(STAGES, STAGES[1:], strict=False):
         assert after.input is None or after.input is before.output, (before.name, after.name)
+
+
+async def test_episodes_run_at_the_scenarios_now_and_share_the_golds_ids(tmp_path, sandbox):
+    # The gold places an order keyed by a uuid4 id; the agent's same call draws the same id (one seed per
+    # scenario), so its write lands on the gold's path: no collateral. The clock and the prompt say `now`.
+    orders = environment("orders")
+    place = ("place_order", {"customer": "ada", "item": "kettle"})
+    check = (
+        "import datetime\n\ndef check(initial_state, final_state):\n"
+        "    today = datetime.date.today().isoformat()\n"
+        "    return any(o['placed_at'].startswith(today) and o['item'] == 'kettle'\n"
+        "               for o in final_state['orders'].values())\n"
+    )
+    scenario = bank_scenario().model_copy(
+        update={
+            "env_id": orders.id, "initial_state": {"orders": {}, "audit": []}, "now": "2024-03-14T10:30:00",
+            "task": "Order a kettle for ada.", "checks": (check,), "checklist": ("Has a kettle been ordered today?",),
+            "gold_actions": (Action(name=place[0], arguments=place[1]),),
+        }
+    )  # fmt: skip
+    model = agent([tool_reply(place), "Done."])
+    ctx = context(tmp_path, sandbox, model, "rollout.samples_per_scenario=2")
+    Store(ctx.config.store.path).upsert("environments", [orders])
+    first, second = await rollout(scenario, ctx)
+    assert first.solved and second.solved and first.collateral == () and first.reward == 1.0
+    placed = [json.loads(t.messages[3].content)["order"] for t in (first, second)]
+    assert placed[0]["placed_at"] == "2024-03-14T10:30:00" and placed[0]["order_id"] == placed[1]["order_id"]
+    assert "2024-03-14T10:30:00 (Thursday)" in first.messages[0].content

@@ -68,6 +68,7 @@ LIBRARY_SCHEMA = {
     "today": {"type": "string"},
 }  # fmt: skip
 
+NOW = "2024-03-14T10:30:00"  # the scripted model's "today" for every state
 BANK_STATE = {
     "customers": {"c1": {"name": "Ada Lovelace", "tier": "gold"}, "c2": {"name": "Grace Hopper", "tier": "basic"},
                   "c3": {"name": "Alan Turing", "tier": "basic"}},
@@ -126,7 +127,8 @@ def scripted(state=BANK_STATE, task=TASK, checks=CHECKS, gold=(GOLD,)):
     def answer(request: ChatRequest):
         name = schema_name(request)
         if name == "InitialState":
-            return json.dumps(states())
+            state = states()
+            return json.dumps(state if "now" in state else {"now": NOW, "state": state})
         if name == "TaskDraft":
             return json.dumps(tasks())
         if name == "GoldSolution":
@@ -197,9 +199,10 @@ async def test_state_that_breaks_a_tool_is_repaired_then_rejected(tmp_path, sand
     first, second = requests_of(model, "InitialState")
     assert "borrow" in second.messages[-1].content and "refused" in second.messages[-1].content
     assert requests_of(model, "TaskDraft") == []
-    # The state schema went to the model as the structured-output schema.
+    # The state schema went to the model as the structured-output schema, after the scenario's `now`.
     schema = first.response_format["json_schema"]["schema"]
-    assert schema["required"] == ["books", "members", "loans", "today"]
+    assert schema["required"] == ["now", "state"] and list(schema["properties"]) == ["now", "state"]
+    assert schema["properties"]["state"]["required"] == ["books", "members", "loans", "today"]
 
 
 def test_state_gates_count_records_and_follow_references():
@@ -411,7 +414,7 @@ class DeskEnv:
             {"success": true, "ticket_id": ...}.
         """
         ticket_id = f"t{len(self.tickets) + 1}"
-        self.tickets[ticket_id] = {"title": title, "opened_ns": time.time_ns()}
+        self.tickets[ticket_id] = {"title": title, "opened_ns": time.perf_counter_ns()}
         return {"success": True, "ticket_id": ticket_id}
 '''
 
@@ -595,3 +598,148 @@ async def test_a_prompt_that_never_fits_is_a_prompt_too_long_rejection(tmp_path,
     (rejection,) = await scenarios(environment("bank"), ctx)
     assert rejection.reason == "prompt_too_long" and rejection.subject_id.endswith("/scenario-0")
     assert ctx.stats.report["prompt_shrunk"] == {"scenario_gold": 2}
+
+
+# A tool the way a capable model writes one: long, stamping records with the clock and ids with uuid4.
+PRINTER = {
+    **TASK,
+    "task": "Please open an urgent ticket titled printer and show me the open tickets.",
+    "known_up_front": "I need an urgent ticket opened.",
+    "reveal_when_asked": "The title is printer.",
+}
+HELPDESK = '''"""A help desk whose tickets carry generated ids and timestamps."""
+
+import datetime
+import random
+import uuid
+from datetime import date, timedelta
+
+
+class HelpDeskEnv:
+    """Support tickets with priorities, due dates and an audit log."""
+
+    def __init__(self):
+        self.tickets = {}
+        self.audit = []
+
+    def open_ticket(self, title: str, priority: str = "normal") -> dict:
+        """Open a ticket.
+
+        Args:
+            title: What the ticket is about.
+            priority: low, normal or urgent.
+
+        Returns:
+            {"success": true, "ticket": {...}} or {"success": false, "error": ...}.
+        """
+        title = title.strip()
+        if not title:
+            return {"success": False, "error": "the title must not be empty"}
+        if len(title) > 200:
+            return {"success": False, "error": "the title is longer than 200 characters"}
+        if priority not in ("low", "normal", "urgent"):
+            return {"success": False, "error": f"unknown priority {priority!r}"}
+        for ticket in self.tickets.values():
+            if ticket["title"].lower() == title.lower() and ticket["status"] == "open":
+                return {"success": False, "error": "an open ticket with this title exists"}
+        now = datetime.datetime.now()
+        days = {"low": 7, "normal": 3, "urgent": 1}[priority]
+        due = date.today() + timedelta(days=days)
+        if due.weekday() >= 5:
+            due += timedelta(days=7 - due.weekday())
+        ticket_id = f"TCK-{uuid.uuid4().hex[:8].upper()}"
+        ticket = {
+            "ticket_id": ticket_id,
+            "title": title,
+            "priority": priority,
+            "status": "open",
+            "opened_at": now.isoformat(),
+            "due": due.isoformat(),
+            "agent": random.choice(["ana", "ben", "chloe"]),
+        }
+        self.tickets[ticket_id] = ticket
+        self.audit.append({"at": now.isoformat(timespec="seconds"), "event": "opened", "ticket_id": ticket_id})
+        return {"success": True, "ticket": dict(ticket)}
+
+    def list_tickets(self, status: str = "open") -> dict:
+        """List tickets by status.
+
+        Args:
+            status: open or closed.
+
+        Returns:
+            {"success": true, "tickets": [...]}.
+        """
+        found = [dict(t) for t in self.tickets.values() if t["status"] == status]
+        found.sort(key=lambda t: (t["due"], t["ticket_id"]))
+        return {"success": True, "tickets": found}
+'''
+
+
+def helpdesk() -> Environment:
+    interface = inspect_source(HELPDESK)
+    return Environment(
+        provenance={"config_hash": "hash"}, plan_id="plan-helpdesk", name="helpdesk", class_name="HelpDeskEnv",
+        description="A help desk.", domain="test", code=HELPDESK, tools=list(interface.tools), state_schema={},
+        status="accepted",
+    )  # fmt: skip
+
+
+async def test_clock_and_uuid_stamping_gold_verifies_at_the_scenarios_now(tmp_path, sandbox):
+    assert len(HELPDESK.split("def open_ticket")[1].split("def list_tickets")[0].splitlines()) >= 40
+    item = "Has a ticket titled 'printer' been opened today, due tomorrow?"
+    check = (
+        "import datetime\n\n"
+        "def check(initial_state, final_state):\n"
+        "    today = datetime.date.today()\n"
+        "    tomorrow = (today + datetime.timedelta(days=1)).isoformat()\n"
+        "    return any(t['title'] == 'printer' and t['opened_at'].startswith(today.isoformat())\n"
+        "               and t['due'] == tomorrow for t in final_state['tickets'].values())\n"
+    )
+    look = {"name": "list_tickets", "arguments": {}}
+    gold = [look, {"name": "open_ticket", "arguments": {"title": "printer", "priority": "urgent"}}, look]
+    model = scripted(state={"tickets": {}, "audit": []}, task={**PRINTER, "checklist": [item]}, checks={item: check},
+                     gold=[gold])  # fmt: skip
+    plain, _talk = await scenarios(helpdesk(), context(tmp_path, model, sandbox))
+    assert isinstance(plain, Scenario) and plain.now == NOW  # a Thursday: tomorrow is a weekday
+    (ticket,) = plain.verification["gold"][1:2]
+    assert '"opened_at": "2024-03-14T10:30:00"' in ticket["result"] and '"due": "2024-03-15"' in ticket["result"]
+    # The task, check and gold requests were told the scenario's date-time, with its weekday.
+    for name in ("TaskDraft", "CheckCode", "GoldSolution"):
+        (request,) = requests_of(model, name)
+        assert "## Now\n2024-03-14T10:30:00 (Thursday)" in request.messages[1].content
+    assert plain.id != plain.model_copy(update={"now": "2024-03-15T10:30:00"}).id  # `now` defines the scenario
+
+
+async def test_the_same_scenario_at_another_now_fails_its_date_check(tmp_path, sandbox):
+    item = "Has a ticket been opened on 2024-03-14?"
+    check = (
+        "def check(initial_state, final_state):\n"
+        "    return any(t['opened_at'].startswith('2024-03-14') for t in final_state['tickets'].values())\n"
+    )
+    look = {"name": "list_tickets", "arguments": {}}
+    gold = [look, {"name": "open_ticket", "arguments": {"title": "printer"}}, look]
+    state = {"tickets": {}, "audit": []}
+    task = {**PRINTER, "checklist": [item]}
+    kept, _ = await scenarios(helpdesk(), context(tmp_path, scripted(state, task, {item: check}, [gold]), sandbox))
+    assert kept.now == NOW
+    later = {"now": "2024-03-20T08:00:00", "state": state}
+    (rejection,) = await scenarios(
+        helpdesk(),
+        context(tmp_path, scripted(later, task, {item: check}, [gold]), sandbox, "scenarios.repair_attempts=0"),
+    )
+    assert rejection.reason == "gold_fails_checks"
+
+
+@pytest.mark.parametrize("now", ["next Tuesday", "2024-03-14", "2024-02-30T10:00:00", "2024-03-14T10:30:00+02:00"])
+async def test_a_now_that_is_not_a_naive_iso_date_time_is_refused(tmp_path, sandbox, now):
+    model = scripted(state=[{"now": now, "state": BANK_STATE}])
+    (rejection,) = await scenarios(environment("bank"), context(tmp_path, model, sandbox))
+    assert rejection.reason == "state_invalid" and "now" in rejection.detail
+    assert requests_of(model, "TaskDraft") == []
+
+
+async def test_a_now_without_seconds_is_repaired_to_whole_seconds(tmp_path, sandbox):
+    model = scripted(state=[{"now": "2024-03-14T10:30", "state": BANK_STATE}])
+    plain, _ = await scenarios(environment("bank"), context(tmp_path, model, sandbox))
+    assert plain.now == "2024-03-14T10:30:00"

@@ -3,7 +3,8 @@
 Checks run in a fresh sandbox worker that never loaded the environment, on state that went through JSON, so
 environment code can neither patch the checker's modules nor hand it objects with a rigged `__eq__`. Anything
 but a real `bool` (a truthy int, an exception, a timeout, a crash) is a failed check with the reason kept.
-Reward = fraction of checks passed; solved = every check passed (and there is at least one).
+Reward = fraction of checks passed; solved = every check passed (and there is at least one). Checks run at the
+episode's `now` (a check may compare dates with today) and seed, like the environment.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from builder.pyast import parse
 from builder.sandbox.runtime import Sandbox, Worker, WorkerFailure
+from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED, parse_now
 
 
 class CheckSpec(BaseModel):
@@ -62,9 +64,13 @@ def checks_from_scenario(checks: tuple[str, ...] | list[str]) -> list[CheckSpec]
 
 
 def run_checks(
-    sandbox: Sandbox, checks: list[CheckSpec], initial_state: dict[str, Any], final_state: dict[str, Any]
-) -> Verdict:
-    """Run every check in a fresh worker (a new one after any check kills its worker) and score them."""
+    sandbox: Sandbox, checks: list[CheckSpec], initial_state: dict[str, Any], final_state: dict[str, Any],
+    *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
+) -> Verdict:  # fmt: skip
+    """Run every check in a fresh worker (a new one after any check kills its worker) and score them; the
+    worker's clock reads `now` (raises ValueError if it is not an ISO 8601 naive date-time)."""
+    parse_now(now)
+    world = {"now": now, "seed": int(seed)}
     initial_json = json.dumps(initial_state, ensure_ascii=False)
     final_json = json.dumps(final_state, ensure_ascii=False)
     results: list[CheckResult] = []
@@ -73,7 +79,7 @@ def run_checks(
         for spec in checks:
             if worker is None or not worker.alive:
                 worker = sandbox.open_worker()
-            results.append(_run_one(worker, spec, initial_json, final_json))
+            results.append(_run_one(worker, spec, initial_json, final_json, world))
     finally:
         if worker is not None:
             worker.kill()
@@ -82,10 +88,10 @@ def run_checks(
     return Verdict(checks=tuple(results), reward=reward, solved=bool(results) and passed == len(results))
 
 
-def _run_one(worker: Worker, spec: CheckSpec, initial_json: str, final_json: str) -> CheckResult:
+def _run_one(worker: Worker, spec: CheckSpec, initial_json: str, final_json: str, world: dict[str, Any]) -> CheckResult:
     request = {
         "op": "check", "source": spec.source, "function": spec.function,
-        "initial_json": initial_json, "final_json": final_json,
+        "initial_json": initial_json, "final_json": final_json, **world,
     }  # fmt: skip
     try:
         reply = worker.request(request)

@@ -15,6 +15,7 @@ from builder.envs.schema import inspect_source, tools_json
 from builder.envs.session import Session, SessionError
 from builder.errors import BuilderError
 from builder.sandbox.runtime import Sandbox
+from builder.sandbox.world import DEFAULT_NOW
 
 
 def env_schema(path: Path, out: TextIO = sys.stdout) -> int:
@@ -30,13 +31,13 @@ def env_schema(path: Path, out: TextIO = sys.stdout) -> int:
 
 def env_check(
     path: Path, state_path: Path | None = None, as_json: bool = False,
-    config: SandboxConfig | None = None, out: TextIO = sys.stdout,
+    config: SandboxConfig | None = None, out: TextIO = sys.stdout, now: str = DEFAULT_NOW,
 ) -> int:  # fmt: skip
-    """Lint, load, call every tool twice from the same state; exit 1 if any problem was found."""
+    """Lint, load, call every tool twice from the same state at `now`; exit 1 if any problem was found."""
     source = _read(path)
     state = _read_json(state_path) if state_path else None
     with Sandbox(config) as sandbox:
-        problems, results = probe_environment(sandbox, source, state)
+        problems, results = probe_environment(sandbox, source, state, now)
     if as_json:
         report = {
             "ok": not problems,
@@ -55,16 +56,17 @@ def env_check(
 
 def env_replay(
     path: Path, state_path: Path, calls_path: Path, checks_path: Path | None = None, as_json: bool = False,
-    config: SandboxConfig | None = None, out: TextIO = sys.stdout,
+    config: SandboxConfig | None = None, out: TextIO = sys.stdout, now: str = DEFAULT_NOW,
 ) -> int:  # fmt: skip
-    """Run CALLS in one session from STATE, then optional checks; exit 1 if the environment cannot load."""
+    """Run CALLS in one session from STATE at `now`, then optional checks (at `now` too); exit 1 if the
+    environment cannot load."""
     source, state, calls = _read(path), _read_json(state_path), _read_json(calls_path)
     if not isinstance(calls, list) or not all(isinstance(c, dict) and "name" in c for c in calls):
         raise BuilderError(f"{calls_path}: expected a JSON list of {{'name': ..., 'arguments': {{...}}}}")
     report: dict[str, Any] = {"results": []}
     with Sandbox(config) as sandbox:
         try:
-            with Session(sandbox, source, state) as session:
+            with Session(sandbox, source, state, now=now) as session:
                 initial = session.snapshot()
                 for call in calls:
                     result = session.call(call["name"], call.get("arguments", {}))
@@ -76,7 +78,8 @@ def env_replay(
             print(str(error), file=sys.stderr)
             return 1
         if checks_path is not None:
-            verdict = run_checks(sandbox, checks_from_file(_read(checks_path)), initial, report["final_state"])
+            checks = checks_from_file(_read(checks_path))
+            verdict = run_checks(sandbox, checks, initial, report["final_state"], now=now)
             report["checks"] = [c.model_dump() for c in verdict.checks]
             report["reward"] = verdict.reward
     _print_replay(report, as_json, out)

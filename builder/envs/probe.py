@@ -11,6 +11,7 @@ from builder.envs.lint import ContractError, Problem
 from builder.envs.schema import EnvInterface, inspect_source
 from builder.envs.session import Session, SessionError, ToolResult
 from builder.sandbox.runtime import Sandbox
+from builder.sandbox.world import DEFAULT_NOW
 
 RUNTIME_CODES: dict[str, str] = {
     "load_failed": "the module or the class's __init__ fails, or the state cannot be applied",
@@ -30,16 +31,21 @@ _KIND_TO_CODE = {
 
 
 def probe_environment(
-    sandbox: Sandbox, source: str, state: dict[str, Any] | None = None
+    sandbox: Sandbox, source: str, state: dict[str, Any] | None = None, now: str = DEFAULT_NOW
 ) -> tuple[list[Problem], list[ToolResult]]:
-    """All problems found (empty: the environment behaves) and the results of the first pass of calls."""
+    """All problems found (empty: the environment behaves) and the results of the first pass of calls.
+
+    Both passes run at the same `now` and seed, so a tool that stamps records with the clock or makes ids with
+    `uuid4()` is deterministic; only what the sandbox cannot fix (duration clocks, `SystemRandom`, object ids,
+    state kept outside the instance) is reported as `nondeterministic`.
+    """
     try:
         interface = inspect_source(source)
     except ContractError as error:
         return error.problems, []
     try:
-        first, first_state = _run_pass(sandbox, source, interface, state)
-        second, second_state = _run_pass(sandbox, source, interface, state)
+        first, first_state = _run_pass(sandbox, source, interface, state, now)
+        second, second_state = _run_pass(sandbox, source, interface, state, now)
     except SessionError as error:
         code = "state_not_json" if error.kind in ("state_not_json", "not_json") else "load_failed"
         return [Problem(code=code, line=0, message=str(error))], []
@@ -56,9 +62,9 @@ def probe_environment(
 
 
 def _run_pass(
-    sandbox: Sandbox, source: str, interface: EnvInterface, state: dict[str, Any] | None
+    sandbox: Sandbox, source: str, interface: EnvInterface, state: dict[str, Any] | None, now: str
 ) -> tuple[list[ToolResult], dict[str, Any]]:
-    with Session(sandbox, source, state, interface=interface) as session:
+    with Session(sandbox, source, state, interface=interface, now=now) as session:
         start = session.snapshot()
         results = [
             session.call(tool["function"]["name"], generate_arguments(tool["function"]["parameters"], start))

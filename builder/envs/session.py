@@ -4,6 +4,10 @@ Every failure of a call comes back as a `ToolResult` with `ok=False`, a stable `
 model can read, the way a real API answers: unknown tool, bad arguments, the tool raised, timed out, ran out of
 memory, returned something that is not JSON or too large, or killed its worker. After a worker dies the session
 forks a fresh one and replays the calls made so far, so the next call sees the same state.
+
+Every session runs in a deterministic world (builder/sandbox/world.py): the clock reads the session's `now`
+(frozen) and `random`/`uuid` draw from its `seed`, so the same calls from the same state give the same results
+on every run and every machine.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from builder.envs.schema import EnvInterface, inspect_source
 from builder.envs.validate import argument_error
 from builder.errors import BuilderError
 from builder.sandbox.runtime import Sandbox, Worker, WorkerFailure
+from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED, parse_now
 
 # Error kinds that leave the environment's state as it was before the call could have changed it.
 _REPLAYABLE = {"raised", "bad_arguments", "memory", "not_json", "too_large"}
@@ -54,16 +59,22 @@ class Session:
         source: the environment module's code (linted and inspected here, never run in this process).
         state: the initial state: attribute name -> JSON value, set on an instance created with no arguments.
         interface: the result of `inspect_source(source)` when the caller already has it.
+        now: the episode's date-time, ISO 8601 naive local time (`2024-06-01T09:00:00`): what the environment's
+            clock reads, frozen, for the whole session.
+        seed: seeds `random` and `uuid` inside the worker.
 
     Raises:
+        ValueError: `now` is not an ISO 8601 naive date-time.
         ContractError: the source violates the contract.
         SessionError: the module fails to load (kind `load_failed`, `timeout`, `crashed`, ...).
     """
 
     def __init__(
         self, sandbox: Sandbox, source: str, state: dict[str, Any] | None = None,
-        interface: EnvInterface | None = None,
+        interface: EnvInterface | None = None, *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
     ) -> None:  # fmt: skip
+        parse_now(now)
+        self.now, self.seed = now, int(seed)
         self.sandbox = sandbox
         self.source = source
         self.interface = interface or inspect_source(source)
@@ -82,7 +93,7 @@ class Session:
         worker = self.sandbox.open_worker()
         load = {
             "op": "load", "code": self.source, "class_name": self.interface.class_name,
-            "state": self.initial_state, "tools": list(self._schemas),
+            "state": self.initial_state, "tools": list(self._schemas), "now": self.now, "seed": self.seed,
         }  # fmt: skip
         try:
             reply = worker.request(load)

@@ -4,7 +4,9 @@
 adapts it to TRL's `GRPOTrainer(environment_factory=...)`: a class whose public methods are the tools (real
 signatures, type hints and Google docstrings, so TRL derives the same schemas), `reset(**row)` picks the
 scenario named by the dataset row, and `get_reward()` scores the episode with the scenario's checks. The
-environment code never runs in the trainer's process; only schemas and JSON cross the boundary.
+environment code never runs in the trainer's process; only schemas and JSON cross the boundary. Every episode
+runs at its scenario's `now` (the row's `now` column; 2024-06-01T09:00:00 for rows without one) with the
+scenario's seed, as the rollouts did, so the same calls give the same results and "today" is the scenario's.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from builder.envs.schema import inspect_source
 from builder.envs.session import Session
 from builder.errors import BuilderError
 from builder.prompts import prompt
+from builder.records import scenario_seed
 from builder.sandbox.runtime import Sandbox
+from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED, describe_now
 
 
 def _field(row: Mapping[str, Any], *names: str) -> Any:
@@ -41,6 +45,13 @@ def environment_code(environment: Mapping[str, Any]) -> str:
     if expected and hashlib.sha256(code.encode()).hexdigest() != expected:
         raise BuilderError("environment code does not match its code_sha256; refusing to run it")
     return code
+
+
+def scenario_world(scenario: Mapping[str, Any]) -> tuple[str, int]:
+    """The `(now, seed)` of a scenario row's episodes: its `now` column and the seed of its environment and now."""
+    now = str(scenario.get("now") or DEFAULT_NOW)
+    env_id = scenario.get("env_id")
+    return now, scenario_seed(str(env_id), now) if env_id else DEFAULT_SEED
 
 
 class LiveEnvironment:
@@ -65,6 +76,7 @@ class LiveEnvironment:
         self._session: Session | None = None
         self._initial: dict[str, Any] = {}
         self._verdict: Verdict | None = None
+        self.now, self.seed = scenario_world(self.scenario)
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -82,7 +94,8 @@ class LiveEnvironment:
             self.scenario = scenario
         self._close_session()
         state = _field(self.scenario, "initial_state", "initial_state_json") if self.scenario else {}
-        self._session = Session(self.sandbox, self.code, state, interface=self.interface)
+        self.now, self.seed = scenario_world(self.scenario)
+        self._session = Session(self.sandbox, self.code, state, interface=self.interface, now=self.now, seed=self.seed)
         self._initial = self._session.snapshot()
         self._verdict = None
         return self.task
@@ -106,7 +119,8 @@ class LiveEnvironment:
         """Run the scenario's checks on (initial, current) state in a fresh sandbox worker (cached until a call)."""
         if self._verdict is None:
             checks = checks_from_scenario(list(_field(self.scenario, "checks", "checks_json")))
-            self._verdict = run_checks(self.sandbox, checks, self._initial, self.state())
+            final = self.state()
+            self._verdict = run_checks(self.sandbox, checks, self._initial, final, now=self.now, seed=self.seed)
         return self._verdict
 
     def reward(self) -> float:
@@ -135,8 +149,9 @@ def trl_environment_factory(
     """A class for `GRPOTrainer(environment_factory=...)`: one instance per rollout, tools as methods.
 
     TRL calls `reset(**row)` with the dataset row's columns; the row names its scenario by `scenario_id`
-    (or carries it whole in `scenario`). `get_reward()` returns the checks' reward. All instances share one
-    sandbox (started on first use unless given).
+    (or carries it whole in `scenario`), and its `now` column, when present, is the episode's date-time.
+    `get_reward()` returns the checks' reward. All instances share one sandbox (started on first use unless
+    given).
     """
     code = environment_code(environment)
     interface = inspect_source(code)
@@ -154,6 +169,8 @@ def trl_environment_factory(
             scenario = json.loads(scenario) if isinstance(scenario, str) else scenario
         else:
             scenario = by_id[str(_field(row, "scenario_id"))]
+        if row.get("now"):
+            scenario = {**scenario, "now": row["now"]}
         self._live.reset(scenario)
         return None  # the row's prompt already holds the task
 
@@ -170,7 +187,8 @@ def trl_environment_factory(
 def trl_prompt_row(scenario: Mapping[str, Any], environment: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The columns `GRPOTrainer` needs from a published `scenarios` row: `prompt` (the task as the user message,
     after the agent system prompt the rollouts used when the `environments` row is given), `environment` (the
-    key of `trl_environment_factories`) and `scenario_id` (which `reset` reads). Use it with `Dataset.map`.
+    key of `trl_environment_factories`), `scenario_id` and `now` (which `reset` reads). The system prompt tells
+    the agent the scenario's date-time. Use it with `Dataset.map`.
 
     Conversational scenarios need a simulated user, which a GRPO rollout does not have: filter them out first
     (`mode == "non_conversational"`).
@@ -178,12 +196,14 @@ def trl_prompt_row(scenario: Mapping[str, Any], environment: Mapping[str, Any] |
     messages = [{"role": "user", "content": str(_field(scenario, "task"))}]
     if environment is not None:
         about = f"{_field(environment, 'name')} ({_field(environment, 'domain')}): {_field(environment, 'description')}"
-        system = Template(prompt("rollout_task")).safe_substitute(environment=about)
+        now = describe_now(scenario_world(scenario)[0])
+        system = Template(prompt("rollout_task")).safe_substitute(environment=about, now=now)
         messages.insert(0, {"role": "system", "content": system})
     return {
         "prompt": messages,
         "environment": str(_field(scenario, "env_id")),
         "scenario_id": str(_field(scenario, "scenario_id", "id")),
+        "now": scenario_world(scenario)[0],
     }
 
 

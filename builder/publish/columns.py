@@ -33,11 +33,13 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "provenance": _PROVENANCE,
     },
     "scenarios": {
-        "scenario_id": "`scenario-<16 hex>`: hash of env_id, initial state, task and mode",
+        "scenario_id": "`scenario-<16 hex>`: hash of env_id, initial state, now, task and mode",
         "env_id": "the environment this scenario runs in",
         "mode": "`non_conversational` (the whole task up front) or `conversational` (a simulated user)",
         "task": "what the user wants done",
         "initial_state": "JSON: attribute name → value, applied to a fresh environment instance",
+        "now": "the scenario's current date-time, ISO 8601 local time without a zone: the sandbox's clock reads it "
+        "(frozen) and the agent and simulated user are told it is today; run episodes at it",
         "user": "conversational mode: the simulated user's `profile`, `known_up_front`, `reveal_when_asked`, "
         "`ending`; null otherwise",
         "checklist": "the task as statements about the final state",

@@ -32,7 +32,7 @@ ENVIRONMENT_COLUMNS = (
     "state_schema", "num_scenarios", "scores", "evaluation", "plan_id", "schema_version", "provenance",
 )  # fmt: skip
 SCENARIO_COLUMNS = (
-    "scenario_id", "env_id", "mode", "task", "initial_state", "user", "checklist", "checks", "gold_actions",
+    "scenario_id", "env_id", "mode", "task", "initial_state", "now", "user", "checklist", "checks", "gold_actions",
     "difficulty", "num_rollouts", "pass_rate", "verification", "schema_version", "provenance",
 )  # fmt: skip
 SFT_COLUMNS = (

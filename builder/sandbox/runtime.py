@@ -30,8 +30,11 @@ logger = logging.getLogger(__name__)
 
 ZYGOTE_SCRIPT = Path(__file__).with_name("zygote.py")
 # The only environment the sandbox ever sees: no secrets, no PYTHON* paths, a fixed hash seed so that set and
-# dict orders are the same in every worker (the determinism check depends on it).
-CLEAN_ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+# dict orders are the same in every worker (the determinism check depends on it), and UTC as local time so an
+# episode's naive `now` (builder/sandbox/world.py) means the same moment on every machine.
+CLEAN_ENV = {
+    "PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "TZ": "UTC",
+}  # fmt: skip
 ALL_LAYERS = ("clean_env", "deadline_kill", "rlimits", "seccomp", "no_network", "landlock", "uid_drop", "netns")
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import allowed
 import frames
 import harden
+import world
 
 
 class SoftTimeout(BaseException):
@@ -48,6 +49,9 @@ def _preload(extra: list[str]) -> None:
         raise KeyError("warm traceback formatting")
     except KeyError as error:
         _describe(error)
+    # The episode's fixed clock and seeded randomness, before any environment module can bind the originals.
+    world.install()
+    datetime.datetime.now().isoformat(), datetime.date.today(), time.strftime("%c"), uuid.uuid1(), random.Random()
 
 
 PRISTINE_BUILTINS = dict(builtins.__dict__)
@@ -146,6 +150,7 @@ class Worker:
             self.busy = False
 
     def load(self, request: dict[str, Any]) -> dict[str, Any]:
+        world.begin(request["now"], request["seed"])
         namespace = _fresh_namespace("generated_env")
         exec(compile(request["code"], "<environment>", "exec"), namespace)
         cls = namespace.get(request["class_name"])
@@ -182,6 +187,7 @@ class Worker:
         return self._as_json(state, "state")
 
     def check(self, request: dict[str, Any]) -> dict[str, Any]:
+        world.begin(request["now"], request["seed"])
         namespace = _fresh_namespace("check")
         exec(compile(request["source"], "<check>", "exec"), namespace)
         function = namespace.get(request["function"])

@@ -13,13 +13,30 @@ import jsonschema
 from pydantic import RootModel, model_validator
 
 from builder.envs.state_schema import record_collections
+from builder.sandbox.world import parse_now
+
+NOW_SCHEMA = {
+    "type": "string",
+    "description": "The scenario's current local date-time, ISO 8601 without a time zone (YYYY-MM-DDTHH:MM:SS), "
+    "consistent with the dates in the state.",
+}
 
 
 def state_model(schema: dict[str, Any]) -> type[RootModel[dict[str, Any]]]:
-    """A pydantic type for structured output whose JSON schema is `schema` and which validates against it."""
+    """A pydantic type for structured output `{"now": <date-time>, "state": <a state valid against schema>}`.
+
+    `now` comes first, so the model picks "today" before it writes the dates around it; it must be an ISO 8601
+    naive date-time and is normalised to whole seconds (`2024-06-01T09:00:00`).
+    """
+    wrapped = {
+        "type": "object",
+        "properties": {"now": NOW_SCHEMA, "state": schema},
+        "required": ["now", "state"],
+        "additionalProperties": False,
+    }
 
     class InitialState(RootModel[dict[str, Any]]):
-        SCHEMA: ClassVar[dict[str, Any]] = schema
+        SCHEMA: ClassVar[dict[str, Any]] = wrapped
 
         @classmethod
         def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
@@ -27,10 +44,14 @@ def state_model(schema: dict[str, Any]) -> type[RootModel[dict[str, Any]]]:
 
         @model_validator(mode="after")
         def _matches_schema(self) -> InitialState:
-            problem = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(self.root))
+            problem = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(wrapped).iter_errors(self.root))
             if problem is not None:
-                where = "/".join(str(part) for part in problem.absolute_path) or "(state)"
+                where = "/".join(str(part) for part in problem.absolute_path) or "(reply)"
                 raise ValueError(f"{where}: {problem.message}"[:500])
+            try:
+                self.root["now"] = parse_now(self.root["now"]).isoformat(timespec="seconds")
+            except ValueError as error:
+                raise ValueError(f"now: {error}") from None
             return self
 
     return InitialState

@@ -21,6 +21,7 @@ from builder.envs.probe import generate_arguments
 from builder.envs.session import Session, SessionError, ToolResult
 from builder.pyast import parse
 from builder.sandbox.runtime import Sandbox
+from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED
 from builder.stages._scenario_sufficiency import unsupported_arguments
 
 # Tool failures that say the state (or the code) is broken, as opposed to an answered domain error.
@@ -61,8 +62,11 @@ def default_state(sandbox: Sandbox, code: str) -> dict[str, Any]:
         return session.snapshot()
 
 
-def load_state(sandbox: Sandbox, code: str, state: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
-    """Load `state`, read it back, and call every tool once with arguments taken from it.
+def load_state(
+    sandbox: Sandbox, code: str, state: dict[str, Any], *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """Load `state` at the scenario's `now` and `seed`, read it back, and call every tool once with arguments
+    taken from it.
 
     Returns:
         (the full initial state as the environment holds it, problems); the state is None when it did not load.
@@ -70,7 +74,7 @@ def load_state(sandbox: Sandbox, code: str, state: dict[str, Any]) -> tuple[dict
         with a domain error (`{"success": false, ...}`) is not.
     """
     try:
-        with Session(sandbox, code, state) as session:
+        with Session(sandbox, code, state, now=now, seed=seed) as session:
             loaded = session.snapshot()
             problems = []
             for tool in session.tools:
@@ -122,12 +126,13 @@ def _refused(result: ToolResult) -> bool:
 
 
 def run_actions(
-    sandbox: Sandbox, code: str, state: dict[str, Any], actions: list[dict[str, Any]]
-) -> tuple[list[tuple[ToolResult, bool]], dict[str, Any]]:
-    """Execute `actions` in a fresh session from `state`: each result with whether it changed the state, and the
-    final state."""
+    sandbox: Sandbox, code: str, state: dict[str, Any], actions: list[dict[str, Any]],
+    *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
+) -> tuple[list[tuple[ToolResult, bool]], dict[str, Any]]:  # fmt: skip
+    """Execute `actions` in a fresh session from `state` at `now` with `seed`: each result with whether it changed
+    the state, and the final state."""
     outcomes = []
-    with Session(sandbox, code, state) as session:
+    with Session(sandbox, code, state, now=now, seed=seed) as session:
         before = session.snapshot()
         for action in actions:
             result = session.call(action["name"], action["arguments"])
@@ -155,8 +160,11 @@ def verify(
     min_gold_calls: int = 1,
     texts: Mapping[str, str] | None = None,
     tools: Sequence[dict[str, Any]] = (),
+    now: str = DEFAULT_NOW,
+    seed: int = DEFAULT_SEED,
 ) -> Evidence:
-    """Run every gate in order and stop at the first that fails (its reason code and the evidence so far).
+    """Run every gate in order and stop at the first that fails (its reason code and the evidence so far). Every
+    session and check run is at the scenario's `now` with its `seed`.
 
     `texts` maps each mode to what the user says in it (the task, or the user script); every literal gold
     argument must come from each of them, an earlier gold result or the `tools` schemas
@@ -170,7 +178,7 @@ def verify(
     if linted:
         return Evidence(reason="check_broken", detail=_join(linted), check_problems=linted)
     try:
-        outcomes, final_state = run_actions(sandbox, code, initial_state, actions)
+        outcomes, final_state = run_actions(sandbox, code, initial_state, actions, now=now, seed=seed)
     except SessionError as error:
         return Evidence(reason="gold_call_failed", detail=str(error), gold_problems=(str(error),))
     gold = tuple(
@@ -209,7 +217,7 @@ def verify(
         return Evidence(reason="no_state_change", detail=detail, gold_problems=(detail,), **seen)
     # The stored gold must reproduce: rollouts and the negative control replay it in fresh sessions.
     try:
-        replayed = run_actions(sandbox, code, initial_state, actions)[1]
+        replayed = run_actions(sandbox, code, initial_state, actions, now=now, seed=seed)[1]
     except SessionError as error:
         replayed = {"error": str(error)}
     if replayed != final_state:
@@ -217,8 +225,8 @@ def verify(
         return Evidence(reason="gold_nondeterministic", detail=detail, gold_problems=(detail,), **seen)
 
     specs = checks_from_scenario(checks)
-    on_initial = run_checks(sandbox, specs, initial_state, initial_state).checks
-    on_final = run_checks(sandbox, specs, initial_state, final_state).checks
+    on_initial = run_checks(sandbox, specs, initial_state, initial_state, now=now, seed=seed).checks
+    on_final = run_checks(sandbox, specs, initial_state, final_state, now=now, seed=seed).checks
     seen |= {
         "checks_on_initial": tuple(r.passed for r in on_initial),
         "checks_on_final": tuple(r.passed for r in on_final),
@@ -238,11 +246,11 @@ def verify(
         kept = [a for i, a in enumerate(actions) if i != removed]
         ablation: dict[str, Any] = {"removed": removed, "name": actions[removed]["name"]}
         try:
-            _, ablated_state = run_actions(sandbox, code, initial_state, kept)
+            _, ablated_state = run_actions(sandbox, code, initial_state, kept, now=now, seed=seed)
         except SessionError as error:  # the episode broke without this call: that is noticed, by every check
             ablation |= {"failing_checks": list(range(len(specs))), "error": str(error)[:300]}
         else:
-            results = run_checks(sandbox, specs, initial_state, ablated_state).checks
+            results = run_checks(sandbox, specs, initial_state, ablated_state, now=now, seed=seed).checks
             ablation["failing_checks"] = [i for i, r in enumerate(results) if not r.passed]
             never_failed -= set(ablation["failing_checks"])
         ablations.append(ablation)

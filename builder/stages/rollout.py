@@ -34,6 +34,7 @@ from builder.prompts import prompt, prompt_version
 from builder.records import Environment, Record, Sampling, Scenario, Trajectory
 from builder.reward import Grade, gold_paths, grade
 from builder.runner import Rejected, StageContext
+from builder.sandbox.world import DEFAULT_NOW, describe_now
 from builder.splits import is_rl_environment
 from builder.store import Store
 from builder.user_sim import UserSimulator
@@ -139,10 +140,11 @@ def environment_text(env: Environment) -> str:
     return f"{env.name} ({env.domain}): {env.description}"
 
 
-def system_prompt(env: Environment, mode: str) -> tuple[str, str]:
-    """The agent's system prompt for `mode` and its prompt version."""
+def system_prompt(env: Environment, mode: str, now: str = DEFAULT_NOW) -> tuple[str, str]:
+    """The agent's system prompt for `mode` at the scenario's date-time `now`, and its prompt version."""
     name = "rollout_task" if mode == "non_conversational" else "rollout_conversation"
-    return Template(prompt(name)).safe_substitute(environment=environment_text(env)), prompt_version(name)
+    text = Template(prompt(name)).safe_substitute(environment=environment_text(env), now=describe_now(now))
+    return text, prompt_version(name)
 
 
 def agent_sampling(ctx: StageContext, sample_index: int) -> Sampling:
@@ -170,7 +172,10 @@ async def rollout(scenario: Scenario, ctx: StageContext) -> list[Record]:
         raise Rejected(ctx.reject(scenario, "no_user_script", "a conversational scenario needs a user script"))
     env = await load_environment(ctx, scenario)
     try:
-        allowed = await in_thread(gold_paths, ctx.sandbox, env.code, scenario.initial_state, scenario.gold_actions)
+        allowed = await in_thread(
+            gold_paths, ctx.sandbox, env.code, scenario.initial_state, scenario.gold_actions,
+            now=scenario.now, seed=scenario.seed,
+        )  # fmt: skip
     except (SessionError, ContractError) as error:
         raise Rejected(ctx.reject(scenario, "env_load_failed", str(error)[:2000])) from None
     agent = player(ctx, scenario.env_id)
@@ -206,7 +211,7 @@ async def _sample(
 ) -> Trajectory:
     config = ctx.config.rollout
     sampling = agent_sampling(ctx, index)
-    system, version = system_prompt(env, scenario.mode)
+    system, version = system_prompt(env, scenario.mode, scenario.now)
     tools = list(env.tools)
     user = None
     if scenario.mode == "conversational":
@@ -218,7 +223,8 @@ async def _sample(
             user_model(ctx), scenario, names, sampling=user_sampling, retries=config.user_retries, sample_index=index
         )
     limits = Limits(config.max_turns, config.max_tool_calls, agent.max_tokens)
-    session = await in_thread(Session, ctx.sandbox, env.code, scenario.initial_state)
+    state, now, seed = scenario.initial_state, scenario.now, scenario.seed
+    session = await in_thread(Session, ctx.sandbox, env.code, state, now=now, seed=seed)
     try:
         episode = await run_episode(
             agent.model, tools, SandboxRunner(session), system=system,
@@ -236,7 +242,7 @@ async def _sample(
     if final is not None:
         verdict = await in_thread(
             grade, ctx.sandbox, scenario.checks, scenario.initial_state, final, allowed,
-            collateral_zeroes_reward=config.collateral_zeroes_reward,
+            collateral_zeroes_reward=config.collateral_zeroes_reward, now=scenario.now, seed=scenario.seed,
         )  # fmt: skip
     return _trajectory(ctx, scenario, env, episode, verdict, sampling, index, version, agent.model.model_id)
 

@@ -43,8 +43,19 @@ from builder.envs.session import SessionError, diff_states
 from builder.envs.state_schema import generated_state_schema
 from builder.errors import BuilderError
 from builder.prompts import prompt, prompt_version
-from builder.records import Action, ChatMessage, Environment, Record, Rejection, Sampling, Scenario, UserScript
+from builder.records import (
+    Action,
+    ChatMessage,
+    Environment,
+    Record,
+    Rejection,
+    Sampling,
+    Scenario,
+    UserScript,
+    scenario_seed,
+)
 from builder.runner import Rejected, StageContext
+from builder.sandbox.world import describe_now
 from builder.stages._llm import ask, system_user
 from builder.stages._scenario_state import (
     attribute_problems,
@@ -109,6 +120,7 @@ class Draft:
 
     task: TaskDraft
     task_messages: list[ChatMessage]
+    now: str  # the scenario's date-time, chosen with the state
     checks: list[str] = field(default_factory=list)
     check_messages: list[list[ChatMessage]] = field(default_factory=list)
     gold: list[dict[str, Any]] = field(default_factory=list)
@@ -236,10 +248,15 @@ async def _ask_fitting(
     raise AssertionError("unreachable: the last level returns or raises")
 
 
+def _now_text(now: str) -> str:
+    return f"{describe_now(now)}; the environment's clock reads this date-time."
+
+
 async def _initial_state(
     env: Environment, ctx: StageContext, slot: int, example: dict[str, Any]
-) -> tuple[dict[str, Any], int]:
-    """A generated state that passed the load and realism gates, as the environment holds it; and the repairs."""
+) -> tuple[dict[str, Any], str, int]:
+    """A generated state that passed the load and realism gates, as the environment holds it; the scenario's `now`
+    (the model's "today" for the state); and the repairs."""
     config = ctx.config.scenarios
     schema = generated_state_schema(env.state_schema, example)
     model = state_model(schema)
@@ -268,30 +285,35 @@ async def _initial_state(
                 ctx, env, messages, model, sampling=_sampling(ctx), invalid_reason="state_invalid",
                 sample_index=sample_index,
             )  # fmt: skip
-        state = reply.root
-        loaded, problems = await asyncio.to_thread(load_state, ctx.sandbox, env.code, state)
+        now, state = reply.root["now"], reply.root["state"]
+        loaded, problems = await asyncio.to_thread(
+            load_state, ctx.sandbox, env.code, state, now=now, seed=scenario_seed(env.id, now)
+        )
         reason = "state_load_failed"
         if loaded is not None and not problems:
             problems, reason = size_problems(loaded, schema, config.min_records), "state_too_small"
         if loaded is not None and not problems:
             problems, reason = attribute_problems(state, example) + reference_problems(loaded), "state_inconsistent"
         if loaded is not None and not problems:
-            return loaded, attempt
+            return loaded, now, attempt
         feedback = "This state was refused:\n- " + "\n- ".join(problems) + "\nReply with the corrected full state."
         # Only the latest state goes back (a state is large; every attempt kept would outgrow the context).
         messages = [
             *asked,
-            ChatMessage(role="assistant", content=json.dumps(state)),
+            ChatMessage(role="assistant", content=json.dumps(reply.root)),
             ChatMessage(role="user", content=feedback),
         ]
-    raise Rejected(ctx.reject(env, reason, "; ".join(problems)[:2000], raw_output=json.dumps(state)[:20000]))
+    raise Rejected(ctx.reject(env, reason, "; ".join(problems)[:2000], raw_output=json.dumps(reply.root)[:20000]))
 
 
-async def _task(env: Environment, ctx: StageContext, state: dict[str, Any], feedback: str = "") -> Draft:
+async def _task(env: Environment, ctx: StageContext, state: dict[str, Any], now: str, feedback: str = "") -> Draft:
     """A task draft; with `feedback` (why the previous task was refused and what to do), its replacement."""
 
     def request(shrink: int) -> list[ChatMessage]:
-        user = f"{interface_text(env, shrink)}\n\n## Current state\n{state_text(state, shrink)}"
+        user = (
+            f"{interface_text(env, shrink)}\n\n## Now\n{_now_text(now)}\n\n"
+            f"## Current state\n{state_text(state, shrink)}"
+        )
         if feedback:
             user += f"\n\n## A previous task for this state was refused\n{feedback}"
         return system_user(prompt("scenario_task"), user)
@@ -299,7 +321,7 @@ async def _task(env: Environment, ctx: StageContext, state: dict[str, Any], feed
     draft, messages = await _ask_fitting(
         ctx, env, "scenario_task", request, TaskDraft, sampling=_sampling(ctx), invalid_reason="task_invalid"
     )
-    return Draft(draft, messages)
+    return Draft(draft, messages, now)
 
 
 def _user_texts(draft: TaskDraft, modes: Sequence[str]) -> dict[str, str]:
@@ -331,7 +353,7 @@ async def _check(
             user = (
                 f"# Environment {env.name} ({env.domain})\n{env.description}\n\n## State schema\n"
                 f"{json.dumps(schema)}\n\n## Initial state (the records the task involves; others exist)\n"
-                f"{state_text(involved, shrink)}\n\n"
+                f"{state_text(involved, shrink)}\n\n## Now\n{_now_text(draft.now)}\n\n"
             )
             if methods:
                 user += f"## Methods the solution calls that change the state\n```python\n{methods}\n```\n\n"
@@ -361,7 +383,8 @@ async def _gold(
 
         def request(shrink: int) -> list[ChatMessage]:
             user = (
-                f"{interface_text(env, shrink)}\n\n## Current state\n{state_text(state, shrink)}\n\n"
+                f"{interface_text(env, shrink)}\n\n## Now\n{_now_text(draft.now)}\n\n"
+                f"## Current state\n{state_text(state, shrink)}\n\n"
                 f"## Task\n{draft.task.task}"
             )
             return system_user(prompt("scenario_gold"), user)
@@ -393,15 +416,15 @@ async def _fill(env: Environment, ctx: StageContext, state: dict[str, Any], draf
 
 async def _build(env: Environment, ctx: StageContext, slot: int, example: dict[str, Any]) -> list[Scenario]:
     config = ctx.config.scenarios
-    state, state_repairs = await _initial_state(env, ctx, slot, example)
-    draft = await _task(env, ctx, state)
+    state, now, state_repairs = await _initial_state(env, ctx, slot, example)
+    draft = await _task(env, ctx, state, now)
     await _fill(env, ctx, state, draft)
     repairs: list[str] = []
     blame_gold_next = True  # for gold_fails_checks: alternate between the gold and the checks, gold first
     for round_ in range(config.repair_attempts + 1):
         evidence = await asyncio.to_thread(
             verify, ctx.sandbox, env.code, state, draft.gold, draft.checks, min_gold_calls=config.min_gold_calls,
-            texts=_user_texts(draft.task, config.modes), tools=env.tools,
+            texts=_user_texts(draft.task, config.modes), tools=env.tools, now=now, seed=scenario_seed(env.id, now),
         )  # fmt: skip
         if evidence.reason is None:
             return _scenarios(env, ctx, state, draft, evidence, state_repairs, repairs)
@@ -410,7 +433,7 @@ async def _build(env: Environment, ctx: StageContext, slot: int, example: dict[s
             raise Rejected(_reject_slot(ctx, env, slot, evidence.reason, evidence.detail, raw[:20000]))
         repairs.append(evidence.reason)
         if evidence.reason in ("already_solved", "task_underspecified"):
-            draft = await _task(env, ctx, state, feedback=_task_feedback(draft, evidence))
+            draft = await _task(env, ctx, state, now, feedback=_task_feedback(draft, evidence))
             await _fill(env, ctx, state, draft)
             blame_gold_next = True
         elif evidence.reason == "check_broken" or (evidence.reason == "gold_fails_checks" and not blame_gold_next):
@@ -510,6 +533,7 @@ def _scenarios(
             env_id=env.id,
             mode=mode,
             initial_state=state,
+            now=draft.now,
             task=task,
             user=user if mode == "conversational" else None,
             checklist=tuple(draft.task.checklist),

@@ -99,7 +99,9 @@ def test_client_for_takes_thinking_and_context_from_the_config() -> None:
     config = load_config(None, ["llm.thinking=on", "llm.max_model_len=20000"])
     llm = client_for(config.llm, ScriptedModel(lambda r: "ok"), model_id="m")
     assert (llm.thinking, llm.reasoning_budget, llm.context_tokens) == (True, config.llm.reasoning_budget, 20000)
-    assert client_for(config.llm, ScriptedModel(lambda r: "ok"), model_id="m", context_tokens=8192).context_tokens == 8192
+    assert (
+        client_for(config.llm, ScriptedModel(lambda r: "ok"), model_id="m", context_tokens=8192).context_tokens == 8192
+    )
 
 
 # ------------------------------------------------------------------------------------------------- fitting

@@ -276,7 +276,8 @@ class RolloutConfig(Section):
         24000,
         ge=1,
         description="A rollout is cut (max_tokens) once the conversation reaches this many tokens (the last "
-        "agent call's prompt + completion); keep it under llm.max_model_len minus max_reply_tokens.",
+        "agent call's prompt + completion), or the playing model's context minus max_reply_tokens if that is "
+        "less (llm.max_model_len; for the RL agent rollout.rl_agent_max_model_len).",
     )
     episodes_in_flight: int = Field(
         32,
@@ -293,6 +294,13 @@ class RolloutConfig(Section):
     rl_agent_url: str | None = Field(
         None, description="OpenAI-compatible endpoint (…/v1) serving rollout.rl_agent_model (None: start one)."
     )
+    rl_agent_max_model_len: int | None = Field(
+        None,
+        ge=256,
+        description="Context length of rollout.rl_agent_model (its managed server allocates it; with "
+        "rl_agent_url it is that server's). None: llm.max_model_len, at most 8192 for the builtin SmolLM2. An "
+        "rl episode is cut at min(rollout.max_tokens, this context minus the reply budget).",
+    )
     user_model: str | None = Field(
         None, description="Served model name of the user simulator (None: the agent's model on the same server)."
     )
@@ -303,6 +311,18 @@ class RolloutConfig(Section):
     collateral_zeroes_reward: bool = Field(
         True, description="Writes outside what the gold solution touches set the reward to 0 (else only flagged)."
     )
+
+    @model_validator(mode="after")
+    def _rl_agent_named(self) -> RolloutConfig:
+        if self.rl_agent_model is None:
+            for key in ("rl_agent_url", "rl_agent_max_model_len"):
+                if getattr(self, key) is not None:
+                    raise ValueError(
+                        f"rollout.{key} is set but rollout.rl_agent_model is not: set rollout.rl_agent_model "
+                        f"to the RL agent's model (with rl_agent_url: the name that endpoint serves it under), or "
+                        f"unset rollout.{key}"
+                    )
+        return self
 
 
 class SelectConfig(Section):

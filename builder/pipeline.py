@@ -2,7 +2,9 @@
 
 Stages arrive with their issues and are appended to `STAGES`; the runner needs no change for them. The model
 server is started lazily, on the first model call of the run, so a run whose work is all done (or cached) never
-waits for vLLM; it is always stopped when the run ends.
+waits for vLLM; it is always stopped when the run ends. With `rollout.rl_agent_model` set, the RL agent is a
+second model, started the same way (its own managed server, `rl_agent_server.log`, unless
+`rollout.rl_agent_url` is set) on the first call of an episode in an `rl` environment.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from builder.config import BuildConfig
+from builder.config import BuildConfig, LLMConfig
 from builder.llm import CallRecord, ChatRequest, LLMClient, Reply, open_llm
+from builder.llm.connect import RL_AGENT_SERVER_LOG, rl_agent_config, served_model_id
 from builder.records import Environment, EnvPlan, Scenario, SeedTask, Selection, Topic, Trajectory
 from builder.runner import BatchStage, Interrupted, ItemStage, Stage, run_stages
 from builder.sandbox.runtime import Sandbox
@@ -47,24 +50,21 @@ STAGES: tuple[Stage, ...] = (
 
 
 class LazyModel:
-    """The model every stage uses: started (managed vLLM server or `llm.url`) on the first call of the run.
+    """A model of the run (the synthesis model, or the RL agent), started (managed vLLM server or its URL) on
+    its first call.
 
     Stages run one after another, so calls are counted in the stats of the stage that is running: `for_stage`
     points the counting there and returns this same object.
     """
 
-    def __init__(self, config: BuildConfig, open_client: Callable[[Callable[[CallRecord], None]], LLMClient]) -> None:
-        """`open_client(on_call)` starts the model and returns its client; it is called at most once."""
-        self._config = config
+    def __init__(self, llm: LLMConfig, open_client: Callable[[Callable[[CallRecord], None]], LLMClient]) -> None:
+        """`llm` is the model's config; `open_client(on_call)` starts the model and returns its client; it is
+        called at most once."""
+        self.model_id = served_model_id(llm)  # the model name recorded in provenance
         self._open_client = open_client
         self._client: LLMClient | None = None
         self._failure: BaseException | None = None
         self._stats: StageStats | None = None
-
-    @property
-    def model_id(self) -> str:
-        """The model name recorded in provenance."""
-        return self._config.llm.served_model_name if self._config.llm.url else self._config.llm.model
 
     def for_stage(self, stats: StageStats) -> LazyModel:
         self._stats = stats
@@ -77,8 +77,9 @@ class LazyModel:
             raise self._failure
         if self._client is None:
             # Blocking on purpose: PR_SET_PDEATHSIG ties the server to the thread that starts it, so it must be
-            # the main thread, and no stage can progress before the server is up anyway. The event loop cannot
-            # see signals meanwhile, so Ctrl-C and SIGTERM interrupt the start-up directly.
+            # the main thread, and no stage can progress before the server is up anyway (the RL agent's start
+            # pauses the synthesis model's episodes for that minute; their replies wait in the sockets). The
+            # event loop cannot see signals meanwhile, so Ctrl-C and SIGTERM interrupt the start-up directly.
             try:
                 with _signals_interrupt():
                     self._client = self._open_client(self._count)
@@ -135,7 +136,17 @@ async def run_pipeline(
         def open_client(on_call: Callable[[CallRecord], None]) -> LLMClient:
             return stack.enter_context(open_llm(config.llm, Path(run_dir), on_call=on_call))
 
-        model = LazyModel(config, open_client)
+        model = LazyModel(config.llm, open_client)
+        rl_llm = rl_agent_config(config)
+        rl_agent = None
+        if rl_llm is not None:
+
+            def open_rl_agent(on_call: Callable[[CallRecord], None]) -> LLMClient:
+                return stack.enter_context(
+                    open_llm(rl_llm, Path(run_dir), on_call=on_call, server_log=RL_AGENT_SERVER_LOG)
+                )
+
+            rl_agent = LazyModel(rl_llm, open_rl_agent)
 
         @functools.cache
         def open_sandbox() -> Sandbox:
@@ -144,7 +155,10 @@ async def run_pipeline(
 
         try:
             return await run_stages(
-                STAGES, config, run_dir, until=until, only=only, llm=model.for_stage, sandbox=open_sandbox
-            )
+                STAGES, config, run_dir, until=until, only=only, llm=model.for_stage,
+                rl_agent=rl_agent.for_stage if rl_agent is not None else None, sandbox=open_sandbox,
+            )  # fmt: skip
         finally:
             await model.aclose()
+            if rl_agent is not None:
+                await rl_agent.aclose()

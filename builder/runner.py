@@ -48,6 +48,7 @@ class StageContext:
     run_dir: Path
     stats: StageStats
     llm: Any = None  # the model (`chat`, `structured`, `model_id`), when the pipeline has one
+    rl_agent: Any = None  # the RL agent's model (rollout.rl_agent_model), when the pipeline has one
     open_sandbox: Callable[[], Any] | None = None  # returns the shared `Sandbox`, starting it on first use
 
     @property
@@ -213,6 +214,7 @@ async def run_stages(
     until: str | None = None,
     only: str | None = None,
     llm: Callable[[StageStats], Any] | None = None,
+    rl_agent: Callable[[StageStats], Any] | None = None,
     sandbox: Callable[[], Any] | None = None,
 ) -> dict[str, StageStats]:
     """Run `stages` in order over `run_dir`, resuming finished work; returns the stats of every stage run.
@@ -221,6 +223,7 @@ async def run_stages(
         until: stop after this stage.
         only: run just this stage, from the stored output of the stage before it.
         llm: makes the model client of a stage from its stats (so calls are counted per stage).
+        rl_agent: likewise for the RL agent's model (`rollout.rl_agent_model`), if the run has one.
         sandbox: returns the sandbox runtime shared by all stages (started on first use).
 
     Raises:
@@ -247,8 +250,10 @@ async def run_stages(
                 inputs = folder.kept(stages[index - 1]) if stage.input is not None else []
                 # Model usage and wall time accumulate over attempts; counts are recomputed from the tables.
                 stats = all_stats.setdefault(stage.name, StageStats(stage.name))
-                stage_llm = llm(stats) if llm is not None else None
-                ctx = StageContext(config, digest, folder.root, stats, llm=stage_llm, open_sandbox=sandbox)
+                ctx = StageContext(
+                    config, digest, folder.root, stats, llm=llm(stats) if llm is not None else None,
+                    rl_agent=rl_agent(stats) if rl_agent is not None else None, open_sandbox=sandbox,
+                )  # fmt: skip
                 started = time.monotonic()
                 try:
                     if isinstance(stage, ItemStage):

@@ -1,7 +1,9 @@
 """The user simulator of conversational scenarios: an LLM playing the scenario's `UserScript`, with a leak guard.
 
 The simulator sees the conversation role-inverted (the agent's text turns are its `user` messages; tool traffic
-is hidden from it, as from a real user) and ends the conversation by answering with the stop marker. Every reply
+is hidden from it, as from a real user) and ends the conversation by answering with the stop marker: its prompt
+gives that as the only way to end, and a reply holding the marker ends the episode (the rest of that reply is
+dropped, as the prompt tells it; a farewell around the marker is therefore harmless). Every reply
 passes `leak_problem` first: a reply that recites the checklist, names tools or check code, or dumps the
 ask-only details into the opening message is re-asked with the problem fed back, and after
 `rollout.user_retries` re-asks the episode ends as `user_leak` (void: neither SFT nor pass rates use it).
@@ -137,7 +139,7 @@ class UserSimulator:
                 return UserTurn(failure=USER_ERROR, detail=str(error)[:500], usage=usage)
             usage = add_usage(usage, answer.usage.prompt_tokens, answer.usage.completion_tokens)
             text = (answer.content or "").strip()
-            if STOP in text:
+            if STOP in text:  # the prompt's one ending rule: the marker ends the conversation, nothing else does
                 return UserTurn(stop=True, usage=usage)
             leak = leak_problem(text, self.scenario, self.tool_names, opening=opening) if text else None
             if text and leak is None:

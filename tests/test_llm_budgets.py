@@ -250,7 +250,7 @@ async def test_a_reply_cut_while_thinking_is_grown_too() -> None:
 async def test_regrowths_are_counted_in_the_stage_stats() -> None:
     config = load_config(None, [])
     model = ScriptedModel(cut_below(3000, "done"), prompt_tokens=sized(100))
-    lazy = LazyModel(config, lambda on_call: client_for(config.llm, model, model_id="m", on_call=on_call))
+    lazy = LazyModel(config.llm, lambda on_call: client_for(config.llm, model, model_id="m", on_call=on_call))
     stats = StageStats("code")
     await lazy.for_stage(stats).chat(ChatRequest(messages=USER, sampling=Sampling(max_tokens=2000)))
     assert stats.llm_calls == 2 and stats.llm_regrowths == 1

@@ -168,7 +168,7 @@ async def test_pipeline_collect_mine_dedupe_with_scripted_model(tmp_path):
 
     config = load_config(None, [f"mine.seeds={seeds}"])
     model = ScriptedModel(answer)
-    lazy = LazyModel(config, lambda on_call: client_for(config.llm, model, model_id="m", on_call=on_call))
+    lazy = LazyModel(config.llm, lambda on_call: client_for(config.llm, model, model_id="m", on_call=on_call))
     stats = await run_stages(STAGES, config, tmp_path / "run", llm=lazy.for_stage, until="dedupe")
     assert stats["collect"].kept == 3 and dict(stats["collect"].dropped) == {"media": 1}
     assert stats["mine"].kept == 2 and dict(stats["mine"].dropped) == {"not_stateful": 1}
@@ -192,7 +192,7 @@ def test_signal_during_model_start_up_interrupts_at_once(tmp_path):
     def slow_start(on_call):
         time.sleep(30)  # a vLLM server booting; the event loop cannot see signals meanwhile
 
-    lazy = LazyModel(load_config(), slow_start)
+    lazy = LazyModel(load_config().llm, slow_start)
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
     started = time.monotonic()
     with pytest.raises(Interrupted) as stop:
@@ -220,7 +220,7 @@ async def test_a_failed_model_start_is_not_retried_by_the_other_items(tmp_path, 
         raise ServerError("vLLM exited with code 1 during start-up")
 
     config = load_config(None, ["mine.max_seeds=6", "llm.max_concurrency=6"])
-    lazy = LazyModel(config, failing_start)
+    lazy = LazyModel(config.llm, failing_start)
     with pytest.raises(Interrupted if failure == "signal" else ServerError):
         await run_stages(STAGES, config, tmp_path / "run", llm=lazy.for_stage, until="mine")
     assert len(starts) == 1  # six items were in flight; one start-up, not six

@@ -82,8 +82,8 @@ MOVED_IN = "Has acc-2's balance increased by 3000 cents?"
 MOVED_OUT = "Has acc-1's balance decreased by 3000 cents?"
 FROZEN = "Has account acc-2 been frozen?"
 TASK = {
-    "task": "I'm Ada Lovelace. Move 30.00 from my checking account acc-1 to my savings account acc-2, then freeze "
-    "the savings account.",
+    "task": "I'm Ada Lovelace, customer c1. Move 30.00 from my checking account acc-1 to my savings account acc-2, "
+    "then freeze the savings account.",
     "difficulty": "medium",
     "user_profile": "Ada, a busy engineer who writes short messages.",
     "known_up_front": "Wants to move 30.00 to savings and freeze the savings account.",
@@ -119,7 +119,8 @@ def replies(values: list):
 def scripted(state=BANK_STATE, task=TASK, checks=CHECKS, gold=(GOLD,)):
     """A model answering the four requests of the stage; `state`, `task` and `gold` may be lists of successive
     replies (for repairs), `checks` maps a checklist item to its code (or a list of successive codes)."""
-    states, tasks, golds = replies([state] if isinstance(state, dict) else state), replies([task]), replies(list(gold))
+    states, golds = replies([state] if isinstance(state, dict) else state), replies(list(gold))
+    tasks = replies(task if isinstance(task, list) else [task])
     check_queues = {item: replies(code if isinstance(code, list) else [code]) for item, code in checks.items()}
 
     def answer(request: ChatRequest):
@@ -272,7 +273,8 @@ async def test_gold_calling_a_missing_tool_is_repaired_with_the_error_fed_back(t
 
 
 async def test_gold_that_fails_the_checks_is_rejected(tmp_path, sandbox):
-    short = [{**g, "arguments": {**g["arguments"], "amount": 2000}} if g["name"] == "transfer" else g for g in GOLD]
+    # 30 cents instead of 30.00: a value the task gives (so the task is not underspecified), misread.
+    short = [{**g, "arguments": {**g["arguments"], "amount": 30}} if g["name"] == "transfer" else g for g in GOLD]
     model = scripted(gold=[short])
     (rejection,) = await scenarios(
         environment("bank"), context(tmp_path, model, sandbox, "scenarios.repair_attempts=0")
@@ -283,7 +285,7 @@ async def test_gold_that_fails_the_checks_is_rejected(tmp_path, sandbox):
 
 
 async def test_gold_with_a_change_no_check_needs_fails_the_negative_control(tmp_path, sandbox):
-    extra = [*GOLD, {"name": "freeze_account", "arguments": {"account_id": "acc-4"}}]
+    extra = [*GOLD, {"name": "freeze_account", "arguments": {"account_id": "acc-1"}}]
     model = scripted(gold=[extra])
     (rejection,) = await scenarios(
         environment("bank"), context(tmp_path, model, sandbox, "scenarios.repair_attempts=0")
@@ -370,6 +372,13 @@ async def test_stage_in_the_runner_counts_yield_cost_and_duplicates(tmp_path, sa
     assert stats["scenarios"].kept == 2 and dict(stats["scenarios"].dropped) == {"duplicate": 1, "not_accepted": 1}
     saved = json.loads((tmp_path / "run" / "stats.json").read_text())["stages"]["scenarios"]
     assert saved["yield"] == 0.5 and saved["per_kept"]["llm_calls"] > 0
+    # One verified slot (emitted in two modes): the whole stage's cost is that slot's cost.
+    report = saved["report"]
+    assert report["verified_slots"] == 1
+    assert (
+        report["per_verified_slot"]["prompt_tokens"] == saved["prompt_tokens"] == 2 * saved["per_kept"]["prompt_tokens"]
+    )
+    assert report["per_verified_slot"]["llm_calls"] == saved["llm_calls"]
     rejected = pl.read_parquet(tmp_path / "run" / "scenarios.rejected.parquet")
     assert sorted(rejected["reason"]) == ["duplicate", "not_accepted"]
     assert len(Store(tmp_path / "store").scenarios()) == 2
@@ -415,7 +424,8 @@ async def test_gold_whose_replay_differs_is_rejected(tmp_path, sandbox):
         status="accepted",
     )  # fmt: skip
     item = "Has a ticket titled 'printer' been opened?"
-    task = {**TASK, "checklist": [item]}
+    said = "Please open a ticket about the printer."
+    task = {**TASK, "task": said, "known_up_front": said, "checklist": [item]}
     code = (
         "def check(initial_state, final_state):\n"
         "    return any(t['title'] == 'printer' for t in final_state['tickets'].values())\n"
@@ -474,3 +484,114 @@ async def test_an_unexpected_error_costs_only_its_slot(tmp_path, sandbox, monkey
     plain, talk, rejection = await scenarios(environment("bank"), ctx)
     assert (plain.mode, talk.mode) == ("non_conversational", "conversational")
     assert rejection.reason == "exception:ValueError" and rejection.subject_id.endswith("/scenario-1")
+
+
+# ------------------------------------------------------------------------------- solvable from what the user says
+
+UNNAMED = {**TASK, "task": "I'm Ada Lovelace. Move 30.00 from my checking account acc-1 to my savings account acc-2, "
+           "then freeze the savings account."}  # fmt: skip
+
+
+async def test_task_whose_gold_needs_an_id_it_never_gives_is_rejected(tmp_path, sandbox):
+    # list_accounts(owner="c1"): the customer id is in the state, but neither the task nor an earlier result
+    # gives it; the conversational script does (reveal_when_asked), so only one mode fails.
+    model = scripted(task=UNNAMED)
+    (rejection,) = await scenarios(
+        environment("bank"), context(tmp_path, model, sandbox, "scenarios.repair_attempts=0")
+    )
+    assert rejection.reason == "task_underspecified"
+    assert rejection.detail == "non_conversational: call 1 list_accounts: owner = 'c1'"
+    assert Store(tmp_path / "store").scenarios() == []
+
+
+async def test_underspecified_task_is_replaced_by_a_new_task_with_the_evidence(tmp_path, sandbox):
+    model = scripted(task=[UNNAMED, TASK])
+    plain, talk = await scenarios(environment("bank"), context(tmp_path, model, sandbox))
+    assert plain.verification["repairs"] == ["task_underspecified"] and plain.task == " ".join(TASK["task"].split())
+    first, second = requests_of(model, "TaskDraft")
+    feedback = second.messages[-1].content
+    assert "not in the task: call 1 list_accounts: owner = 'c1'" in feedback and UNNAMED["task"] in feedback
+    assert "refused" not in first.messages[-1].content
+    assert len(requests_of(model, "GoldSolution")) == 2  # the new task got its own gold and checks
+
+
+async def test_conversational_script_must_give_the_values_too(tmp_path, sandbox):
+    silent = {**TASK, "reveal_when_asked": "My checking and savings accounts."}
+    model = scripted(task=silent)
+    (rejection,) = await scenarios(
+        environment("bank"), context(tmp_path, model, sandbox, "scenarios.repair_attempts=0")
+    )
+    assert rejection.reason == "task_underspecified" and rejection.detail.startswith("conversational: call 1")
+    # Configured for one mode only, the other mode's text is not asked to hold anything.
+    ctx = context(tmp_path, scripted(task=silent), sandbox, 'scenarios.modes=["non_conversational"]')
+    (plain,) = await scenarios(environment("bank"), ctx)
+    assert plain.mode == "non_conversational"
+
+
+# ------------------------------------------------------------------------------------------ what each request sees
+
+
+async def test_requests_get_the_interface_not_the_module(tmp_path, sandbox):
+    env = environment("bank")
+    model = scripted()
+    await scenarios(env, context(tmp_path, model, sandbox))
+    tools = json.dumps([tool["function"] for tool in env.tools], ensure_ascii=False)
+    transfer_body = 'self.accounts[source]["balance"] -= amount'
+    lookup_body = 'return {"success": True, "account": dict(account, account_id=account_id)}'
+    for name in ("InitialState", "TaskDraft", "GoldSolution", "CheckCode"):
+        for request in requests_of(model, name):
+            text = request.messages[1].content
+            assert env.code.strip() not in text and lookup_body not in text, name
+    for name in ("InitialState", "TaskDraft", "GoldSolution"):
+        (request,) = requests_of(model, name)
+        text = request.messages[1].content
+        assert tools in text and "Accounts hold integer cents" in text, name  # the tool schemas and the rules
+        assert transfer_body not in text, name
+    checks = requests_of(model, "CheckCode")
+    assert len(checks) == 3
+    schema = generated_state_schema({}, BANK_STATE)
+    for request in checks:
+        text = request.messages[1].content
+        assert json.dumps(schema) in text and tools not in text
+        assert transfer_body in text  # the state-changing method the gold calls (lookups are left out)
+        assert '"acc-3"' not in text and '"acc-1"' in text  # only the records the gold names
+    (gold,) = requests_of(model, "GoldSolution")
+    assert json.dumps(BANK_STATE["accounts"]) in gold.messages[1].content  # the gold sees the whole state
+
+
+async def test_a_prompt_too_long_is_asked_again_smaller_and_counted(tmp_path, sandbox):
+    from builder.llm import PromptTooLongError
+
+    more = {f"acc-{i}": {"owner": "c3", "balance": 100 * i, "kind": "savings", "frozen": False} for i in range(5, 12)}
+    inner = scripted(state={**BANK_STATE, "accounts": {**BANK_STATE["accounts"], **more}})
+    sizes = []
+
+    def answer(request: ChatRequest):
+        if schema_name(request) == "TaskDraft":
+            sizes.append(request.messages[1].content)
+            if len(sizes) == 1:
+                return PromptTooLongError("too long", prompt_tokens=40000, context_tokens=32768, min_completion=512)
+        return inner.script(request)
+
+    ctx = context(tmp_path, ScriptedModel(answer), sandbox)
+    plain, _ = await scenarios(environment("bank"), ctx)
+    assert plain.verification["repairs"] == []
+    assert ctx.stats.report["prompt_shrunk"] == {"scenario_task": 1}
+    assert len(sizes) == 2 and len(sizes[1]) < len(sizes[0]) and "acc-11" in sizes[0] and "acc-11" not in sizes[1]
+    assert "(some records left out)" in sizes[1]
+
+
+async def test_a_prompt_that_never_fits_is_a_prompt_too_long_rejection(tmp_path, sandbox):
+    from builder.llm import PromptTooLongError
+
+    inner = scripted()
+
+    def answer(request: ChatRequest):
+        if schema_name(request) == "GoldSolution":
+            return PromptTooLongError("too long", prompt_tokens=40000, context_tokens=32768, min_completion=512)
+        return inner.script(request)
+
+    ctx = context(tmp_path, ScriptedModel(answer), sandbox)
+    (rejection,) = await scenarios(environment("bank"), ctx)
+    assert rejection.reason == "prompt_too_long" and rejection.subject_id.endswith("/scenario-0")
+    assert ctx.stats.report["prompt_shrunk"] == {"scenario_gold": 2}

@@ -11,10 +11,10 @@ from builder.config import SandboxConfig, load_config
 from builder.decontaminate import BenchmarkIndex, read_benchmark
 from builder.llm import ChatRequest, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
-from builder.publish.export import is_rl_environment
 from builder.records import ChatMessage, FunctionCall, Rejection, Sampling, Selection, ToolCall, Trajectory
 from builder.runner import BatchStage, ItemStage, StageContext, run_stages
 from builder.sandbox.runtime import Sandbox
+from builder.splits import is_rl_environment
 from builder.stages.rollout import rollout
 from builder.stages.select import select
 from builder.stats import StageStats

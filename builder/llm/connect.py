@@ -1,4 +1,8 @@
-"""Building a ready client from the `llm` config: the managed server (or `llm.url`), cache and accounting."""
+"""Building a ready client from an `llm` config: the managed server (or `llm.url`), cache and accounting.
+
+The synthesis model uses the `llm` section as it is; the RL agent (`rollout.rl_agent_model`) gets an `llm`
+config derived from it by `rl_agent_config`, and its own server log.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,59 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from builder.config import LLMConfig
+from builder.config import BuildConfig, LLMConfig
 from builder.llm.base import CallRecord, ChatModel
 from builder.llm.cache import ResponseCache
 from builder.llm.client import LLMClient
 from builder.llm.errors import ServerError
 from builder.llm.openai_backend import OpenAIChatModel
 from builder.llm.server import VLLMServer, check_external_server
+from builder.llm.weights import EMBEDDED_MODEL, EMBEDDED_MODEL_CONTEXT
 from builder.records import Sampling
 
 CACHE_FILE = "llm_cache.sqlite"
 SERVER_LOG = "llm_server.log"
+RL_AGENT_SERVER_LOG = "rl_agent_server.log"
+
+
+def served_model_id(config: LLMConfig) -> str:
+    """The model's name in provenance, `Trajectory.model` and every cache key: the served name on `config.url`,
+    else the model the managed server loads."""
+    return config.served_model_name if config.url else config.model
+
+
+def rl_agent_config(config: BuildConfig) -> LLMConfig | None:
+    """The `llm` config of the RL agent (`rollout.rl_agent_model`), or None when none is set.
+
+    Derived from `llm`: it keeps how a server is reached and paced (device, timeouts, retries, concurrency,
+    cache, tool parser) and drops what belongs to the synthesis model (its chat template, reasoning parser and
+    thinking mode, dtype, tensor parallelism, extra vLLM arguments), so the policy gets its own defaults: for
+    the builtin SmolLM2 the packaged ChatML+tools template and, on CPU, the dtype `server_command` picks; it
+    plays without a reasoning mode. The context is `rollout.rl_agent_max_model_len`, else `llm.max_model_len`
+    capped at 8192 for the builtin model. With `rollout.rl_agent_url` the model is used there under the name
+    `rl_agent_model`; else a managed server loads it.
+    """
+    rollout = config.rollout
+    if rollout.rl_agent_model is None:
+        return None
+    context = rollout.rl_agent_max_model_len
+    if context is None:
+        context = config.llm.max_model_len
+        if rollout.rl_agent_model == EMBEDDED_MODEL:
+            context = min(context, EMBEDDED_MODEL_CONTEXT)
+    derived = {
+        "model": rollout.rl_agent_model,
+        "url": rollout.rl_agent_url,
+        "served_model_name": rollout.rl_agent_model if rollout.rl_agent_url else config.llm.served_model_name,
+        "max_model_len": context,
+        "chat_template": None,
+        "reasoning_parser": None,
+        "thinking": "off",
+        "dtype": "auto",
+        "tensor_parallel_size": 1,
+        "extra_server_args": (),
+    }
+    return LLMConfig.model_validate({**config.llm.model_dump(), **derived})
 
 
 @contextmanager
@@ -27,12 +73,14 @@ def open_llm(
     *,
     on_call: Callable[[CallRecord], None] | None = None,
     cache: bool | None = None,
+    server_log: str = SERVER_LOG,
 ) -> Iterator[LLMClient]:
     """Yield an `LLMClient` for `config`, starting a managed vLLM server unless `config.url` is set.
 
-    The server log goes to `run_dir/llm_server.log` and replies are cached in `run_dir/llm_cache.sqlite`
-    (unless `cache`, or else `config.cache`, is false). The server is stopped when the block ends, whether by
-    return, error or Ctrl-C.
+    The server log goes to `run_dir/<server_log>` and replies are cached in `run_dir/llm_cache.sqlite`
+    (unless `cache`, or else `config.cache`, is false; the key includes the model id, so two models sharing
+    the file never share replies). The server is stopped when the block ends, whether by return, error or
+    Ctrl-C.
 
     With `config.url`, a vLLM outside the supported range (its `/version`) is warned about.
 
@@ -44,14 +92,19 @@ def open_llm(
     with ExitStack() as stack:
         if config.url:
             check_external_server(config.url)
-            url, model_id, context = config.url, config.served_model_name, config.max_model_len
+            url, context = config.url, config.max_model_len
         else:
-            server = stack.enter_context(VLLMServer(config, run_dir / SERVER_LOG))
-            url, model_id, context = server.url, config.model, server.max_model_len
+            server = stack.enter_context(VLLMServer(config, run_dir / server_log))
+            url, context = server.url, server.max_model_len
         response_cache = stack.enter_context(ResponseCache(run_dir / CACHE_FILE)) if use_cache else None
         backend = OpenAIChatModel(url, config.served_model_name, timeout_s=config.request_timeout_s)
         yield client_for(
-            config, backend, model_id=model_id, cache=response_cache, on_call=on_call, context_tokens=context
+            config,
+            backend,
+            model_id=served_model_id(config),
+            cache=response_cache,
+            on_call=on_call,
+            context_tokens=context,
         )
 
 

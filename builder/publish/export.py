@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from datasets import Features, List, Value
 
 from builder.agent import INFRA_END_REASONS
+from builder.splits import is_rl_environment
 
 CONFIG_SPLITS: dict[str, tuple[str, ...]] = {
     "environments": ("train", "rl"),
@@ -38,17 +39,6 @@ SFT_COLUMNS = (
     "trajectory_id", "scenario_id", "env_id", "mode", "messages", "tools", "reward", "checks_passed",
     "num_turns", "num_tool_calls", "end_reason", "model", "sampling", "usage", "schema_version", "provenance",
 )  # fmt: skip
-
-
-def is_rl_environment(env_id: str, rl_fraction: float) -> bool:
-    """Whether an environment belongs to the held-out `rl` split rather than `train`.
-
-    Pure and deterministic: the first 8 bytes of sha256(env_id), read as a fraction of 2**64, are compared with
-    `rl_fraction` (`select.rl_env_fraction`). An environment therefore keeps its split across runs and releases,
-    as long as the fraction is unchanged, and raising the fraction only moves environments from train to rl.
-    """
-    digest = hashlib.sha256(env_id.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < rl_fraction
 
 
 @dataclass(frozen=True)

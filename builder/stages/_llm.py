@@ -7,7 +7,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from builder.llm import LLMRequestError, StructuredOutputError
+from builder.llm import LLMRequestError, PromptTooLongError, StructuredOutputError
 from builder.records import ChatMessage, Record, Sampling
 from builder.runner import Rejected, StageContext
 
@@ -32,7 +32,8 @@ async def ask(
 
     Raises:
         Rejected: the model never produced valid output (`invalid_reason`, with its raw text), or the server
-            refused the request (`llm_request`).
+            refused the request (`llm_request`), or the prompt alone fills the context (`prompt_too_long`: a stage
+            that can shrink its prompt catches that rejection and asks again smaller).
         LLMRequestError: the server could not be reached after every retry; the run stops and can resume.
     """
     try:
@@ -40,6 +41,8 @@ async def ask(
     except StructuredOutputError as error:
         detail = "; ".join(error.errors)[-2000:]
         raise Rejected(ctx.reject(subject, invalid_reason, detail, raw_output=error.raw_text)) from None
+    except PromptTooLongError as error:
+        raise Rejected(ctx.reject(subject, "prompt_too_long", str(error)[:2000])) from error
     except LLMRequestError as error:
         if error.retryable:
             raise

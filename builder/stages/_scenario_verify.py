@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -20,6 +21,7 @@ from builder.envs.probe import generate_arguments
 from builder.envs.session import Session, SessionError, ToolResult
 from builder.pyast import parse
 from builder.sandbox.runtime import Sandbox
+from builder.stages._scenario_sufficiency import unsupported_arguments
 
 # Tool failures that say the state (or the code) is broken, as opposed to an answered domain error.
 CRASH_KINDS = frozenset({"raised", "timeout", "crashed", "memory", "not_json", "too_large", "protocol"})
@@ -30,7 +32,8 @@ class Evidence(BaseModel):
     """What verification observed. `reason` is None when the scenario passed every gate.
 
     `check_problems` maps a check's index to what is wrong with it (lint, raised, not a bool, timed out);
-    `gold_problems` lists failing gold calls; both feed the repair prompts.
+    `gold_problems` lists failing gold calls; both feed the repair prompts. `underspecified` maps a mode to the
+    gold argument values its text does not give (the task_underspecified gate).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -39,6 +42,7 @@ class Evidence(BaseModel):
     detail: str = ""
     check_problems: dict[int, str] = {}
     gold_problems: tuple[str, ...] = ()
+    underspecified: dict[str, tuple[str, ...]] = {}
     gold: tuple[dict[str, Any], ...] = ()
     state_changing_calls: tuple[int, ...] = ()
     checks_on_initial: tuple[bool, ...] = ()
@@ -149,11 +153,18 @@ def verify(
     checks: list[str],
     *,
     min_gold_calls: int = 1,
+    texts: Mapping[str, str] | None = None,
+    tools: Sequence[dict[str, Any]] = (),
 ) -> Evidence:
     """Run every gate in order and stop at the first that fails (its reason code and the evidence so far).
 
-    Reason codes: check_broken (lint, raises, non-bool, timeout), gold_call_failed, too_few_calls,
-    no_state_change, gold_nondeterministic, already_solved, gold_fails_checks, negative_control_failed.
+    `texts` maps each mode to what the user says in it (the task, or the user script); every literal gold
+    argument must come from each of them, an earlier gold result or the `tools` schemas
+    (`builder.stages._scenario_sufficiency`).
+
+    Reason codes: check_broken (lint, raises, non-bool, timeout), gold_call_failed, task_underspecified,
+    too_few_calls, no_state_change, gold_nondeterministic, already_solved, gold_fails_checks,
+    negative_control_failed.
     """
     linted = {i: "; ".join(problems) for i, source in enumerate(checks) if (problems := lint_check(source))}
     if linted:
@@ -180,6 +191,16 @@ def verify(
     )
     if failed:
         return Evidence(reason="gold_call_failed", detail=" | ".join(failed), gold_problems=failed, **seen)
+    # Checked on the actual results, before the other gates: its repair is a new task, which replaces the rest.
+    results = [result.result for result, _ in outcomes]
+    underspecified = {
+        mode: tuple(problems)
+        for mode, text in (texts or {}).items()
+        if (problems := unsupported_arguments(actions, results, text, tools))
+    }
+    if underspecified:
+        detail = " | ".join(f"{mode}: {'; '.join(problems)}" for mode, problems in underspecified.items())
+        return Evidence(reason="task_underspecified", detail=detail[:2000], underspecified=underspecified, **seen)
     if len(actions) < min_gold_calls:
         detail = f"the gold sequence has {len(actions)} calls; the task must need at least {min_gold_calls}"
         return Evidence(reason="too_few_calls", detail=detail, gold_problems=(detail,), **seen)

@@ -5,6 +5,11 @@ is replayed once to learn which state paths the task may touch, then `rollout.sa
 concurrently (`builder.agent.run_episode`), each in its own sandbox session, with the user simulator in
 conversational mode. Each final state is graded by the scenario's checks (`builder.reward.grade`). Trajectories
 are upserted into the store; the scenario's pass rate is logged (select computes it from the trajectories).
+
+Who plays the agent depends on the environment's split (`builder.splits.is_rl_environment`, select's): the
+synthesis model (the teacher of the SFT set) in `train` environments, and `rollout.rl_agent_model` (the policy
+the RL set is for) in `rl` environments when it is set, so select's RL band holds the policy's pass rates. The
+user simulator stays on the synthesis model (or `rollout.user_model`) either way.
 """
 
 from __future__ import annotations
@@ -14,20 +19,22 @@ import functools
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from string import Template
 from typing import Any, TypeVar
 
-from builder.agent import ENV_ERROR, Episode, Limits, add_usage, run_episode
-from builder.config import BuildConfig, LLMConfig
+from builder.agent import ENV_ERROR, INFRA_END_REASONS, Episode, Limits, add_usage, run_episode
+from builder.config import BuildConfig, LLMConfig, RolloutConfig
 from builder.envs.lint import ContractError
 from builder.envs.session import Session, SessionError, ToolResult
-from builder.errors import ConfigError
+from builder.errors import ConfigError, RunError
 from builder.llm import LLMClient, OpenAIChatModel
-from builder.llm.connect import client_for
+from builder.llm.connect import client_for, rl_agent_config
 from builder.prompts import prompt, prompt_version
 from builder.records import Environment, Record, Sampling, Scenario, Trajectory
 from builder.reward import Grade, gold_paths, grade
 from builder.runner import Rejected, StageContext
+from builder.splits import is_rl_environment
 from builder.store import Store
 from builder.user_sim import UserSimulator
 
@@ -82,6 +89,52 @@ def user_model(ctx: StageContext) -> Any:
     return _served_model(ctx.config.llm, name)
 
 
+@dataclass(frozen=True)
+class Player:
+    """Who plays the agent in a scenario: the model, the split it plays for, and the conversation limit that
+    fits the model's context."""
+
+    model: Any  # `chat` and `model_id`: the synthesis model (ctx.llm) or the RL agent (ctx.rl_agent)
+    split: str  # "train" or "rl"
+    max_tokens: int
+
+
+def player(ctx: StageContext, env_id: str) -> Player:
+    """The agent of `env_id`'s scenarios: the RL agent in `rl` environments when `rollout.rl_agent_model` is
+    set, else the synthesis model.
+
+    Raises:
+        RunError: `rollout.rl_agent_model` is set, but the pipeline gave the stage no RL agent model.
+        ConfigError: the model's context has no room for a reply (see `conversation_limit`).
+    """
+    rl = is_rl_environment(env_id, ctx.config.select.rl_env_fraction)
+    rl_llm = rl_agent_config(ctx.config) if rl else None
+    if rl_llm is None:
+        return Player(ctx.llm, "rl" if rl else "train", conversation_limit(ctx.config.rollout, ctx.config.llm))
+    if ctx.rl_agent is None:
+        raise RunError("rollout.rl_agent_model is set, but this pipeline has no RL agent model")
+    return Player(ctx.rl_agent, "rl", conversation_limit(ctx.config.rollout, rl_llm))
+
+
+def conversation_limit(rollout: RolloutConfig, llm: LLMConfig) -> int:
+    """Tokens at which an episode is cut (`max_tokens`): `rollout.max_tokens`, or less when the agent's context
+    could not hold a conversation that long plus the next reply's budget (e.g. the RL agent's 8192-token
+    SmolLM2 under the built-in 24000).
+
+    Raises:
+        ConfigError: the context has no room for a reply at all.
+    """
+    reply = rollout.max_reply_tokens + (llm.reasoning_budget if llm.thinking == "on" else 0)
+    room = llm.max_model_len - reply
+    if room <= 0:
+        raise ConfigError(
+            f"the agent model {llm.model!r} has a context of {llm.max_model_len} tokens, no room for a reply of "
+            f"{reply} (rollout.max_reply_tokens, plus llm.reasoning_budget with thinking on): raise the context "
+            "(llm.max_model_len, or rollout.rl_agent_max_model_len for the RL agent) or lower the reply budget"
+        )
+    return min(rollout.max_tokens, room)
+
+
 def environment_text(env: Environment) -> str:
     return f"{env.name} ({env.domain}): {env.description}"
 
@@ -120,20 +173,36 @@ async def rollout(scenario: Scenario, ctx: StageContext) -> list[Record]:
         allowed = await in_thread(gold_paths, ctx.sandbox, env.code, scenario.initial_state, scenario.gold_actions)
     except (SessionError, ContractError) as error:
         raise Rejected(ctx.reject(scenario, "env_load_failed", str(error)[:2000])) from None
+    agent = player(ctx, scenario.env_id)
     samples = range(ctx.config.rollout.samples_per_scenario)
-    trajectories = list(await asyncio.gather(*(_sample(ctx, scenario, env, allowed, i) for i in samples)))
+    trajectories = list(await asyncio.gather(*(_sample(ctx, scenario, env, allowed, i, agent) for i in samples)))
     solved = sum(t.solved for t in trajectories)
-    logger.info("rollout: %s pass rate %d/%d", scenario.id, solved, len(trajectories))
+    logger.info("rollout: %s (%s, %s) pass rate %d/%d", scenario.id, agent.split, agent.model.model_id, solved,
+                len(trajectories))  # fmt: skip
     # How many scenarios were solved by 0, 1, ..., k of their k samples: the shape select's RL band cuts from.
     histogram = ctx.stats.report.setdefault("pass_counts", {})
     histogram[f"{solved}/{len(trajectories)}"] = histogram.get(f"{solved}/{len(trajectories)}", 0) + 1
+    _count_by_model(ctx, agent, trajectories)
     store = Store(ctx.config.store.path, ctx.config.store.lock_timeout_s)
     await asyncio.to_thread(store.upsert, "trajectories", trajectories)
     return trajectories
 
 
+def _count_by_model(ctx: StageContext, agent: Player, trajectories: list[Trajectory]) -> None:
+    """`report.by_model[model][split]`: scenarios, rollouts, graded rollouts, solved and the pass rate (solved /
+    graded, as select counts it), so the stats say which model's pass rates the RL band was cut from."""
+    by_model = ctx.stats.report.setdefault("by_model", {}).setdefault(agent.model.model_id, {})
+    entry = by_model.setdefault(agent.split, {"scenarios": 0, "rollouts": 0, "graded": 0, "solved": 0})
+    graded = [t for t in trajectories if t.end_reason not in INFRA_END_REASONS]
+    entry["scenarios"] += 1
+    entry["rollouts"] += len(trajectories)
+    entry["graded"] += len(graded)
+    entry["solved"] += sum(t.solved for t in graded)
+    entry["pass_rate"] = round(entry["solved"] / entry["graded"], 4) if entry["graded"] else None
+
+
 async def _sample(
-    ctx: StageContext, scenario: Scenario, env: Environment, allowed: tuple[str, ...], index: int
+    ctx: StageContext, scenario: Scenario, env: Environment, allowed: tuple[str, ...], index: int, agent: Player
 ) -> Trajectory:
     config = ctx.config.rollout
     sampling = agent_sampling(ctx, index)
@@ -148,11 +217,11 @@ async def _sample(
         user = UserSimulator(
             user_model(ctx), scenario, names, sampling=user_sampling, retries=config.user_retries, sample_index=index
         )
-    limits = Limits(config.max_turns, config.max_tool_calls, config.max_tokens)
+    limits = Limits(config.max_turns, config.max_tool_calls, agent.max_tokens)
     session = await in_thread(Session, ctx.sandbox, env.code, scenario.initial_state)
     try:
         episode = await run_episode(
-            ctx.llm, tools, SandboxRunner(session), system=system,
+            agent.model, tools, SandboxRunner(session), system=system,
             opening=scenario.task if user is None else None, limits=limits, sampling=sampling,
             sample_index=index, user=user,
         )  # fmt: skip
@@ -169,7 +238,7 @@ async def _sample(
             grade, ctx.sandbox, scenario.checks, scenario.initial_state, final, allowed,
             collateral_zeroes_reward=config.collateral_zeroes_reward,
         )  # fmt: skip
-    return _trajectory(ctx, scenario, env, episode, verdict, sampling, index, version)
+    return _trajectory(ctx, scenario, env, episode, verdict, sampling, index, version, agent.model.model_id)
 
 
 def _void(episode: Episode, detail: str) -> Episode:
@@ -189,6 +258,7 @@ def _trajectory(
     sampling: Sampling,
     index: int,
     version: str,
+    model: str,
 ) -> Trajectory:
     flags = list(episode.flags)
     if verdict is not None and verdict.collateral:
@@ -198,13 +268,11 @@ def _trajectory(
     agent, user = episode.agent_usage, episode.user_usage
     total = add_usage(agent, user.prompt_tokens, user.completion_tokens, user.calls)
     return Trajectory(
-        provenance=ctx.provenance(
-            [scenario, env.id], model=ctx.llm.model_id, sampling=sampling, prompt_version=version
-        ),
+        provenance=ctx.provenance([scenario, env.id], model=model, sampling=sampling, prompt_version=version),
         scenario_id=scenario.id,
         env_id=scenario.env_id,
         mode=scenario.mode,
-        model=ctx.llm.model_id,
+        model=model,
         sampling=sampling,
         sample_index=index,
         messages=episode.messages,

@@ -8,8 +8,10 @@ checklist item, and a gold action sequence. Nothing is trusted until the sandbox
    records holds `min_records` records, `<entity>_id` fields point at existing records, and every attribute is
    one the class has;
 2. every check lints clean and returns a real bool on the initial and the final state;
-3. the gold sequence runs without a failing or refused call, has `min_gold_calls` calls, changes the state and
-   gives the same final state when replayed;
+3. the gold sequence runs without a failing or refused call; every literal argument of it comes from what the
+   user says in each mode (the task, or the user script), from an earlier call's result or from the tool schema
+   (`_scenario_sufficiency`); it has `min_gold_calls` calls, changes the state and gives the same final state
+   when replayed;
 4. not every check already passes on the initial state; every check passes after the gold sequence;
 5. negative control: dropping any one state-changing gold call makes at least one check fail. Checks that never
    failed on any state tried are kept but reported as vacuous.
@@ -17,6 +19,10 @@ checklist item, and a gold action sequence. Nothing is trusted until the sandbox
 A failing piece is regenerated with the evidence fed back (`scenarios.repair_attempts` times for the state, and
 as many rounds for task, checks and gold); then the slot becomes a rejection with the reason code of the last
 failure. A verified scenario is emitted once per mode in `scenarios.modes` and upserted into the store.
+
+Each request is shown what it needs, not the whole module (`_scenario_views`): the interface (class header and
+tool schemas) and the state for the state, task and gold; the state schema, the records the gold names and the
+source of the gold's state-changing methods for a check, which is written after the gold.
 """
 
 from __future__ import annotations
@@ -26,9 +32,9 @@ import hashlib
 import json
 import logging
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -47,6 +53,13 @@ from builder.stages._scenario_state import (
     state_model,
 )
 from builder.stages._scenario_verify import Evidence, default_state, load_state, verify
+from builder.stages._scenario_views import (
+    SHRINK_LEVELS,
+    interface_text,
+    involved_state,
+    state_text,
+    writer_sources,
+)
 from builder.store import Store
 
 logger = logging.getLogger(__name__)
@@ -55,12 +68,12 @@ PROMPTS = ("scenario_state", "scenario_task", "scenario_check", "scenario_gold")
 # Every reason code this stage gives (stable: aggregated in stats and the dataset card; see docs/scenarios.md).
 REASONS = (
     "not_accepted", "env_load_failed", "state_invalid", "state_load_failed", "state_too_small", "state_inconsistent",
-    "task_invalid", "check_invalid", "gold_invalid", "check_broken", "gold_call_failed", "too_few_calls",
-    "no_state_change", "gold_nondeterministic", "already_solved", "gold_fails_checks", "negative_control_failed",
-    "duplicate", "llm_request",
+    "task_invalid", "check_invalid", "gold_invalid", "check_broken", "gold_call_failed", "task_underspecified",
+    "too_few_calls", "no_state_change", "gold_nondeterministic", "already_solved", "gold_fails_checks",
+    "negative_control_failed", "duplicate", "llm_request", "prompt_too_long",
 )  # fmt: skip
-STATE_CHARS = 6000  # the state shown in prompts is cut to this many characters
 CODE_SAMPLING_TEMPERATURE = 0.2  # checks and gold sequences are precise code: sample close to greedy
+T = TypeVar("T", bound=BaseModel)
 
 
 # String caps are part of the schema so a constrained decoder closes every string (see stages/mine.py).
@@ -108,9 +121,12 @@ async def scenarios(env: Environment, ctx: StageContext) -> list[Record]:
     Rejects the whole environment with `not_accepted` (its status is not "accepted") or `env_load_failed` (its
     default state does not load). Slot rejections have subject `<env id>/scenario-<slot>` and these reasons:
     state_invalid, state_load_failed, state_too_small, state_inconsistent, task_invalid, check_invalid,
-    gold_invalid, check_broken, gold_call_failed, too_few_calls, no_state_change, gold_nondeterministic,
-    already_solved, gold_fails_checks, negative_control_failed, duplicate, llm_request (and `exception:<Type>`
-    for a slot that hit an unexpected error, logged with its traceback).
+    gold_invalid, check_broken, gold_call_failed, task_underspecified, too_few_calls, no_state_change,
+    gold_nondeterministic, already_solved, gold_fails_checks, negative_control_failed, duplicate, llm_request,
+    prompt_too_long (and `exception:<Type>` for a slot that hit an unexpected error, logged with its traceback).
+
+    Adds to `ctx.stats.report` `verified_slots` and `per_verified_slot` (model calls and prompt tokens of the
+    stage so far per verified slot; a slot is emitted once per mode, so `per_kept` is per record).
     """
     if env.status != "accepted":
         raise Rejected(ctx.reject(env, "not_accepted", f"status is {env.status!r}; only accepted environments"))
@@ -131,10 +147,24 @@ async def scenarios(env: Environment, ctx: StageContext) -> list[Record]:
             seen.add(made[0].id)
             results.extend(made)
     kept = [record for record in results if isinstance(record, Scenario)]
+    _report_cost(ctx, len(kept) // max(1, len(ctx.config.scenarios.modes)))
     if kept:
         store = Store(ctx.config.store.path, ctx.config.store.lock_timeout_s)
         await asyncio.to_thread(store.upsert, "scenarios", kept)
     return results
+
+
+def _report_cost(ctx: StageContext, verified: int) -> None:
+    """The stage's model cost per verified slot so far: the figure the prompt budget is sized against."""
+    report = ctx.stats.report
+    report["verified_slots"] = report.get("verified_slots", 0) + verified
+    if report["verified_slots"]:
+        slots = report["verified_slots"]
+        report["per_verified_slot"] = {
+            "llm_calls": round(ctx.stats.llm_calls / slots, 2),
+            "prompt_tokens": round(ctx.stats.prompt_tokens / slots, 1),
+            "completion_tokens": round(ctx.stats.completion_tokens / slots, 1),
+        }
 
 
 async def _slot(env: Environment, ctx: StageContext, slot: int, example: dict[str, Any]) -> list[Scenario] | Rejection:
@@ -175,17 +205,35 @@ def _sampling(ctx: StageContext, temperature: float | None = None) -> Sampling:
 # ------------------------------------------------------------------------------------------------- pieces
 
 
-def _environment_text(env: Environment) -> str:
-    return f"# Environment {env.name} ({env.domain})\n{env.description}\n\n## Code\n```python\n{env.code.strip()}\n```"
-
-
-def _state_text(state: dict[str, Any]) -> str:
-    text = json.dumps(state, ensure_ascii=False)
-    return text if len(text) <= STATE_CHARS else text[:STATE_CHARS] + " ... (cut)"
-
-
-def _tools_text(env: Environment) -> str:
-    return json.dumps([tool["function"] for tool in env.tools], ensure_ascii=False)
+async def _ask_fitting(
+    ctx: StageContext,
+    env: Environment,
+    kind: str,
+    build: Callable[[int], list[ChatMessage]],
+    output_type: type[T],
+    *,
+    sampling: Sampling,
+    invalid_reason: str,
+    sample_index: int = 0,
+) -> tuple[T, list[ChatMessage]]:
+    """`ask` with the messages `build(shrink)`; a prompt too long for the context is built one level smaller and
+    asked again (counted in `ctx.stats.report["prompt_shrunk"][kind]`). Returns the answer and the messages that
+    fitted, for repairs to extend."""
+    for shrink in range(SHRINK_LEVELS):
+        messages = build(shrink)
+        try:
+            reply = await ask(
+                ctx, env, messages, output_type, sampling=sampling, invalid_reason=invalid_reason,
+                sample_index=sample_index,
+            )  # fmt: skip
+        except Rejected as verdict:
+            if verdict.rejection.reason != "prompt_too_long" or shrink == SHRINK_LEVELS - 1:
+                raise
+            shrunk = ctx.stats.report.setdefault("prompt_shrunk", {})
+            shrunk[kind] = shrunk.get(kind, 0) + 1
+        else:
+            return reply, messages
+    raise AssertionError("unreachable: the last level returns or raises")
 
 
 async def _initial_state(
@@ -195,19 +243,31 @@ async def _initial_state(
     config = ctx.config.scenarios
     schema = generated_state_schema(env.state_schema, example)
     model = state_model(schema)
-    user = (
-        f"{_environment_text(env)}\n\n## State schema\n{json.dumps(schema)}\n\n## Default state of the class\n"
-        f"{_state_text(example)}\n\nWrite initial state {slot + 1} of {config.per_environment} for this environment "
-        f"(different people, items and situations from the others), with at least {config.min_records} records in "
-        "every collection of records."
-    )
-    asked = messages = system_user(prompt("scenario_state"), user)
+
+    def request(shrink: int) -> list[ChatMessage]:
+        user = (
+            f"{interface_text(env, shrink)}\n\n## State schema\n{json.dumps(schema)}\n\n## Default state of the class\n"
+            f"{state_text(example, shrink)}\n\nWrite initial state {slot + 1} of {config.per_environment} for this "
+            "environment (different people, items and situations from the others), with at least "
+            f"{config.min_records} records in every collection of records."
+        )
+        return system_user(prompt("scenario_state"), user)
+
+    asked: list[ChatMessage] = []
+    messages = asked
     reason, problems = "", []
     for attempt in range(config.repair_attempts + 1):
-        reply = await ask(
-            ctx, env, messages, model, sampling=_sampling(ctx), invalid_reason="state_invalid",
-            sample_index=attempt * (ctx.config.llm.structured_retries + 1),
-        )  # fmt: skip
+        sample_index = attempt * (ctx.config.llm.structured_retries + 1)
+        if not asked:
+            reply, asked = await _ask_fitting(
+                ctx, env, "scenario_state", request, model, sampling=_sampling(ctx), invalid_reason="state_invalid",
+                sample_index=sample_index,
+            )  # fmt: skip
+        else:
+            reply = await ask(
+                ctx, env, messages, model, sampling=_sampling(ctx), invalid_reason="state_invalid",
+                sample_index=sample_index,
+            )  # fmt: skip
         state = reply.root
         loaded, problems = await asyncio.to_thread(load_state, ctx.sandbox, env.code, state)
         reason = "state_load_failed"
@@ -228,12 +288,27 @@ async def _initial_state(
 
 
 async def _task(env: Environment, ctx: StageContext, state: dict[str, Any], feedback: str = "") -> Draft:
-    user = f"{_environment_text(env)}\n\n## Tools\n{_tools_text(env)}\n\n## Current state\n{_state_text(state)}"
-    if feedback:
-        user += f"\n\n## A previous task for this state was refused\n{feedback}\nWrite a different task."
-    messages = system_user(prompt("scenario_task"), user)
-    draft = await ask(ctx, env, messages, TaskDraft, sampling=_sampling(ctx), invalid_reason="task_invalid")
+    """A task draft; with `feedback` (why the previous task was refused and what to do), its replacement."""
+
+    def request(shrink: int) -> list[ChatMessage]:
+        user = f"{interface_text(env, shrink)}\n\n## Current state\n{state_text(state, shrink)}"
+        if feedback:
+            user += f"\n\n## A previous task for this state was refused\n{feedback}"
+        return system_user(prompt("scenario_task"), user)
+
+    draft, messages = await _ask_fitting(
+        ctx, env, "scenario_task", request, TaskDraft, sampling=_sampling(ctx), invalid_reason="task_invalid"
+    )
     return Draft(draft, messages)
+
+
+def _user_texts(draft: TaskDraft, modes: Sequence[str]) -> dict[str, str]:
+    """What the user says in each mode: every value the gold needs must be in it (the sufficiency gate)."""
+    said = {
+        "non_conversational": draft.task,
+        "conversational": f"{draft.known_up_front}\n{draft.reveal_when_asked}",
+    }
+    return {mode: said[mode] for mode in modes}
 
 
 async def _check(
@@ -244,22 +319,36 @@ async def _check(
     index: int,
     previous: tuple[list[ChatMessage], str, str] | None = None,
 ) -> tuple[str, list[ChatMessage]]:
-    """The code of check `index`; with `previous` (messages, code, problem), a repair of that code."""
-    if previous is None:
-        user = (
-            f"{_environment_text(env)}\n\n## Initial state\n{_state_text(state)}\n\n## Task\n{draft.task.task}\n\n"
-            f"## Checklist item\n{draft.task.checklist[index]}"
-        )
-        messages = system_user(prompt("scenario_check"), user)
-    else:
-        messages, code, problem = previous
-        feedback = f"This check was refused: {problem}\nReply with the corrected function."
-        messages = [
-            *messages,
-            ChatMessage(role="assistant", content=json.dumps({"code": code})),
-            ChatMessage(role="user", content=feedback),
-        ]
+    """The code of check `index`, written after the gold (whose state-changing methods it is shown); with
+    `previous` (messages, code, problem), a repair of that code."""
     sampling = _sampling(ctx, CODE_SAMPLING_TEMPERATURE)
+    if previous is None:
+        schema = generated_state_schema(env.state_schema, state)
+        involved = involved_state(state, draft.gold)
+
+        def request(shrink: int) -> list[ChatMessage]:
+            methods = writer_sources(env.code, [action["name"] for action in draft.gold], shrink)
+            user = (
+                f"# Environment {env.name} ({env.domain})\n{env.description}\n\n## State schema\n"
+                f"{json.dumps(schema)}\n\n## Initial state (the records the task involves; others exist)\n"
+                f"{state_text(involved, shrink)}\n\n"
+            )
+            if methods:
+                user += f"## Methods the solution calls that change the state\n```python\n{methods}\n```\n\n"
+            user += f"## Task\n{draft.task.task}\n\n## Checklist item\n{draft.task.checklist[index]}"
+            return system_user(prompt("scenario_check"), user)
+
+        reply, messages = await _ask_fitting(
+            ctx, env, "scenario_check", request, CheckCode, sampling=sampling, invalid_reason="check_invalid"
+        )
+        return reply.code, messages
+    messages, code, problem = previous
+    feedback = f"This check was refused: {problem}\nReply with the corrected function."
+    messages = [
+        *messages,
+        ChatMessage(role="assistant", content=json.dumps({"code": code})),
+        ChatMessage(role="user", content=feedback),
+    ]
     reply = await ask(ctx, env, messages, CheckCode, sampling=sampling, invalid_reason="check_invalid")
     return reply.code, messages
 
@@ -267,12 +356,19 @@ async def _check(
 async def _gold(
     env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft, feedback: str = ""
 ) -> tuple[list[dict[str, Any]], list[ChatMessage]]:
+    sampling = _sampling(ctx, CODE_SAMPLING_TEMPERATURE)
     if not feedback:
-        user = (
-            f"{_environment_text(env)}\n\n## Tools\n{_tools_text(env)}\n\n## Current state\n{_state_text(state)}"
-            f"\n\n## Task\n{draft.task.task}"
+
+        def request(shrink: int) -> list[ChatMessage]:
+            user = (
+                f"{interface_text(env, shrink)}\n\n## Current state\n{state_text(state, shrink)}\n\n"
+                f"## Task\n{draft.task.task}"
+            )
+            return system_user(prompt("scenario_gold"), user)
+
+        reply, messages = await _ask_fitting(
+            ctx, env, "scenario_gold", request, GoldSolution, sampling=sampling, invalid_reason="gold_invalid"
         )
-        messages = system_user(prompt("scenario_gold"), user)
     else:
         previous = json.dumps({"actions": draft.gold}, ensure_ascii=False)
         messages = [
@@ -280,20 +376,16 @@ async def _gold(
             ChatMessage(role="assistant", content=previous),
             ChatMessage(role="user", content=f"{feedback}\nReply with the corrected full sequence."),
         ]
-    sampling = _sampling(ctx, CODE_SAMPLING_TEMPERATURE)
-    reply = await ask(ctx, env, messages, GoldSolution, sampling=sampling, invalid_reason="gold_invalid")
+        reply = await ask(ctx, env, messages, GoldSolution, sampling=sampling, invalid_reason="gold_invalid")
     return [action.model_dump() for action in reply.actions], messages
 
 
 async def _fill(env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft) -> None:
-    """Generate every check and the gold sequence of `draft`, concurrently."""
-    items = range(len(draft.task.checklist))
-    *checks, gold = await asyncio.gather(
-        *(_check(env, ctx, state, draft, i) for i in items), _gold(env, ctx, state, draft)
-    )
+    """Generate the gold sequence of `draft`, then its checks concurrently (they are shown what the gold calls)."""
+    draft.gold, draft.gold_messages = await _gold(env, ctx, state, draft)
+    checks = await asyncio.gather(*(_check(env, ctx, state, draft, i) for i in range(len(draft.task.checklist))))
     draft.checks = [code for code, _ in checks]
     draft.check_messages = [messages for _, messages in checks]
-    draft.gold, draft.gold_messages = gold
 
 
 # ------------------------------------------------------------------------------------------- verification
@@ -308,16 +400,17 @@ async def _build(env: Environment, ctx: StageContext, slot: int, example: dict[s
     blame_gold_next = True  # for gold_fails_checks: alternate between the gold and the checks, gold first
     for round_ in range(config.repair_attempts + 1):
         evidence = await asyncio.to_thread(
-            verify, ctx.sandbox, env.code, state, draft.gold, draft.checks, min_gold_calls=config.min_gold_calls
-        )
+            verify, ctx.sandbox, env.code, state, draft.gold, draft.checks, min_gold_calls=config.min_gold_calls,
+            texts=_user_texts(draft.task, config.modes), tools=env.tools,
+        )  # fmt: skip
         if evidence.reason is None:
             return _scenarios(env, ctx, state, draft, evidence, state_repairs, repairs)
         if round_ == config.repair_attempts:
             raw = json.dumps({"task": draft.task.task, "checks": draft.checks, "gold": draft.gold}, ensure_ascii=False)
             raise Rejected(_reject_slot(ctx, env, slot, evidence.reason, evidence.detail, raw[:20000]))
         repairs.append(evidence.reason)
-        if evidence.reason == "already_solved":
-            draft = await _task(env, ctx, state, feedback=f"{draft.task.task}\nWhy: {evidence.detail}")
+        if evidence.reason in ("already_solved", "task_underspecified"):
+            draft = await _task(env, ctx, state, feedback=_task_feedback(draft, evidence))
             await _fill(env, ctx, state, draft)
             blame_gold_next = True
         elif evidence.reason == "check_broken" or (evidence.reason == "gold_fails_checks" and not blame_gold_next):
@@ -339,6 +432,23 @@ async def _repair_checks(
     repaired = await asyncio.gather(*(_check(env, ctx, state, draft, i, previous[i]) for i in previous))
     for i, (code, messages) in zip(previous, repaired, strict=True):
         draft.checks[i], draft.check_messages[i] = code, messages
+
+
+def _task_feedback(draft: Draft, evidence: Evidence) -> str:
+    if evidence.reason == "already_solved":
+        return f"{draft.task.task}\nWhy: {evidence.detail}\nWrite a different task."
+    where = {
+        "non_conversational": "the task",
+        "conversational": "the user's script (known_up_front and reveal_when_asked)",
+    }
+    lines = [draft.task.task, "Why: solving it needs values the user never gives, and the assistant must not guess:"]
+    for mode, problems in evidence.underspecified.items():
+        lines += [f"- not in {where.get(mode, mode)}: {problem}" for problem in problems]
+    lines.append(
+        "Write the task again so that the user states these values (or details the assistant can look them up "
+        "by with the tools), in the task and in known_up_front or reveal_when_asked."
+    )
+    return "\n".join(lines)
 
 
 def _gold_feedback(draft: Draft, evidence: Evidence) -> str:

@@ -1,9 +1,10 @@
 """select: the SFT and RL sets from graded trajectories, on an environment-disjoint train / rl split.
 
-Environments are split by `builder.publish.export.is_rl_environment` (the same function export uses, so a
-selection and a release always agree). SFT takes trajectories of `train` environments; RL takes scenarios of
-`rl` environments, so RL measures generalisation to environments SFT never saw. Rules, in order (the first
-failing one is the rejection's reason code):
+Environments are split by `builder.splits.is_rl_environment` (the same function rollout and export use, so the
+model that played a scenario, a selection and a release always agree). SFT takes trajectories of `train`
+environments (played by the synthesis model); RL takes scenarios of `rl` environments (played by
+`rollout.rl_agent_model` when set, so the pass rates are the policy's), so RL measures generalisation to
+environments SFT never saw. Rules, in order (the first failing one is the rejection's reason code):
 
 - SFT, per trajectory: `contaminated`, `void` (an infrastructure end: user_leak, user_error, llm_error,
   env_error), `not_solved` (the checks, never the agent's own word), `cut` (ended by a limit), `collateral`,
@@ -30,9 +31,9 @@ from typing import Any
 from builder.agent import AGENT_DONE, INFRA_END_REASONS, USER_STOP
 from builder.decontaminate import BenchmarkIndex
 from builder.llm.parsing import check_tool_call
-from builder.publish.export import is_rl_environment
 from builder.records import Environment, Record, Scenario, Selection, Trajectory
 from builder.runner import StageContext
+from builder.splits import is_rl_environment
 from builder.store import Store
 
 SFT_REASONS = (

@@ -12,14 +12,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from builder.config import LLMConfig
+from builder.config import load_config
 from builder.llm import VLLMServer
 
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """A running managed server with the default CPU config; its log is in a temporary run folder."""
+    """A running managed server with the cpu profile's config; its log is in a temporary run folder."""
     run_dir = tmp_path_factory.mktemp("llm-run")
-    config = LLMConfig(device="cpu", server_start_timeout_s=900)
+    config = load_config(None, ["llm.device=cpu", "llm.server_start_timeout_s=900"], profile="cpu").llm
     with VLLMServer(config, run_dir / "llm_server.log") as server:
         yield server

@@ -37,6 +37,7 @@ async def test_evaluate_with_the_real_model(tmp_path):
             "evaluate.tester_max_tokens=96",
             "evaluate.checker_max_tokens=96",
         ],
+        profile="cpu",
     )
     env = Environment(
         provenance={"config_hash": "h"}, plan_id="plan-1", name="bank", class_name="BankEnv", domain="finance",

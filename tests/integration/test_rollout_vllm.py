@@ -36,6 +36,7 @@ async def test_rollout_and_select_with_the_real_model(tmp_path):
             "rollout.max_tokens=2048",
             "select.rl_env_fraction=0",
         ],
+        profile="cpu",
     )
     Store(config.store.path).upsert("environments", [environment("bank")])
     trajectories: list[Trajectory] = []

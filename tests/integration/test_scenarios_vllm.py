@@ -33,6 +33,7 @@ async def test_scenarios_with_the_real_model(tmp_path):
             "llm.max_tokens=512",
             "llm.structured_retries=1",
         ],
+        profile="cpu",
     )
     interface = inspect_source(BANK)
     env = Environment(

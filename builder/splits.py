@@ -1,0 +1,21 @@
+"""The environment-disjoint `train` / `rl` split: one pure function of the environment id, shared by every user.
+
+rollout picks the agent model by it (`rl` environments are played by `rollout.rl_agent_model`), select builds
+the SFT set from `train` and the RL set from `rl`, and export publishes the two splits; all three call this, so
+they always agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def is_rl_environment(env_id: str, rl_fraction: float) -> bool:
+    """Whether an environment belongs to the held-out `rl` split rather than `train`.
+
+    Pure and deterministic: the first 8 bytes of sha256(env_id), read as a fraction of 2**64, are compared with
+    `rl_fraction` (`select.rl_env_fraction`). An environment therefore keeps its split across runs and releases,
+    as long as the fraction is unchanged, and raising the fraction only moves environments from train to rl.
+    """
+    digest = hashlib.sha256(env_id.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < rl_fraction

@@ -1,0 +1,196 @@
+"""Is a task solvable from what the user says? Every literal argument of the gold sequence must come from the
+user's words, from an earlier call's result, or from the tool schema; otherwise the gold only works because it
+was written with the state in view, and an agent (told never to guess) cannot solve the task.
+
+"Comes from", per argument value (lists and dicts element-wise, dict keys are free):
+- None, booleans, empty strings and the parameter's default are free (the agent chooses them);
+- a value of an `enum` in the parameter's schema is free (the schema lists it);
+- a string of `COMPOSITION_WORDS` words or more is text the agent composes (a message, a note): free;
+- a shorter string must appear in the sources, case-insensitively and not inside a longer token ("b3" is in
+  "book b3", not in "b33"); a string of several words may also have each of its words somewhere in the
+  sources ("Palmer Ada"); an ISO date also matches the same day written out ("July 15, 2024", "15 July");
+- a number must appear in the sources as a number, whatever its formatting ("2" and 2.0, "$1,200" and 1200); a
+  money amount the user writes with a currency sign or two decimals ("$30", "30.00") also stands for its cents.
+
+The sources of a call are the user's text (the mode's text), the results of the gold calls before it (strings,
+numbers, dict keys) and the description of the parameter. Pure functions over JSON data.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+COMPOSITION_WORDS = 4  # strings with this many words or more are composed by the agent, not identifiers
+MAX_PROBLEMS = 6
+_WORD = re.compile(r"\w+")
+_NUMBER = re.compile(
+    r"(?<![\w.\-])(?P<currency>[$€£]\s?)?(?P<whole>[-+]?\d{1,3}(?:,\d{3})+|[-+]?\d+)(?P<decimals>\.\d+)?(?![\w\-]|\.\d)"
+)
+_MONEY_AFTER = re.compile(r"\s*(dollars?|euros?|pounds?|usd|eur|gbp|bucks)\b")
+_NUMBER_WORDS = {
+    word: value
+    for value, word in enumerate("zero one two three four five six seven eight nine ten eleven twelve".split())
+}
+_MONTHS = {
+    name: index
+    for index, names in enumerate(
+        [("jan", "january"), ("feb", "february"), ("mar", "march"), ("apr", "april"), ("may",), ("jun", "june"),
+         ("jul", "july"), ("aug", "august"), ("sep", "sept", "september"), ("oct", "october"),
+         ("nov", "november"), ("dec", "december")],
+        start=1,
+    )
+    for name in names
+}  # fmt: skip
+_MONTH = "(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
+_DAY = r"(\d{1,2})(?:st|nd|rd|th)?"
+_MONTH_DAY = re.compile(rf"\b{_MONTH}\s+{_DAY}\b(?:,?\s+(\d{{4}}))?")
+_DAY_MONTH = re.compile(rf"\b{_DAY}\s+(?:of\s+)?{_MONTH}\b(?:,?\s+(\d{{4}}))?")
+_ISO_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:[T ][\d:.]+(?:Z|[+-]\d{2}:?\d{2})?)?$")
+
+
+@dataclass
+class Sources:
+    """What the agent has seen: texts (casefolded), their words, and the numbers in them."""
+
+    texts: list[str] = field(default_factory=list)
+    words: set[str] = field(default_factory=set)
+    numbers: list[float] = field(default_factory=list)
+    dates: set[tuple[int, int, int | None]] = field(default_factory=set)
+
+    def add_text(self, text: str, *, money: bool = True) -> None:
+        folded = " ".join(text.casefold().split())
+        if not folded:
+            return
+        self.texts.append(folded)
+        self.words.update(_WORD.findall(folded))
+        self.numbers.extend(_numbers(folded, money=money))
+        self.dates.update(_written_dates(folded))
+
+    def add_result(self, value: Any) -> None:
+        """Every scalar of a tool result (dict keys included); numbers in its strings count, in its own units."""
+        if isinstance(value, dict):
+            for key, item in value.items():
+                self.add_text(str(key), money=False)
+                self.add_result(item)
+        elif isinstance(value, list):
+            for item in value:
+                self.add_result(item)
+        elif isinstance(value, bool) or value is None:
+            return
+        elif isinstance(value, int | float):
+            self.numbers.append(float(value))
+        else:
+            self.add_text(str(value), money=False)
+
+    def copy(self) -> Sources:
+        return Sources(list(self.texts), set(self.words), list(self.numbers), set(self.dates))
+
+
+def _numbers(text: str, *, money: bool) -> list[float]:
+    found = [float(value) for word, value in _NUMBER_WORDS.items() if re.search(rf"\b{word}\b", text)]
+    for match in _NUMBER.finditer(text):
+        value = float(match["whole"].replace(",", "") + (match["decimals"] or ""))
+        found.append(value)
+        decimals = match["decimals"] or ""
+        if money and (match["currency"] or len(decimals) == 3 or _MONEY_AFTER.match(text, match.end())):
+            found.append(round(value * 100))  # the same amount in cents, the unit environments keep money in
+    return found
+
+
+def _written_dates(text: str) -> set[tuple[int, int, int | None]]:
+    dates = set()
+    for match in _MONTH_DAY.finditer(text):
+        dates.add((_MONTHS[match[1]], int(match[2]), int(match[3]) if match[3] else None))
+    for match in _DAY_MONTH.finditer(text):
+        dates.add((_MONTHS[match[2]], int(match[1]), int(match[3]) if match[3] else None))
+    return dates
+
+
+def _contains(texts: list[str], value: str) -> bool:
+    """`value` occurs in one of `texts`, not as part of a longer word ("b3" is in "book b3." but not in "b33")."""
+    left = r"(?<!\w)" if re.match(r"\w", value[0]) else ""
+    right = r"(?!\w)" if re.match(r"\w", value[-1]) else ""
+    pattern = re.compile(left + re.escape(value) + right)
+    return any(pattern.search(text) for text in texts)
+
+
+def _number_found(value: float, sources: Sources) -> bool:
+    return any(math.isclose(value, seen, rel_tol=1e-9, abs_tol=1e-9) for seen in sources.numbers)
+
+
+def _string_found(value: str, sources: Sources) -> bool:
+    folded = " ".join(value.casefold().split())
+    if _contains(sources.texts, folded):
+        return True
+    words = _WORD.findall(folded)
+    if " " in folded and words and all(word in sources.words for word in words):
+        return True
+    iso = _ISO_DATE.match(folded)
+    if iso:
+        year, month, day = (int(part) for part in iso.groups())
+        return (month, day, year) in sources.dates or (month, day, None) in sources.dates
+    try:
+        return _number_found(float(folded.replace(",", "")), sources)
+    except ValueError:
+        return False
+
+
+def _enums(schema: Any) -> list[Any]:
+    """Every enum value anywhere in a parameter's schema (unions and item schemas included)."""
+    if isinstance(schema, dict):
+        values = list(schema.get("enum") or ())
+        return values + [value for key, sub in schema.items() if key != "enum" for value in _enums(sub)]
+    if isinstance(schema, list):
+        return [value for sub in schema for value in _enums(sub)]
+    return []
+
+
+def _unsupported(value: Any, path: str, schema: dict[str, Any], sources: Sources) -> list[tuple[str, Any]]:
+    """The (path, value) pairs of `value` that come from nowhere the agent could know them."""
+    if value is None or isinstance(value, bool) or value in _enums(schema) or value == schema.get("default", ...):
+        return []
+    if isinstance(value, list):
+        return [bad for i, item in enumerate(value) for bad in _unsupported(item, f"{path}[{i}]", schema, sources)]
+    if isinstance(value, dict):
+        return [bad for key, item in value.items() for bad in _unsupported(item, f"{path}.{key}", schema, sources)]
+    if isinstance(value, int | float):
+        return [] if _number_found(float(value), sources) else [(path, value)]
+    text = str(value)
+    if not text.strip() or len(_WORD.findall(text)) >= COMPOSITION_WORDS and len(text.split()) >= COMPOSITION_WORDS:
+        return []
+    return [] if _string_found(text, sources) else [(path, value)]
+
+
+def unsupported_arguments(
+    actions: Sequence[dict[str, Any]], results: Sequence[Any], text: str, tools: Sequence[dict[str, Any]]
+) -> list[str]:
+    """One message per gold argument value that neither `text`, an earlier result nor the tool schema gives.
+
+    Args:
+        actions: the gold calls (`name`, `arguments`).
+        results: each call's JSON result, index for index (calls that were not run: None).
+        text: what the user says (the task, or the user script of a conversation).
+        tools: the environment's OpenAI tool schemas.
+    """
+    parameters = {
+        tool["function"]["name"]: tool["function"].get("parameters", {}).get("properties", {}) for tool in tools
+    }
+    sources, problems = Sources(), []
+    sources.add_text(text)
+    for index, action in enumerate(actions):
+        schemas = parameters.get(action["name"], {})
+        for name, value in (action.get("arguments") or {}).items():
+            schema = schemas.get(name) if isinstance(schemas.get(name), dict) else {}
+            seen = sources
+            if schema.get("description"):  # "kind: 'checking' or 'savings'": the schema names the vocabulary
+                seen = sources.copy()
+                seen.add_text(schema["description"], money=False)
+            for path, bad in _unsupported(value, name, schema, seen):
+                problems.append(f"call {index + 1} {action['name']}: {path} = {bad!r}")
+        if index < len(results):
+            sources.add_result(results[index])
+    return problems[:MAX_PROBLEMS]

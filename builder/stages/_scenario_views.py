@@ -1,0 +1,177 @@
+"""What each scenario request is shown, instead of the whole module: the environment's interface (description,
+the class header with its rules and state definition, the tool schemas), states cut to the records a request
+needs, and the sources of the methods a check has to understand (the gold's calls that change the state).
+
+Every view takes a `shrink` level (0 .. SHRINK_LEVELS - 1): a prompt too long for the model's context is asked
+again one level smaller (fewer state records, a shorter class header, fewer methods). Nothing here runs generated
+code: methods are read from the AST.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import textwrap
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from builder.pyast import parse
+from builder.records import Environment
+from builder.stages._evaluate_source import class_header
+
+SHRINK_LEVELS = 3
+STATE_CHARS = (6000, 3000, 1500)  # a state shown in a prompt is cut to this many characters
+RECORDS = (None, 6, 2)  # records kept per collection of a shown state (None: all)
+HEADER_CHARS = (4000, 2000, 800)  # the class header (docstring, __init__) is cut to this many characters
+METHODS = (4, 2, 0)  # method sources a check request is shown
+# Method calls that change the object they are called on (a list, dict or set of the state).
+MUTATORS = frozenset(
+    {"append", "extend", "insert", "remove", "pop", "popitem", "clear", "update", "setdefault", "add", "discard",
+     "sort", "reverse", "__setitem__", "__delitem__"}
+)  # fmt: skip
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]} … ({len(text) - limit} more characters cut)"
+
+
+def interface_text(env: Environment, shrink: int = 0) -> str:
+    """The environment as a user of its tools sees it: description, class header (rules, state) and tool schemas."""
+    try:
+        header = class_header(env.code)
+    except (StopIteration, SyntaxError, IndexError):  # an accepted environment has a class; be safe anyway
+        header = ""
+    tools = json.dumps([tool["function"] for tool in env.tools], ensure_ascii=False)
+    return (
+        f"# Environment {env.name} ({env.domain})\n{env.description}\n\n"
+        f"## Class header (rules and state)\n```python\n{_clip(header, HEADER_CHARS[shrink])}\n```\n\n"
+        f"## Tools\n{tools}"
+    )
+
+
+def _collection(value: Any) -> list[tuple[Any, Any]] | None:
+    """The (key, record) pairs of a collection of records (a dict of dicts or a list of dicts), else None."""
+    if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+        return list(value.items())
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return list(enumerate(value))
+    return None
+
+
+def _rebuild(original: Any, pairs: list[tuple[Any, Any]]) -> Any:
+    return dict(pairs) if isinstance(original, dict) else [record for _, record in pairs]
+
+
+def state_text(state: dict[str, Any], shrink: int = 0) -> str:
+    """`state` as JSON, with at most RECORDS[shrink] records per collection, cut to STATE_CHARS[shrink]."""
+    limit = RECORDS[shrink]
+    shown = {}
+    for name, value in state.items():
+        pairs = _collection(value)
+        shown[name] = value if pairs is None or limit is None or len(pairs) <= limit else _rebuild(value, pairs[:limit])
+    text = json.dumps(shown, ensure_ascii=False)
+    if shown != state:
+        text += " (some records left out)"
+    return _clip(text, STATE_CHARS[shrink])
+
+
+def _scalars(value: Any) -> Iterable[str]:
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _scalars(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _scalars(item)
+    elif isinstance(value, str | int) and not isinstance(value, bool):
+        yield str(value)
+
+
+def involved_state(state: dict[str, Any], actions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The records the gold arguments name (by key or by a field value), plus one example of every other
+    collection; other attributes as they are. What a check has to read, at a fraction of the state."""
+    named = {value for action in actions for value in _scalars(action.get("arguments") or {})}
+    view = {}
+    for name, value in state.items():
+        pairs = _collection(value)
+        if pairs is None:
+            view[name] = value
+            continue
+        hits = [(k, r) for k, r in pairs if str(k) in named or named & {s for s in _scalars(r)}]
+        view[name] = _rebuild(value, hits or pairs[:1])
+    return view
+
+
+# ------------------------------------------------------------------------------------------------ methods
+
+
+def _class_methods(code: str) -> dict[str, ast.FunctionDef]:
+    cls = next(node for node in parse(code).body if isinstance(node, ast.ClassDef))
+    return {node.name: node for node in cls.body if isinstance(node, ast.FunctionDef)}
+
+
+def _with_helpers(methods: dict[str, ast.FunctionDef], name: str) -> list[ast.FunctionDef]:
+    """Method `name` and the private helpers it calls directly (`self._helper(...)`)."""
+    nodes = [methods[name]]
+    for node in ast.walk(methods[name]):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            func = node.func
+            if isinstance(func.value, ast.Name) and func.value.id == "self" and func.attr.startswith("_"):
+                helper = methods.get(func.attr)
+                if helper is not None and helper not in nodes:
+                    nodes.append(helper)
+    return nodes
+
+
+def _on_state(node: ast.expr, aliases: set[str]) -> bool:
+    """Whether `node` (a target or a receiver) reaches into `self.<attr>` or a local alias of state."""
+    while isinstance(node, ast.Attribute | ast.Subscript):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            return True
+        node = node.value
+    return isinstance(node, ast.Name) and node.id in aliases
+
+
+def _reads_self(node: ast.AST) -> bool:
+    return any(
+        isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self" for n in ast.walk(node)
+    )
+
+
+def writes_state(method: ast.FunctionDef) -> bool:
+    """Whether `method` may change the state: it assigns into (or mutates) `self.<attr>`, or a local name bound
+    to part of the state (`account = self.accounts[i]; account["balance"] -= x`). A heuristic that errs on yes."""
+    aliases: set[str] = set()
+    for node in ast.walk(method):
+        if isinstance(node, ast.Assign) and _reads_self(node.value):
+            aliases |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.For) and isinstance(node.target, ast.Name) and _reads_self(node.iter):
+            aliases.add(node.target.id)
+    for node in ast.walk(method):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign | ast.Delete):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        if any(not isinstance(t, ast.Name) and _on_state(t, aliases) for t in targets):
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+            if _on_state(node.func.value, aliases):
+                return True
+    return False
+
+
+def writer_sources(code: str, names: Sequence[str], shrink: int = 0) -> str:
+    """The sources (with their helpers) of the distinct methods in `names` that change the state, at most
+    METHODS[shrink] of them, in call order."""
+    try:
+        methods = _class_methods(code)
+    except (StopIteration, SyntaxError):
+        return ""
+    lines = code.splitlines()
+    chosen = [name for name in dict.fromkeys(names) if name in methods]
+    writers = [name for name in chosen if any(writes_state(node) for node in _with_helpers(methods, name))]
+    sources = []
+    for name in writers[: METHODS[shrink]]:
+        nodes = _with_helpers(methods, name)
+        sources.append("\n\n".join(textwrap.dedent("\n".join(lines[n.lineno - 1 : n.end_lineno])) for n in nodes))
+    return "\n\n".join(sources)

@@ -1,0 +1,137 @@
+"""The sufficiency gate (every gold argument comes from the user's words, an earlier result or the schema) and
+the user simulator's single ending rule."""
+
+import re
+
+import pytest
+
+from builder.llm import ScriptedModel
+from builder.prompts import prompt
+from builder.records import Sampling
+from builder.stages._scenario_sufficiency import COMPOSITION_WORDS, unsupported_arguments
+from builder.user_sim import STOP, UserSimulator
+from tests.fixtures.scenarios import bank_scenario
+
+
+def tool(tool_name: str, **properties) -> dict:
+    return {"type": "function", "function": {"name": tool_name, "description": "", "parameters": {
+        "type": "object", "properties": properties, "required": list(properties)}}}  # fmt: skip
+
+
+TOOLS = [
+    tool("find_patient", name={"type": "string"}),
+    tool("book_visit", patient_id={"type": "string"}, kind={"type": "string", "enum": ["checkup", "follow_up"]},
+         urgent={"type": "boolean"}, fee_cents={"type": "integer"}, day={"type": "string"}),
+    tool("send_note", patient_id={"type": "string"}, body={"type": "string"},
+         tags={"type": "array", "items": {"type": "string"}}, limit={"type": "integer", "default": 10}),
+    tool("set_unit", unit={"type": "string", "description": "One of 'ward-a' or 'ward-b'."}),
+]  # fmt: skip
+BOOK = {"name": "book_visit", "arguments": {"patient_id": "P-1042", "kind": "checkup", "urgent": True,
+                                            "fee_cents": 4500, "day": "2024-07-15"}}  # fmt: skip
+SAID = "Book a checkup for Maria Lopez on 2024-07-15; the fee is $45."
+
+
+def test_an_id_the_task_never_gives_is_refused():
+    # The real-run failure: the task names the patient, the gold uses the id from the state, nothing finds it.
+    assert unsupported_arguments([BOOK], [None], SAID, TOOLS) == ["call 1 book_visit: patient_id = 'P-1042'"]
+
+
+def test_an_id_in_the_task_or_from_an_earlier_lookup_is_accepted():
+    assert unsupported_arguments([BOOK], [None], SAID + " My patient id is P-1042.", TOOLS) == []
+    lookup = {"name": "find_patient", "arguments": {"name": "Maria Lopez"}}
+    found = {"success": True, "patients": [{"patient_id": "P-1042", "name": "Maria Lopez"}]}
+    assert unsupported_arguments([lookup, BOOK], [found, None], SAID, TOOLS) == []
+    keyed = {"P-1042": {"name": "Maria Lopez"}}  # ids as dict keys count too
+    assert unsupported_arguments([lookup, BOOK], [keyed, None], SAID, TOOLS) == []
+    # Only earlier results count: the lookup after the booking does not help it.
+    assert unsupported_arguments([BOOK, lookup], [None, found], SAID, TOOLS) == [
+        "call 1 book_visit: patient_id = 'P-1042'"
+    ]
+
+
+def test_enum_values_defaults_booleans_and_descriptions_are_free():
+    call = {"name": "book_visit", "arguments": {**BOOK["arguments"], "patient_id": "", "kind": "follow_up"}}
+    assert unsupported_arguments([call], [None], SAID, TOOLS) == []  # "follow_up" is not said: the enum lists it
+    unit = {"name": "set_unit", "arguments": {"unit": "ward-b"}}
+    assert unsupported_arguments([unit], [None], "Move me.", TOOLS) == []
+    page = {"name": "send_note", "arguments": {"patient_id": None, "body": "", "tags": [], "limit": 10}}
+    assert unsupported_arguments([page], [None], "", TOOLS) == []
+    assert unsupported_arguments([{**page, "arguments": {"limit": 25}}], [None], "", TOOLS) == [
+        "call 1 send_note: limit = 25"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("said", "value", "ok"),
+    [
+        ("the fee is $45", 4500, True),  # a money amount also stands for its cents
+        ("the fee is 45.00", 4500, True),
+        ("the fee is 45 dollars", 4500, True),
+        ("the fee is 45", 45, True),
+        ("the fee is 45", 4500, False),  # a bare number is not taken for dollars
+        ("the fee is $1,200", 1200, True),
+        ("the fee is 2.0", 2, True),
+        ("account acc-45", 45, False),  # digits inside an id are no number
+        ("two visits", 2, True),
+    ],
+)
+def test_numbers_match_whatever_their_formatting(said, value, ok):
+    call = {"name": "book_visit", "arguments": {"fee_cents": value}}
+    assert (unsupported_arguments([call], [None], said, TOOLS) == []) is ok
+
+
+@pytest.mark.parametrize(
+    ("said", "value", "ok"),
+    [
+        ("book p-1042 please", "P-1042", True),  # case-insensitive
+        ("book P-10423 please", "P-1042", False),  # not inside a longer token
+        ("on July 15, 2024", "2024-07-15", True),
+        ("on the 15th of July", "2024-07-15", True),
+        ("on July 16", "2024-07-15", False),
+        ("for Lopez, Maria", "Maria Lopez", True),  # every word of a short name is said
+        ("for Maria", "Maria Lopez", False),
+    ],
+)
+def test_strings_match_as_tokens_dates_and_words(said, value, ok):
+    call = {"name": "book_visit", "arguments": {"day": value}}
+    assert (unsupported_arguments([call], [None], said, TOOLS) == []) is ok
+
+
+def test_composed_text_is_free_and_lists_are_checked_element_wise():
+    body = "Your checkup is booked, see you soon"
+    assert len(body.split()) >= COMPOSITION_WORDS
+    note = {"name": "send_note", "arguments": {"patient_id": "P-1042", "body": body, "tags": ["checkup", "vip"]}}
+    assert unsupported_arguments([note], [None], "Note for P-1042, tag it checkup.", TOOLS) == [
+        "call 1 send_note: tags[1] = 'vip'"
+    ]
+    short = {"name": "send_note", "arguments": {"body": "Booked X-9"}}  # short strings are identifiers
+    assert unsupported_arguments([short], [None], "", TOOLS) == ["call 1 send_note: body = 'Booked X-9'"]
+
+
+# ------------------------------------------------------------------------------------------ user simulator
+
+
+def test_user_sim_prompt_has_exactly_one_ending_rule():
+    template = prompt("user_sim")
+    assert template.count("$stop") == 1
+    # One paragraph or rule says how the conversation ends, and it is the marker; the script's `ending` is only
+    # the condition (the task prompt asks for a condition, not a manner such as "thanks and leaves").
+    parts = re.split(r"\n\s*\n|\n- ", template)
+    ending_rules = [part for part in parts if re.search(r"\bend\b", part)]
+    assert len(ending_rules) == 1 and "$stop" in ending_rules[0]
+    assert "`ending`: the condition" in prompt("scenario_task")
+    scenario = bank_scenario("conversational")
+    system = UserSimulator(ScriptedModel(lambda r: "x"), scenario, ["transfer"], sampling=Sampling()).system
+    assert system.count(STOP) == 1 and scenario.user.ending in system
+
+
+@pytest.mark.parametrize(
+    ("reply", "stop"),
+    [(STOP, True), (f"  {STOP}\n", True), (f"Thanks, that's all! {STOP}", True), ("Thanks, that's all!", False)],
+)
+async def test_user_sim_ends_exactly_when_the_reply_holds_the_marker(reply, stop):
+    scenario = bank_scenario("conversational")
+    sim = UserSimulator(ScriptedModel(lambda r: reply), scenario, ["transfer"], sampling=Sampling(), retries=0)
+    turn = await sim.reply([])
+    assert turn.stop is stop
+    assert (turn.content is None) is stop  # what comes with the marker never reaches the agent

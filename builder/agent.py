@@ -134,7 +134,8 @@ async def run_episode(
     `opening` is None) and every reply to a text-only agent turn, and ends the episode (`user_stop`). Every tool
     call is validated against `tools` first; a malformed or unknown call is answered with an error tool message
     (flags `malformed_call`, `unknown_tool`) and never reaches the environment. Limits end the episode with
-    `max_turns`, `max_tool_calls` or `max_tokens`; a refused agent request ends it with `llm_error`.
+    `max_turns`, `max_tool_calls` or `max_tokens`; a refused agent request ends it with `llm_error`. Assistant
+    messages keep the model's reasoning (`reasoning_content`, when it thought); it is never sent back.
 
     Raises:
         LLMRequestError: a retryable server failure (the server is gone); the run stops and can resume.
@@ -174,7 +175,7 @@ async def run_episode(
         tally.context_tokens = reply.usage.prompt_tokens + reply.usage.completion_tokens
         messages.append(reply.message())
         if reply.finish_reason == "length":
-            tally.flag("truncated_reply")  # cut by max_reply_tokens: not a reply to learn from
+            tally.flag("truncated_reply")  # cut even after the client grew its budget: not a reply to learn from
         if not reply.tool_calls and not (reply.content or "").strip():
             tally.flag("empty_reply")
         if reply.tool_calls:

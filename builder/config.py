@@ -101,6 +101,12 @@ class LLMConfig(Section):
     max_tokens: int = Field(
         4096, ge=1, description="Completion budget of a synthesis call that sets none of its own."
     )
+    max_budget_growths: int = Field(
+        2,
+        ge=0,
+        description="A reply cut at its completion budget (finish_reason 'length') is asked again with the budget "
+        "doubled, at most this many times and never past what the context leaves (0: never).",
+    )
 
 
 class SandboxConfig(Section):

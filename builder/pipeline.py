@@ -96,6 +96,7 @@ class LazyModel:
                 cached=record.cached,
                 ok=record.ok,
                 latency_s=record.latency_s,
+                regrowth=record.regrowth > 0,
             )
 
     async def chat(self, request: ChatRequest) -> Reply:

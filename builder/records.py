@@ -106,13 +106,18 @@ class ToolCall(Frozen):
 
 
 class ChatMessage(Frozen):
-    """One OpenAI-style chat message; the fixed struct of DESIGN §3."""
+    """One OpenAI-style chat message; the fixed struct of DESIGN §3.
+
+    `reasoning_content` is an assistant message's reasoning (thinking) as the model produced it, under the name
+    Qwen3's chat template and TRL read. It is stored in trajectories but never sent back to a server.
+    """
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None
     tool_calls: tuple[ToolCall, ...] | None = None
     tool_call_id: str | None = None
     name: str | None = None
+    reasoning_content: str | None = None
 
 
 # ------------------------------------------------------------------------------------------- pipeline records

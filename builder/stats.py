@@ -27,6 +27,7 @@ class StageStats:
     llm_cache_hits: int = 0
     llm_failures: int = 0
     llm_latency_s: float = 0.0
+    llm_regrowths: int = 0  # calls that asked again with a grown budget after a reply was cut (see LLMClient)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     wall_s: float = 0.0
@@ -37,14 +38,23 @@ class StageStats:
         return sum(self.dropped.values())
 
     def add_llm_call(
-        self, prompt_tokens: int, completion_tokens: int, *, cached: bool = False, ok: bool = True, latency_s: float = 0
+        self,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        cached: bool = False,
+        ok: bool = True,
+        latency_s: float = 0,
+        regrowth: bool = False,
     ) -> None:
-        """Count one model call; cached calls cost no tokens, so they are counted apart."""
+        """Count one model call; cached calls cost no tokens, so they are counted apart. `regrowth`: the call
+        repeated a cut request with a larger completion budget."""
         if cached:
             self.llm_cache_hits += 1
             return
         self.llm_calls += 1
         self.llm_failures += not ok
+        self.llm_regrowths += regrowth
         self.llm_latency_s += latency_s
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens

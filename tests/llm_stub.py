@@ -12,6 +12,11 @@ from typing import Any
 Responder = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]
 
 
+def tokenized(count: int, max_model_len: int = 32768) -> dict[str, Any]:
+    """A /tokenize body like vLLM's (`TokenizeResponse`)."""
+    return {"count": count, "max_model_len": max_model_len, "tokens": list(range(count))}
+
+
 def completion(
     content: str | None = "hello",
     *,
@@ -39,22 +44,43 @@ def completion(
 
 
 class StubServer:
-    """Serves `respond(body) -> (status, json)` for POST /v1/chat/completions; records request bodies."""
+    """Serves `respond(body) -> (status, json)` for POST /v1/chat/completions; records request bodies.
 
-    def __init__(self, respond: Responder, delay_s: float = 0.0) -> None:
+    Like vLLM, it can also answer POST /tokenize (`tokenize(body) -> (status, json)`, bodies recorded in
+    `tokenized`; 404 without it) and GET /version (`{"version": version}` when given).
+    """
+
+    def __init__(
+        self,
+        respond: Responder,
+        delay_s: float = 0.0,
+        *,
+        tokenize: Responder | None = None,
+        version: str | None = None,
+    ) -> None:
         self.respond = respond
         self.delay_s = delay_s
+        self.tokenize = tokenize
+        self.version = version
         self.requests: list[dict[str, Any]] = []
+        self.tokenized: list[dict[str, Any]] = []
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:  # noqa: N802
-                self._send(200, {"status": "ok"})
+                if self.path == "/version" and stub.version is not None:
+                    self._send(200, {"version": stub.version})
+                else:
+                    self._send(200, {"status": "ok"})
 
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/tokenize":
+                    stub.tokenized.append(body)
+                    self._send(*(stub.tokenize(body) if stub.tokenize else (404, {"detail": "Not Found"})))
+                    return
                 stub.requests.append(body)
                 if stub.delay_s:
                     time.sleep(stub.delay_s)

@@ -78,7 +78,8 @@ async def test_reasoning_is_kept_out_of_content() -> None:
     client, _, _ = make_client(ScriptedModel(lambda request: "<think>let me see</think>The answer."))
     reply = await client.chat(ChatRequest(messages=USER))
     assert reply.content == "The answer." and reply.reasoning == "let me see"
-    assert reply.message() == ChatMessage(role="assistant", content="The answer.")
+    # The trajectory keeps what the model thought; backends never send it back (test_llm_openai).
+    assert reply.message() == ChatMessage(role="assistant", content="The answer.", reasoning_content="let me see")
 
 
 async def test_structured_returns_validated_object_and_sends_strict_schema() -> None:
@@ -133,11 +134,13 @@ async def test_a_repeated_bad_reply_is_asked_again_not_answered_from_the_cache(t
     assert [r.sample_index for r in model.requests] == [0, 1, 2, 3]
 
 
-async def test_truncated_structured_reply_mentions_token_limit() -> None:
+async def test_truncated_structured_reply_says_the_budget_was_used_up_not_to_be_brief() -> None:
     model = ScriptedModel.sequence([text_reply('{"keep": tr', finish_reason="length"), '{"keep": true, "score": 1}'])
     client, _, _ = make_client(model)
     await client.structured(USER, Verdict)
-    assert "cut off at the token limit" in model.requests[1].messages[-1].content
+    feedback = model.requests[1].messages[-1].content
+    assert "used up its whole token budget" in feedback
+    assert "brief" not in feedback and "shorter" not in feedback
 
 
 async def test_tools_get_strict_and_named_choice_is_checked() -> None:

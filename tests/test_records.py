@@ -84,6 +84,7 @@ def make_examples(provenance: Provenance) -> list:
                 role="assistant",
                 content=None,
                 tool_calls=(ToolCall(id="c1", function=FunctionCall(name="borrow", arguments='{"isbn": "123"}')),),
+                reasoning_content="The member exists, so borrow the book first.",
             ),
             ChatMessage(role="tool", content='{"success": true}', tool_call_id="c1", name="borrow"),
             ChatMessage(role="assistant", content="Done.", tool_calls=()),
@@ -136,10 +137,13 @@ def test_messages_use_the_fixed_struct(provenance):
                 ),
                 "tool_call_id": pl.String(),
                 "name": pl.String(),
+                "reasoning_content": pl.String(),
             }
         )
     )
     row = to_row(trajectory)
+    assert row["messages"][2]["reasoning_content"] == "The member exists, so borrow the book first."
+    assert row["messages"][4]["reasoning_content"] is None
     assert row["messages"][2]["tool_calls"][0]["function"]["arguments"] == '{"isbn": "123"}'
     assert row["messages"][2]["content"] is None  # None and "" stay distinct
     assert row["messages"][4]["tool_calls"] == []  # [] and None stay distinct

@@ -312,6 +312,7 @@ class FakeServer:
 
     def __init__(self, config, log_path):
         self.config, self.log_path, self.stopped = config, log_path, False
+        self.max_model_len = config.max_model_len  # VLLMServer's served context
         FakeServer.started.append(self)
 
     @property

@@ -104,7 +104,7 @@ async def test_plan_becomes_a_candidate_environment_that_passes_the_lint(tmp_pat
     assert env.provenance.prompt_version.startswith("code_state@")
     assert env.provenance.model == "m"
     assert len(model.requests) == 5  # one state piece and one method per operation
-    assert {r.sampling.max_tokens for r in model.requests} == {768}
+    assert {r.sampling.max_tokens for r in model.requests} == {3072}  # code.max_tokens, not capped by llm.max_tokens
     assert env.synthesis["added_imports"] == ["from typing import Optional", "import datetime"]
     assert env.synthesis["fixes"]["list_member_loans"] == ["stripped_fences"]
     assert env.synthesis["regenerated"] == {}

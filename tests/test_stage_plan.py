@@ -257,10 +257,10 @@ def test_unknown_types_fail_schema_validation():
         StateDraft.model_validate(bad)
 
 
-async def test_llm_max_tokens_caps_the_plan_budget(tmp_path):
+async def test_the_plan_budget_is_its_own_not_capped_by_llm_max_tokens(tmp_path):
     model = scripted()
-    await plan(topic(), context(tmp_path, model))
-    assert {r.sampling.max_tokens for r in model.requests} == {1024}
-    capped = scripted()
-    await plan(topic(), context(tmp_path, capped, "llm.max_tokens=128"))
-    assert {r.sampling.max_tokens for r in capped.requests} == {128}
+    await plan(topic(), context(tmp_path, model, "plan.max_tokens=3000"))
+    assert {r.sampling.max_tokens for r in model.requests} == {3000}
+    other = scripted()
+    await plan(topic(), context(tmp_path, other, "plan.max_tokens=3000", "llm.max_tokens=128"))
+    assert {r.sampling.max_tokens for r in other.requests} == {3000}  # llm.max_tokens: only for calls without one

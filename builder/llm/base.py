@@ -28,7 +28,8 @@ class ChatRequest(_Frozen):
 
     `tool_choice` is "auto", "required", "none", or the name of one tool in `tools` to force that tool.
     `sample_index` tells apart repeated samples of the same request (it is part of the cache key, never sent).
-    `extra` holds server-specific body fields (e.g. vLLM's `ignore_eos`, `top_k`), sent as is.
+    `extra` holds server-specific body fields (e.g. vLLM's `ignore_eos`, `top_k`, `chat_template_kwargs`), sent
+    as is. An assistant message's `reasoning_content` is never sent (see `openai_backend.request_body`).
     """
 
     messages: tuple[ChatMessage, ...]
@@ -39,6 +40,12 @@ class ChatRequest(_Frozen):
     sampling: Sampling = Sampling()
     sample_index: int = Field(0, ge=0)
     extra: dict[str, Any] = Field(default_factory=dict)
+
+    def wire_messages(self) -> list[dict[str, Any]]:
+        """The messages as a server gets them. Reasoning (`reasoning_content`) stays out: Qwen3's template drops
+        earlier turns' reasoning itself, and a template that does not know the field could render it as text."""
+        exclude = {"reasoning_content"}
+        return [message.model_dump(mode="json", exclude_none=True, exclude=exclude) for message in self.messages]
 
     def cache_key(self, model_id: str) -> str:
         """sha256 over the model identity and everything in the request that can change the reply."""
@@ -66,9 +73,11 @@ class Reply(_Frozen):
     usage: TokenUsage = TokenUsage()
 
     def message(self) -> ChatMessage:
-        """The assistant message to append to the conversation (reasoning left out, as chat templates
-        expect)."""
-        return ChatMessage(role="assistant", content=self.content, tool_calls=self.tool_calls or None)
+        """The assistant message to append to the conversation, reasoning kept as `reasoning_content` for the
+        record (trajectories keep what the model thought); backends never send it back to the server."""
+        return ChatMessage(
+            role="assistant", content=self.content, tool_calls=self.tool_calls or None, reasoning_content=self.reasoning
+        )
 
 
 class CallRecord(_Frozen):
@@ -88,6 +97,9 @@ class CallRecord(_Frozen):
     attempts: int = Field(0, description="Requests sent to the backend (0 for a cache hit).")
     finish_reason: str | None = None
     error: str | None = None
+    regrowth: int = Field(
+        0, description="How often the request's completion budget had been grown after cut replies (0: as asked)."
+    )
 
 
 # `ChatRequest.tool_choice` values that are not tool names.
@@ -95,7 +107,12 @@ TOOL_CHOICE_KEYWORDS = ("auto", "required", "none")
 
 
 class ChatModel(Protocol):
-    """Anything that answers a chat request: the OpenAI-compatible backend, the scripted model, the client."""
+    """Anything that answers a chat request: the OpenAI-compatible backend, the scripted model, the client.
+
+    A backend may also offer `async count_prompt_tokens(request) -> int | None`: the prompt's size in tokens as
+    the server renders it, or None when it cannot tell. `LLMClient` uses it to fit completion budgets into the
+    context and estimates conservatively without it.
+    """
 
     async def chat(self, request: ChatRequest) -> Reply:
         """Answer one request.

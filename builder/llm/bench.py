@@ -91,7 +91,8 @@ async def _measure(config: LLMConfig, url: str, requests: int, max_tokens: int, 
         timeout_s=config.request_timeout_s,
         http_client_factory=_timed_http_client,
     )
-    client = client_for(config, backend, model_id=f"bench:{url}", cache=None)
+    # Every request generates exactly max_tokens (`ignore_eos`), so each ends at "length": never grow it.
+    client = client_for(config.model_copy(update={"max_budget_growths": 0}), backend, model_id=f"bench:{url}")
     chat_requests = [_request(body, max_tokens) for body in bodies]
     overheads: list[float] = []
 

@@ -1,13 +1,16 @@
 """The client every stage talks to: one `chat` call with cache, bounded concurrency, retries and accounting.
 
 It wraps any `ChatModel` backend (the OpenAI-compatible one in production, the scripted one in tests), so all
-of its logic is tested without a server. `structured` asks for a pydantic model and re-asks with the
-validation error fed back.
+of its logic is tested without a server. It is also the one place every request passes, so it fits completion
+budgets into the model's context and switches thinking on or off. `structured` asks for a pydantic model and
+re-asks with the validation error fed back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import random
 import time
@@ -19,13 +22,25 @@ from pydantic import BaseModel
 from builder.llm.accounting import UsageTotals
 from builder.llm.base import TOOL_CHOICE_KEYWORDS, CallRecord, ChatModel, ChatRequest, Reply
 from builder.llm.cache import ResponseCache
-from builder.llm.errors import LLMError, LLMRequestError, StructuredOutputError, TransientLLMError
+from builder.llm.errors import LLMError, LLMRequestError, PromptTooLongError, StructuredOutputError, TransientLLMError
 from builder.llm.parsing import parse_structured, response_format, split_reasoning, tool_names, with_strict
 from builder.records import ChatMessage, Sampling
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T", bound=BaseModel)
+
+# Kept free between prompt + completion budget and the context: a measured count can still differ from the
+# server's by a few tokens (special tokens added outside the template).
+CONTEXT_MARGIN_TOKENS = 32
+# The smallest completion worth sending a request for (or the request's own budget, if smaller): a reply
+# squeezed below it would be cut in almost every case, so the prompt is reported too long instead.
+MIN_COMPLETION_TOKENS = 256
+# Without the server's tokenizer: one token per 3 characters of the messages' and tools' JSON, with non-ASCII
+# characters escaped (6 characters each, so 2 tokens). Tokenizers average about 4 characters a token on English
+# and code, and the JSON keys stand in for the template's own tokens, so this overestimates.
+ESTIMATE_CHARS_PER_TOKEN = 3
+_MEASURED_PROMPTS = 4096  # prompt sizes remembered (growths and repeated samples of one prompt reuse them)
 
 
 def backoff_delay(attempt: int, *, base_s: float, cap_s: float, rng: Callable[[], float] = random.random) -> float:
@@ -41,10 +56,18 @@ def backoff_delay(attempt: int, *, base_s: float, cap_s: float, rng: Callable[[]
 class LLMClient:
     """A `ChatModel` that adds what every stage needs around a backend.
 
-    Per call: sampling defaults filled in, `strict: true` on tools, a response-cache lookup, at most
-    `max_concurrency` backend requests in flight, a hard `request_timeout_s` per attempt, retries with backoff
-    on `TransientLLMError` and timeouts (never on `LLMRequestError`), reasoning split off the content, and one
-    `CallRecord` to `on_call` (and to `totals`), also for cache hits and failures.
+    Per call: sampling defaults filled in, `strict: true` on tools, the thinking switch, the completion budget
+    fitted into the context, a response-cache lookup, at most `max_concurrency` backend requests in flight, a
+    hard `request_timeout_s` per attempt, retries with backoff on `TransientLLMError` and timeouts (never on
+    `LLMRequestError`), reasoning split off the content, a cut reply asked again with a larger budget, and one
+    `CallRecord` to `on_call` (and to `totals`) per request, also for cache hits and failures.
+
+    Budgets: the prompt is measured (the backend's `count_prompt_tokens`, else a conservative estimate) and
+    `max_tokens` is capped at `context_tokens - prompt - CONTEXT_MARGIN_TOKENS`, so no request is sent whose
+    prompt and budget exceed the context. If that leaves less than min(budget, MIN_COMPLETION_TOKENS), nothing is
+    sent and `PromptTooLongError` is raised. A reply cut at its budget (`finish_reason == "length"`) is asked
+    again with the budget doubled, up to `max_budget_growths` times and never past the context; the last reply is
+    returned (still "length" if even the largest budget was used up).
 
     Args:
         backend: What actually answers.
@@ -52,6 +75,11 @@ class LLMClient:
         cache: Response cache, or None for no caching.
         on_call: Observer called with each `CallRecord` (e.g. the pipeline's per-stage stats).
         default_sampling: Fills sampling fields a request leaves as None.
+        context_tokens: The model's context (llm.max_model_len); None: unknown, budgets are sent as asked.
+        thinking: Sent as `chat_template_kwargs.enable_thinking` on every request (a template without the
+            switch ignores it); None sends nothing.
+        reasoning_budget: With thinking on, added to every completion budget for the reasoning before the answer.
+        max_budget_growths: How often a cut reply is asked again with a doubled budget.
         sleep, rng: Injected for tests of the backoff.
     """
 
@@ -63,6 +91,10 @@ class LLMClient:
         cache: ResponseCache | None = None,
         on_call: Callable[[CallRecord], None] | None = None,
         default_sampling: Sampling | None = None,
+        context_tokens: int | None = None,
+        thinking: bool | None = None,
+        reasoning_budget: int = 0,
+        max_budget_growths: int = 2,
         max_concurrency: int = 16,
         request_timeout_s: float = 300.0,
         max_retries: int = 4,
@@ -77,6 +109,10 @@ class LLMClient:
         self.cache = cache
         self.on_call = on_call
         self.default_sampling = default_sampling or Sampling()
+        self.context_tokens = context_tokens
+        self.thinking = thinking
+        self.reasoning_budget = reasoning_budget
+        self.max_budget_growths = max_budget_growths
         self.max_concurrency = max_concurrency
         self.request_timeout_s = request_timeout_s
         self.max_retries = max_retries
@@ -88,30 +124,28 @@ class LLMClient:
         self._rng = rng
         self._loop: asyncio.AbstractEventLoop | None = None
         self._semaphore: asyncio.Semaphore | None = None
+        self._measured: dict[str, int] = {}
 
     async def chat(self, request: ChatRequest) -> Reply:
-        """Answer `request`, from the cache when possible.
+        """Answer `request`, from the cache when possible, with its completion budget fitted into the context.
 
         Raises:
+            PromptTooLongError: the prompt leaves too little of the context for a reply; nothing was sent.
             LLMRequestError: the server rejected the request (4xx), or every retry failed.
             ValueError: `tool_choice` names no tool of the request.
         """
         request = self._prepare(request)
-        key = request.cache_key(self.model_id)
-        start = time.perf_counter()
-        if self.cache is not None and (hit := self.cache.get(key)) is not None:
-            self._report(key, hit, start, cached=True, attempts=0)
-            return hit
-        try:
-            raw, attempts = await self._call_with_retries(request)
-        except LLMError as error:
-            self._report_failure(key, start, error)
-            raise
-        content, reasoning = split_reasoning(raw.content, raw.reasoning)
-        reply = raw.model_copy(update={"content": content, "reasoning": reasoning})
-        if self.cache is not None:
-            self.cache.put(key, reply)
-        self._report(key, reply, start, cached=False, attempts=attempts)
+        if self.context_tokens is None:
+            return await self._answer(request, regrowth=0)
+        prompt_tokens = await self._prompt_tokens(request)
+        request = self._fitted(request, prompt_tokens)
+        reply = await self._answer(request, regrowth=0)
+        for growth in range(1, self.max_budget_growths + 1):
+            if reply.finish_reason != "length" or (larger := self._grown(request, prompt_tokens)) is None:
+                break
+            # A distinct request (its budget is part of the cache key), so a rerun replays both replies.
+            request = larger
+            reply = await self._answer(request, regrowth=growth)
         return reply
 
     async def structured(
@@ -175,7 +209,78 @@ class LLMClient:
         defaults = self.default_sampling.model_dump()
         given = request.sampling.model_dump(exclude_none=True)
         sampling = Sampling(**{**defaults, **given})
-        return request.model_copy(update={"sampling": sampling, "tools": with_strict(request.tools)})
+        extra = request.extra
+        if self.thinking is not None:
+            # vLLM passes chat_template_kwargs to the template; one without `enable_thinking` never sees it.
+            kwargs = {"enable_thinking": self.thinking, **extra.get("chat_template_kwargs", {})}
+            extra = {**extra, "chat_template_kwargs": kwargs}
+            if self.thinking and sampling.max_tokens is not None:
+                sampling = sampling.model_copy(update={"max_tokens": sampling.max_tokens + self.reasoning_budget})
+        return request.model_copy(update={"sampling": sampling, "tools": with_strict(request.tools), "extra": extra})
+
+    async def _prompt_tokens(self, request: ChatRequest) -> int:
+        """The prompt's size: measured by the backend once per prompt, else estimated (`estimate_prompt_tokens`)."""
+        key = prompt_key(request)
+        if (known := self._measured.get(key)) is not None:
+            return known
+        count = None
+        counter = getattr(self.backend, "count_prompt_tokens", None)
+        if counter is not None:
+            try:
+                async with asyncio.timeout(self.request_timeout_s):
+                    count = await counter(request)
+            except TimeoutError:
+                count = None
+        if count is None:
+            return estimate_prompt_tokens(request)
+        if len(self._measured) >= _MEASURED_PROMPTS:
+            self._measured.pop(next(iter(self._measured)))  # the oldest
+        self._measured[key] = count
+        return count
+
+    def _room(self, prompt_tokens: int) -> int:
+        assert self.context_tokens is not None
+        return self.context_tokens - prompt_tokens - CONTEXT_MARGIN_TOKENS
+
+    def _fitted(self, request: ChatRequest, prompt_tokens: int) -> ChatRequest:
+        """`request` with its budget capped at what the context leaves (or set to it, if the request has none)."""
+        room = self._room(prompt_tokens)
+        wanted = request.sampling.max_tokens
+        needed = min(wanted or MIN_COMPLETION_TOKENS, MIN_COMPLETION_TOKENS)
+        if room < needed:
+            raise PromptTooLongError(
+                f"the prompt takes {prompt_tokens} of the model's {self.context_tokens} context tokens "
+                f"(llm.max_model_len), leaving {max(room, 0)} for the reply; at least {needed} are needed",
+                prompt_tokens=prompt_tokens,
+                context_tokens=self.context_tokens or 0,
+                min_completion=needed,
+            )
+        return _with_budget(request, min(wanted, room) if wanted else room)
+
+    def _grown(self, request: ChatRequest, prompt_tokens: int) -> ChatRequest | None:
+        """`request` with its budget doubled (at most to what the context leaves), or None if it cannot grow."""
+        current = request.sampling.max_tokens or 0
+        larger = min(2 * current, self._room(prompt_tokens))
+        return _with_budget(request, larger) if larger > current else None
+
+    async def _answer(self, request: ChatRequest, *, regrowth: int) -> Reply:
+        """One request as it is: from the cache, or sent (with retries), split, cached and reported."""
+        key = request.cache_key(self.model_id)
+        start = time.perf_counter()
+        if self.cache is not None and (hit := self.cache.get(key)) is not None:
+            self._report(key, hit, start, cached=True, attempts=0, regrowth=regrowth)
+            return hit
+        try:
+            raw, attempts = await self._call_with_retries(request)
+        except LLMError as error:
+            self._report_failure(key, start, error, regrowth=regrowth)
+            raise
+        content, reasoning = split_reasoning(raw.content, raw.reasoning)
+        reply = raw.model_copy(update={"content": content, "reasoning": reasoning})
+        if self.cache is not None:
+            self.cache.put(key, reply)
+        self._report(key, reply, start, cached=False, attempts=attempts, regrowth=regrowth)
+        return reply
 
     async def _call_with_retries(self, request: ChatRequest) -> tuple[Reply, int]:
         last: BaseException | None = None
@@ -201,7 +306,7 @@ class LLMClient:
             self._loop, self._semaphore = loop, asyncio.Semaphore(self.max_concurrency)
         return self._semaphore
 
-    def _report(self, key: str, reply: Reply, start: float, *, cached: bool, attempts: int) -> None:
+    def _report(self, key: str, reply: Reply, start: float, *, cached: bool, attempts: int, regrowth: int) -> None:
         record = CallRecord(
             model=self.model_id,
             key=key,
@@ -211,12 +316,16 @@ class LLMClient:
             cached=cached,
             attempts=attempts,
             finish_reason=reply.finish_reason,
+            regrowth=regrowth,
         )
         self._emit(record)
 
-    def _report_failure(self, key: str, start: float, error: LLMError) -> None:
+    def _report_failure(self, key: str, start: float, error: LLMError, *, regrowth: int) -> None:
         latency = time.perf_counter() - start
-        self._emit(CallRecord(model=self.model_id, key=key, latency_s=latency, ok=False, error=str(error)))
+        record = CallRecord(
+            model=self.model_id, key=key, latency_s=latency, ok=False, error=str(error), regrowth=regrowth
+        )
+        self._emit(record)
 
     def _emit(self, record: CallRecord) -> None:
         self.totals.add(record)
@@ -230,8 +339,26 @@ def _describe(error: BaseException | None) -> str:
     return str(error) or type(error).__name__
 
 
+def prompt_key(request: ChatRequest) -> str:
+    """What the prompt's size depends on: the messages as sent, the tools and the chat template kwargs."""
+    content = [request.wire_messages(), list(request.tools), request.extra.get("chat_template_kwargs")]
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def estimate_prompt_tokens(request: ChatRequest) -> int:
+    """A prompt size that errs on the large side, for backends that cannot count (see ESTIMATE_CHARS_PER_TOKEN)."""
+    text = json.dumps([request.wire_messages(), list(request.tools)], ensure_ascii=True)
+    return len(text) // ESTIMATE_CHARS_PER_TOKEN + 1
+
+
+def _with_budget(request: ChatRequest, max_tokens: int) -> ChatRequest:
+    return request.model_copy(update={"sampling": request.sampling.model_copy(update={"max_tokens": max_tokens})})
+
+
 def _feedback(error: str, finish_reason: str) -> str:
-    cut = " The reply was cut off at the token limit; answer more briefly." if finish_reason == "length" else ""
+    # The client already grew the budget as far as it may: say what happened, do not ask for a shorter answer.
+    cut = " The reply used up its whole token budget and stops unfinished." if finish_reason == "length" else ""
     return (
         f"Your reply was not valid: {error}.{cut} "
         "Answer again with only a JSON object that matches the required schema."

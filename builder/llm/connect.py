@@ -17,7 +17,7 @@ from builder.llm.cache import ResponseCache
 from builder.llm.client import LLMClient
 from builder.llm.errors import ServerError
 from builder.llm.openai_backend import OpenAIChatModel
-from builder.llm.server import VLLMServer
+from builder.llm.server import VLLMServer, check_external_server
 from builder.llm.weights import EMBEDDED_MODEL, EMBEDDED_MODEL_CONTEXT
 from builder.records import Sampling
 
@@ -82,6 +82,8 @@ def open_llm(
     the file never share replies). The server is stopped when the block ends, whether by return, error or
     Ctrl-C.
 
+    With `config.url`, a vLLM outside the supported range (its `/version`) is warned about.
+
     Raises:
         ServerError: the managed server cannot start (see `VLLMServer.start`).
     """
@@ -89,12 +91,21 @@ def open_llm(
     use_cache = config.cache if cache is None else cache
     with ExitStack() as stack:
         if config.url:
-            url = config.url
+            check_external_server(config.url)
+            url, context = config.url, config.max_model_len
         else:
-            url = stack.enter_context(VLLMServer(config, run_dir / server_log)).url
+            server = stack.enter_context(VLLMServer(config, run_dir / server_log))
+            url, context = server.url, server.max_model_len
         response_cache = stack.enter_context(ResponseCache(run_dir / CACHE_FILE)) if use_cache else None
         backend = OpenAIChatModel(url, config.served_model_name, timeout_s=config.request_timeout_s)
-        yield client_for(config, backend, model_id=served_model_id(config), cache=response_cache, on_call=on_call)
+        yield client_for(
+            config,
+            backend,
+            model_id=served_model_id(config),
+            cache=response_cache,
+            on_call=on_call,
+            context_tokens=context,
+        )
 
 
 def client_for(
@@ -104,14 +115,23 @@ def client_for(
     model_id: str,
     cache: ResponseCache | None = None,
     on_call: Callable[[CallRecord], None] | None = None,
+    context_tokens: int | None = None,
 ) -> LLMClient:
-    """An `LLMClient` around any backend with the limits and sampling defaults of `config`."""
+    """An `LLMClient` around any backend with the limits, thinking switch and sampling defaults of `config`.
+
+    `context_tokens` is the context the server really has (the managed server may serve less than
+    llm.max_model_len, see `VLLMServer.max_model_len`); default llm.max_model_len.
+    """
     return LLMClient(
         backend,
         model_id=model_id,
         cache=cache,
         on_call=on_call,
         default_sampling=Sampling(temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens),
+        context_tokens=config.max_model_len if context_tokens is None else context_tokens,
+        thinking=config.thinking == "on",
+        reasoning_budget=config.reasoning_budget,
+        max_budget_growths=config.max_budget_growths,
         max_concurrency=config.max_concurrency,
         request_timeout_s=config.request_timeout_s,
         max_retries=config.max_retries,

@@ -48,6 +48,7 @@ class OpenAIChatModel:
         self.http_client_factory = http_client_factory
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sdk: openai.AsyncOpenAI | None = None
+        self._can_tokenize = True  # until the server says it has no /tokenize
 
     async def chat(self, request: ChatRequest) -> Reply:
         """Send one request.
@@ -68,6 +69,27 @@ class OpenAIChatModel:
         if not completion.choices:
             raise TransientLLMError(f"the server at {self.base_url} returned no choices")
         return reply_from_completion(completion)
+
+    async def count_prompt_tokens(self, request: ChatRequest) -> int | None:
+        """The prompt's size in tokens, rendered by the server's chat template: vLLM's `POST /tokenize` (at the
+        server root, next to `/v1`) with the request's messages, tools and chat template kwargs.
+
+        Returns None when the server cannot tell: it has no such endpoint (then it is not asked again), or the
+        request failed in any other way (the chat request that follows reports real failures).
+        """
+        if not self._can_tokenize:
+            return None
+        try:
+            url = f"{server_root(self.base_url)}/tokenize"
+            answer = await self._client().post(url, body=tokenize_body(request, self.model), cast_to=object)
+        except openai.APIStatusError as error:
+            if error.status_code in (404, 405, 501):
+                self._can_tokenize = False
+            return None
+        except openai.APIError:
+            return None
+        count = answer.get("count") if isinstance(answer, dict) else None
+        return count if isinstance(count, int) and count >= 0 else None
 
     async def aclose(self) -> None:
         """Close the connection pool of the current event loop (optional; it is also dropped with the
@@ -91,12 +113,25 @@ class OpenAIChatModel:
         return self._sdk
 
 
+def server_root(base_url: str) -> str:
+    """The server's root URL for vLLM's endpoints outside the OpenAI API (`/tokenize`, `/version`)."""
+    root = base_url.rstrip("/")
+    return root.removesuffix("/v1")
+
+
+def tokenize_body(request: ChatRequest, model: str) -> dict[str, Any]:
+    """vLLM's `/tokenize` request for the prompt `request` makes (its `TokenizeChatRequest`)."""
+    body: dict[str, Any] = {"model": model, "messages": request.wire_messages(), "add_generation_prompt": True}
+    if request.tools:
+        body["tools"] = list(request.tools)
+    if "chat_template_kwargs" in request.extra:
+        body["chat_template_kwargs"] = request.extra["chat_template_kwargs"]
+    return body
+
+
 def request_body(request: ChatRequest, model: str) -> dict[str, Any]:
     """The keyword arguments of `chat.completions.create` for `request`."""
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [message.model_dump(mode="json", exclude_none=True) for message in request.messages],
-    }
+    body: dict[str, Any] = {"model": model, "messages": request.wire_messages()}
     body.update(request.sampling.model_dump(exclude_none=True))
     if request.tools:
         body["tools"] = list(request.tools)

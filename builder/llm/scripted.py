@@ -26,16 +26,27 @@ Script = Callable[[ChatRequest], "Reply | str | BaseException"]
 class ScriptedModel:
     """A `ChatModel` whose reply to each request is `script(request)`.
 
+    `prompt_tokens(request)`, when given, is what the model answers to `count_prompt_tokens` (the server's
+    tokenizer); without it the client estimates prompt sizes itself.
+
     Attributes:
         requests: Every request received, in order, for assertions.
+        counted: Every request whose prompt was counted, in order.
     """
 
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, *, prompt_tokens: Callable[[ChatRequest], int | None] | None = None) -> None:
         self.script = script
+        self.prompt_tokens = prompt_tokens
         self.requests: list[ChatRequest] = []
+        self.counted: list[ChatRequest] = []
 
     @classmethod
-    def sequence(cls, replies: Iterable[Reply | str | BaseException]) -> ScriptedModel:
+    def sequence(
+        cls,
+        replies: Iterable[Reply | str | BaseException],
+        *,
+        prompt_tokens: Callable[[ChatRequest], int | None] | None = None,
+    ) -> ScriptedModel:
         """A model that gives `replies` in order, one per request; running out is an `AssertionError`."""
         queue = list(replies)
 
@@ -44,7 +55,13 @@ class ScriptedModel:
                 raise AssertionError(f"scripted model ran out of replies at request {request.messages[-1]!r}")
             return queue.pop(0)
 
-        return cls(next_reply)
+        return cls(next_reply, prompt_tokens=prompt_tokens)
+
+    async def count_prompt_tokens(self, request: ChatRequest) -> int | None:
+        if self.prompt_tokens is None:
+            return None
+        self.counted.append(request)
+        return self.prompt_tokens(request)
 
     async def chat(self, request: ChatRequest) -> Reply:
         self.requests.append(request)

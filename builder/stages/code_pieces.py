@@ -96,7 +96,7 @@ def _parse(code: str, truncated: bool) -> ast.Module | PieceError:
     except (RecursionError, MemoryError):  # absurdly deep nesting: the parser gives up before any syntax error
         return PieceError("syntax", "the code is nested too deeply to parse; write simpler code")
     except SyntaxError as error:
-        cut = " The reply was cut off at the token limit; write shorter code." if truncated else ""
+        cut = " The reply used up its whole token budget and stops unfinished." if truncated else ""
         lines = code.splitlines()
         text = lines[error.lineno - 1] if error.lineno and 0 < error.lineno <= len(lines) else ""
         return PieceError("syntax", f"the code does not parse: {error.msg}.{cut}", error.lineno or 0, text)

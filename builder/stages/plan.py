@@ -35,10 +35,7 @@ D = TypeVar("D", bound=BaseModel)
 async def plan(topic: Topic, ctx: StageContext) -> list[Record]:
     """One valid EnvPlan for `topic`, or a rejection (plan_malformed, plan_invalid, llm_request)."""
     config = ctx.config.plan
-    # llm.max_tokens caps every synthesis call; the stage's own budget may only be smaller.
-    sampling = Sampling(
-        temperature=ctx.config.llm.temperature, max_tokens=min(config.max_tokens, ctx.config.llm.max_tokens)
-    )
+    sampling = Sampling(temperature=ctx.config.llm.temperature, max_tokens=config.max_tokens)
     state = await _repaired(
         ctx,
         topic,

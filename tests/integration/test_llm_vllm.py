@@ -125,6 +125,22 @@ async def test_cache_hit_on_rerun(vllm_server: VLLMServer, tmp_path: Path) -> No
     assert records[1].completion_tokens == records[0].completion_tokens
 
 
+async def test_tokenize_counts_the_prompt_the_server_sees(vllm_server: VLLMServer) -> None:
+    # The builtin model is served with its own 8192-token context, not the built-in default of 32768.
+    assert vllm_server.max_model_len == 8192
+    backend = OpenAIChatModel(vllm_server.url, CONFIG.served_model_name, timeout_s=CONFIG.request_timeout_s)
+    request = ChatRequest(
+        messages=ask("What is the weather in Paris in celsius?"),
+        tools=(WEATHER,),
+        sampling=Sampling(temperature=0.0, max_tokens=8),
+        extra={"chat_template_kwargs": {"enable_thinking": False}},  # a template without the switch ignores it
+    )
+    count = await backend.count_prompt_tokens(request)
+    reply = await backend.chat(request)
+    await backend.aclose()
+    assert count is not None and count == reply.usage.prompt_tokens
+
+
 def test_open_llm_with_external_url(vllm_server: VLLMServer, tmp_path: Path) -> None:
     config = CONFIG.model_copy(update={"url": vllm_server.url})
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validat
 from builder import __version__
 from builder.sandbox.world import DEFAULT_NOW, derive_seed, parse_now
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: ChatMessage.reasoning_content, Scenario.now
 
 # Free-form JSON data; stored as a JSON string column. (A marker, so the table layer can tell it from structs.)
 JSON = Annotated[Any, "json"]

@@ -25,6 +25,11 @@ class Plan(BaseModel):
     operations: list[str]
 
 
+def vllm(*args: Any, **kwargs: Any) -> StubServer:
+    """A stub that says it is vLLM (GET /version), so the client also uses its /tokenize."""
+    return StubServer(*args, version="0.32.0", **kwargs)
+
+
 def gpu_config(url: str, *overrides: str) -> BuildConfig:
     return load_config(None, [f"llm.url={url}", "llm.cache=false", *overrides], profile="gpu")
 
@@ -40,7 +45,7 @@ def plan_request(config: BuildConfig, text: str = "Plan a library lending desk."
 
 
 def test_gpu_profile_sends_thinking_off_and_measures_the_prompt(tmp_path: Path) -> None:
-    with StubServer(lambda body: (200, completion("ok")), tokenize=lambda body: (200, tokenized(812))) as stub:
+    with vllm(lambda body: (200, completion("ok")), tokenize=lambda body: (200, tokenized(812))) as stub:
         config = gpu_config(stub.url)
         ask(config, tmp_path, plan_request(config))
     body = stub.requests[0]
@@ -53,7 +58,7 @@ def test_gpu_profile_sends_thinking_off_and_measures_the_prompt(tmp_path: Path) 
 
 
 def test_thinking_on_is_sent_and_grows_the_budget_by_the_reasoning_budget(tmp_path: Path) -> None:
-    with StubServer(lambda body: (200, completion("ok")), tokenize=lambda body: (200, tokenized(812))) as stub:
+    with vllm(lambda body: (200, completion("ok")), tokenize=lambda body: (200, tokenized(812))) as stub:
         config = gpu_config(stub.url, "llm.thinking=on", "llm.reasoning_budget=3000")
         ask(config, tmp_path, plan_request(config))
     body = stub.requests[0]
@@ -65,7 +70,7 @@ def test_a_long_prompt_gets_a_budget_that_fits_the_context(tmp_path: Path) -> No
     long_state = "\n".join(
         f"loan L-{i}: member M-{i % 97} holds isbn 978-{i:07d}, due 2025-06-{i % 28 + 1:02d}" for i in range(2500)
     )
-    with StubServer(lambda body: (200, completion("ok")), tokenize=lambda body: (200, tokenized(30500))) as stub:
+    with vllm(lambda body: (200, completion("ok")), tokenize=lambda body: (200, tokenized(30500))) as stub:
         config = gpu_config(stub.url, "llm.thinking=on")
         ask(config, tmp_path, plan_request(config, long_state))
     body = stub.requests[0]
@@ -74,7 +79,7 @@ def test_a_long_prompt_gets_a_budget_that_fits_the_context(tmp_path: Path) -> No
 
 
 def test_a_prompt_too_long_for_the_context_never_reaches_the_server(tmp_path: Path) -> None:
-    with StubServer(lambda body: (200, completion("ok")), tokenize=lambda body: (200, tokenized(32700))) as stub:
+    with vllm(lambda body: (200, completion("ok")), tokenize=lambda body: (200, tokenized(32700))) as stub:
         config = gpu_config(stub.url)
         with pytest.raises(PromptTooLongError) as caught:
             ask(config, tmp_path, plan_request(config))
@@ -90,7 +95,7 @@ def test_a_reply_cut_at_the_budget_is_answered_in_full_with_the_larger_one(tmp_p
             return 200, completion(full[:40], finish_reason="length", completion_tokens=body["max_tokens"])
         return 200, completion(full, completion_tokens=900)
 
-    with StubServer(respond, tokenize=lambda body: (200, tokenized(2000))) as stub:
+    with vllm(respond, tokenize=lambda body: (200, tokenized(2000))) as stub:
         config = gpu_config(stub.url)
         with open_llm(config.llm, tmp_path) as client:
             plan = asyncio.run(
@@ -107,7 +112,7 @@ def test_think_blocks_in_content_without_a_reasoning_parser(tmp_path: Path) -> N
     text = (
         '<think>\nFour operations cover lending.\n</think>\n\n{"name": "library_loans", "operations": ["borrow_book"]}'
     )
-    with StubServer(lambda body: (200, completion(text)), tokenize=lambda body: (200, tokenized(300))) as stub:
+    with vllm(lambda body: (200, completion(text)), tokenize=lambda body: (200, tokenized(300))) as stub:
         config = gpu_config(stub.url, "llm.reasoning_parser=none")
         with open_llm(config.llm, tmp_path) as client:
             plan = asyncio.run(client.structured([ChatMessage(role="user", content="Plan it.")], Plan))
@@ -120,14 +125,14 @@ def test_reasoning_is_never_sent_back(tmp_path: Path) -> None:
         ChatMessage(role="assistant", content="Done.", reasoning_content="The member exists, so borrow."),
         ChatMessage(role="user", content="Thanks, and renew it."),
     )
-    with StubServer(lambda body: (200, completion("ok")), tokenize=lambda body: (200, tokenized(50))) as stub:
+    with vllm(lambda body: (200, completion("ok")), tokenize=lambda body: (200, tokenized(50))) as stub:
         ask(gpu_config(stub.url), tmp_path, ChatRequest(messages=history))
     for sent in (stub.requests[0]["messages"], stub.tokenized[0]["messages"]):
         assert sent[1] == {"role": "assistant", "content": "Done."}
 
 
 def test_a_server_without_tokenize_is_asked_once_then_estimated(tmp_path: Path) -> None:
-    with StubServer(lambda body: (200, completion("ok"))) as stub:  # /tokenize answers 404
+    with vllm(lambda body: (200, completion("ok"))) as stub:  # /tokenize answers 404
         config = gpu_config(stub.url)
         with open_llm(config.llm, tmp_path) as client:
             for index in range(3):
@@ -172,3 +177,12 @@ async def test_count_prompt_tokens_gives_none_on_a_bad_answer() -> None:
     assert len(stub.tokenized) == 2  # a 400 is this request's problem: the endpoint is asked again next time
     with StubServer(lambda body: (200, completion("ok")), tokenize=lambda body: (200, {"tokens": []})) as stub:
         assert await OpenAIChatModel(stub.url, "local").count_prompt_tokens(request) is None
+
+
+def test_a_server_that_is_not_vllm_is_never_asked_to_tokenize(tmp_path: Path) -> None:
+    # Like an OpenAI-compatible proxy that answers every GET with 200 and queues every POST as a chat request.
+    with StubServer(lambda body: (200, completion("ok")), tokenize=lambda body: (200, tokenized(5))) as stub:
+        config = gpu_config(stub.url)
+        ask(config, tmp_path, plan_request(config))
+    assert stub.tokenized == [] and len(stub.requests) == 1
+    assert stub.requests[0]["max_tokens"] == 4096  # the estimate leaves the whole budget for a short prompt

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from builder.errors import StoreError
-from builder.records import Environment, Provenance, Scenario
+from builder.records import SCHEMA_VERSION, Environment, Provenance, Scenario
 from builder.store import Store
 
 
@@ -61,7 +61,7 @@ def test_upsert_inserts_replaces_and_queries(tmp_path, provenance):
     store.upsert("scenarios", [scenario(provenance, a.id, "t1"), scenario(provenance, b.id, "t2")])
     assert [s.task for s in store.scenarios(env_id=b.id)] == ["t2"]
     manifest = store.manifest()
-    assert manifest["schema_version"] == 1
+    assert manifest["schema_version"] == SCHEMA_VERSION
     assert manifest["tables"]["environments"]["rows"] == 2
     assert manifest["tables"]["scenarios"]["rows"] == 2
 

@@ -82,7 +82,8 @@ def open_llm(
     the file never share replies). The server is stopped when the block ends, whether by return, error or
     Ctrl-C.
 
-    With `config.url`, a vLLM outside the supported range (its `/version`) is warned about.
+    With `config.url`, a vLLM outside the supported range (its `/version`) is warned about; a server that does
+    not report a vLLM version is only used through the OpenAI API (prompts are then measured by estimate).
 
     Raises:
         ServerError: the managed server cannot start (see `VLLMServer.start`).
@@ -91,13 +92,13 @@ def open_llm(
     use_cache = config.cache if cache is None else cache
     with ExitStack() as stack:
         if config.url:
-            check_external_server(config.url)
+            is_vllm = check_external_server(config.url) is not None
             url, context = config.url, config.max_model_len
         else:
             server = stack.enter_context(VLLMServer(config, run_dir / server_log))
-            url, context = server.url, server.max_model_len
+            is_vllm, url, context = True, server.url, server.max_model_len
         response_cache = stack.enter_context(ResponseCache(run_dir / CACHE_FILE)) if use_cache else None
-        backend = OpenAIChatModel(url, config.served_model_name, timeout_s=config.request_timeout_s)
+        backend = OpenAIChatModel(url, config.served_model_name, timeout_s=config.request_timeout_s, tokenize=is_vllm)
         yield client_for(
             config,
             backend,

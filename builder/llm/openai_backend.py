@@ -40,6 +40,7 @@ class OpenAIChatModel:
         api_key: str = "local",
         timeout_s: float = 300.0,
         http_client_factory: Callable[[], httpx.AsyncClient] | None = None,
+        tokenize: bool = True,
     ) -> None:
         self.base_url = base_url
         self.model = model
@@ -48,7 +49,9 @@ class OpenAIChatModel:
         self.http_client_factory = http_client_factory
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sdk: openai.AsyncOpenAI | None = None
-        self._can_tokenize = True  # until the server says it has no /tokenize
+        # vLLM's /tokenize is outside the OpenAI API: another server may answer a POST there with anything (one
+        # that queues every POST as a chat request would wait for a reply), so it is only asked when known.
+        self._can_tokenize = tokenize  # and until the server says it has no /tokenize
 
     async def chat(self, request: ChatRequest) -> Reply:
         """Send one request.

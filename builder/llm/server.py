@@ -103,16 +103,20 @@ def installed_vllm_version() -> str | None:
     return None
 
 
-def check_external_server(url: str) -> None:
-    """Warn if the server at `url` answers `/version` with a vLLM outside VLLM_RANGE. Silent when it does not
-    answer: it may not be vLLM at all, and the requests themselves will tell."""
+def check_external_server(url: str) -> str | None:
+    """The vLLM version the server at `url` reports on `/version`, or None when it reports none (it may not be
+    vLLM at all: then only the OpenAI API is used, and the requests themselves will tell). A vLLM outside
+    VLLM_RANGE is warned about."""
     try:
         answer = httpx.get(f"{server_root(url)}/version", timeout=5.0)
         version = answer.json().get("version") if answer.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
-        return
-    if isinstance(version, str) and (problem := vllm_version_problem(version)):
+        return None
+    if not isinstance(version, str) or not re.match(r"\d+\.\d+", version):
+        return None
+    if problem := vllm_version_problem(version):
         logger.warning("the server at %s: %s; requests may fail or behave differently", url, problem)
+    return version
 
 
 def context_limit(model: str) -> int | None:

@@ -143,9 +143,13 @@ async def test_good_environment_is_accepted_with_evidence_and_stored(tmp_path, s
 
 def test_schedule_covers_every_tool_positive_then_negative():
     tools = ("a", "b", "c")
-    assert [schedule(tools, p) for p in range(7)] == [
+    assert [schedule(tools, p, {"a", "b", "c"}) for p in range(7)] == [
         ("a", "positive"), ("b", "positive"), ("c", "positive"),
         ("a", "negative"), ("b", "negative"), ("c", "negative"), ("a", "positive"),
+    ]  # fmt: skip
+    # b admits no wrong value: its negative slot becomes a positive case.
+    assert [schedule(tools, p, {"a", "c"}) for p in range(3, 6)] == [
+        ("a", "negative"), ("b", "positive"), ("c", "negative"),
     ]  # fmt: skip
 
 

@@ -1,20 +1,25 @@
 """evaluate: accept or reject each candidate environment, first by deterministic gates, then by the dual-agent check.
 
 1. Gates (`builder env check`): lint, load, every tool called with schema-valid arguments, twice in fresh
-   workers (determinism), JSON state, no crash or hang; plus the stored tool schemas must be the code's.
+   workers (determinism), JSON state, no crash or hang; plus the stored tool schemas must be the code's. A tool
+   that fails its probe is repaired through the code stage, at most `evaluate.fuzz_repairs` times
+   (`_evaluate_gates`); a repaired environment is a new record (new code, new id, `synthesis.repairs`).
 2. Test states: `evaluate.test_states` initial states as structured output, each validated against the state
-   schema and loaded in a sandbox session (failures fed back, bounded).
+   schema, its references checked (an empty value is no reference) and loaded in a sandbox session (failures
+   fed back, bounded).
 3. Dual-agent check: for each test state its own session; the harness schedules which tool to test and whether
-   with a positive or a negative case (every tool positive first, then negative, and so on), the tester agent
-   picks the arguments through a forced tool call, the call runs in the session, and the checker agent rules
-   pass / warning / fail from the method source, the arguments, the result and the state before, after and
-   diffed. Calls that crash, hang or return non-JSON are failures without asking the checker. Unknown tools and
-   arguments off the schema are the tester's error: not counted, bounded by `max_invalid_replies` per state.
+   with a positive or a negative case (every tool positive first, then negative, and so on; a tool no argument
+   of which can be wrong gets positive cases only), the tester agent picks the arguments through a forced tool
+   call, the call runs in the session, and the checker agent rules pass / warning / fail from the rules, the
+   method source, the arguments, the result and the state before, after and diffed. Calls that crash, hang or
+   return non-JSON are failures without asking the checker. Unknown tools and arguments off the schema are the
+   tester's error: not counted, bounded by `max_invalid_replies` per state. States in prompts are whole records
+   (`state_text`); a prompt too long for the model's context is retried with fewer records.
 4. Score = (pass + warning) / judged calls over `evaluate.calls` calls; accepted at `keep_score` or above and
    upserted into the store; the per-call verdicts are the evidence (`Environment.evaluation`).
 
 Rejection reasons: gates_failed, no_valid_test_state, tester_invalid, checker_invalid, low_score, llm_request,
-session_failed.
+prompt_too_long, session_failed.
 """
 
 from __future__ import annotations
@@ -29,9 +34,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from builder import __version__
-from builder.envs.lint import Problem
-from builder.envs.probe import probe_environment
-from builder.envs.schema import EnvInterface, inspect_source
+from builder.envs.schema import EnvInterface
 from builder.envs.session import Session, SessionError, ToolResult, diff_states
 from builder.envs.state_schema import generated_state_schema
 from builder.llm import LLMRequestError, PromptTooLongError
@@ -39,6 +42,7 @@ from builder.prompts import prompt_version
 from builder.records import Environment, Record
 from builder.runner import Rejected, StageContext
 from builder.stages._evaluate_agents import Agents, CaseType, CheckerVerdict, InvalidReply
+from builder.stages._evaluate_gates import passing_gates
 from builder.stages._evaluate_source import (
     admits_wrong_value,
     attributes_used,
@@ -86,11 +90,7 @@ class StateRun:
 
 async def evaluate(env: Environment, ctx: StageContext) -> list[Record]:
     """The environment accepted (with scores and evidence, upserted into the store) or a rejection."""
-    problems, interface, default_state = await asyncio.to_thread(run_gates, ctx.sandbox, env)
-    if problems:
-        codes = ", ".join(sorted({p.code for p in problems}))
-        raise Rejected(ctx.reject(env, "gates_failed", f"{codes}: " + "; ".join(map(str, problems))[:2000]))
-    assert interface is not None
+    env, interface, default_state = await passing_gates(env, ctx)
     agents = Agents(ctx.llm, ctx.config.evaluate, retries=ctx.config.llm.structured_retries, seed=ctx.config.run.seed)
     try:
         states, failures = await make_test_states(env, interface, default_state, ctx, agents)
@@ -128,34 +128,6 @@ async def evaluate(env: Environment, ctx: StageContext) -> list[Record]:
     store = Store(ctx.config.store.path, ctx.config.store.lock_timeout_s)
     await asyncio.to_thread(store.upsert, "environments", [accepted])
     return [accepted]
-
-
-# ------------------------------------------------------------------------------------------------- gates
-
-
-def run_gates(sandbox: Any, env: Environment) -> tuple[list[Problem], EnvInterface | None, dict[str, Any]]:
-    """Problems of the deterministic gates (empty: passed), the code's interface and its default state."""
-    problems, _ = probe_environment(sandbox, env.code)
-    if problems:
-        return problems, None, {}
-    interface = inspect_source(env.code)
-    stored = json.loads(env.tools) if isinstance(env.tools, str) else env.tools
-    if _signatures(stored) != _signatures(interface.tools):
-        message = "the record's tool schemas are not the ones its code yields; derive them with inspect_source"
-        return [Problem(code="tools_mismatch", line=0, message=message)], None, {}
-    with Session(sandbox, env.code, interface=interface) as session:
-        return [], interface, session.snapshot()
-
-
-def _signatures(tools: Any) -> list[tuple[str, tuple[str, ...]]]:
-    """Tool names with their parameter names: what must agree (descriptions and strict flags may differ)."""
-    try:
-        return [
-            (t["function"]["name"], tuple(sorted(t["function"]["parameters"].get("properties", {}))))
-            for t in tools or []
-        ]
-    except (KeyError, TypeError, AttributeError):
-        return []
 
 
 # ------------------------------------------------------------------------------------------- test states

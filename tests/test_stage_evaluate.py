@@ -7,6 +7,8 @@ import polars as pl
 import pytest
 
 from builder.config import SandboxConfig, load_config
+from builder.envs.lint import Problem
+from builder.envs.probe import ToolProblem
 from builder.envs.schema import inspect_source
 from builder.envs.state_schema import generated_state_schema
 from builder.llm import ChatRequest, LLMRequestError, ScriptedModel, tool_reply
@@ -14,6 +16,7 @@ from builder.llm.connect import client_for
 from builder.records import Environment, EnvPlan, Rejection, Topic
 from builder.runner import BatchStage, ItemStage, Rejected, StageContext, run_stages
 from builder.sandbox.runtime import Sandbox
+from builder.stages._evaluate_gates import piece_errors
 from builder.stages._evaluate_source import (
     attributes_used,
     class_header,
@@ -26,6 +29,7 @@ from builder.stages.evaluate import evaluate, schedule
 from builder.stages.plan import plan
 from builder.stats import StageStats
 from builder.store import Store
+from builder.tables import from_frame
 
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"
 FAST = SandboxConfig(call_timeout_s=1.0, kill_grace_s=0.5, memory_mb=256)
@@ -441,3 +445,120 @@ async def test_topic_to_accepted_environment_through_plan_code_and_evaluate(tmp_
     assert stored.class_name == "LibraryLoansEnv" and stored.scores == {"dual_agent": 1.0, "tool_coverage": 1.0}
     assert stored.evaluation["test_states"][0]["state"] == LIBRARY_STATE  # follows the code stage's state schema
     assert stored.synthesis  # the code stage's evidence survives evaluation
+
+
+# ------------------------------------------------------------------------------- repairs through the code stage
+
+REPAIR = SYNTHESIS / "repair"
+
+
+def library_chain(tmp_path, sandbox, borrow_repairs, *overrides):
+    """topic -> plan -> code -> evaluate on the library fixtures, with a capable-shaped borrow_book that raises
+    on the probe's input; `borrow_repairs(n)` answers the n-th repair request of borrow_book."""
+    code_pieces = {path.stem: path.read_text() for path in (SYNTHESIS / "library_code").glob("*.txt")}
+    code_pieces["borrow_book"] = (REPAIR / "borrow_book_fails.txt").read_text()
+    args = {**LIBRARY_ARGS, "borrow_book": {"member_id": "m1", "book_id": "b1", "due": "2099-07-01"}}
+    repairs = []
+
+    def answer(request: ChatRequest):
+        role = kind(request)
+        if role == "StateDraft":
+            return (SYNTHESIS / "library_state.json").read_text()
+        if role == "OperationsDraft":
+            return (SYNTHESIS / "library_operations.json").read_text()
+        if role == "TestState":
+            return json.dumps({"purpose": "one member with an open loan", "state": LIBRARY_STATE})
+        if role == "tester":
+            return tool_reply((request.tool_choice, args[request.tool_choice]))
+        if role == "CheckerVerdict":
+            return json.dumps(PASS)
+        text = request.messages[1].content
+        piece = next((n for n in LIBRARY_ARGS if f"Write the method {n}," in text), "__init__")
+        if piece == "borrow_book" and len(request.messages) > 2:
+            repairs.append(request)
+            return borrow_repairs(len(repairs))
+        return code_pieces[piece]
+
+    topic = Topic(
+        provenance={"config_hash": "h"}, name="library_loans", description="A lending desk.", domain="library"
+    )
+
+    async def topics(_inputs, _ctx):
+        return [topic]
+
+    stages = (
+        BatchStage("topics", topics, input=None, output=Topic),
+        ItemStage("plan", plan, input=Topic, output=EnvPlan),
+        ItemStage("code", code, input=EnvPlan, output=Environment),
+        ItemStage("evaluate", evaluate, input=Environment, output=Environment),
+    )
+    config = load_config(None, [f"store.path={tmp_path / 'store'}", "evaluate.calls=8", *overrides])
+    model = ScriptedModel(answer)
+    llm = client_for(config.llm, model, model_id="m")
+    run = run_stages(stages, config, tmp_path / "run", llm=lambda _stats: llm, sandbox=lambda: sandbox)
+    return run, model, repairs
+
+
+async def test_a_tool_that_fails_the_probe_is_repaired_through_code_and_accepted(tmp_path, sandbox):
+    fixed = (REPAIR / "borrow_book_fixed.txt").read_text()
+    run, model, repairs = library_chain(tmp_path, sandbox, lambda n: fixed)
+    stats = await run
+    assert (stats["code"].kept, stats["evaluate"].kept) == (1, 1), stats["evaluate"].dropped
+    (written,) = from_frame(Environment, pl.read_parquet(tmp_path / "run" / "code.parquet").drop("input_id"))
+    (stored,) = Store(tmp_path / "store").environments("accepted")
+    # The repaired environment is a new record: new code, new id, the repair in its synthesis evidence.
+    assert stored.id != written.id and stored.plan_id == written.plan_id and stored.tools == written.tools
+    assert "datetime.date.fromisoformat(due.strip())\n    now" in written.code.replace("        ", "    ")
+    assert 'got {due!r}"}' in stored.code and "uuid.uuid4()" in stored.code and "datetime.now()" in stored.code
+    (repair,) = stored.synthesis["repairs"]
+    assert (repair["round"], repair["from"], repair["to"], repair["requests"]) == (1, written.id, stored.id, 1)
+    (problem,) = repair["problems"]["borrow_book"]
+    assert problem.startswith("[tool_raised]") and "ValueError" in problem
+    assert stored.synthesis["requests"] == written.synthesis["requests"]  # the code stage's evidence survives
+    # The one repair request regenerates only borrow_book: its code and the failing call with the error fed back.
+    (request,) = repairs
+    assert "def borrow_book(self" in request.messages[2].content
+    feedback = request.messages[3].content
+    assert 'borrow_book({"member_id": "x", "book_id": "x", "due": "x"})' in feedback
+    assert "ValueError: Invalid isoformat string" in feedback and "must never raise" in feedback
+    assert stats["evaluate"].report["fuzz_repairs"] == {"rounds": 1, "repaired": 1}
+    # The plan's rules reach the tester and the checker (through the module docstring).
+    rule = "1. A member may have at most max_loans open loans."
+    assert all(rule in r.messages[1].content for r in model.requests if kind(r) in ("tester", "CheckerVerdict"))
+
+
+async def test_a_repair_that_keeps_failing_ends_as_the_old_rejection_after_the_bound(tmp_path, sandbox):
+    failing = (REPAIR / "borrow_book_fails.txt").read_text()
+    run, model, repairs = library_chain(tmp_path, sandbox, lambda n: failing)
+    stats = await run
+    assert (stats["evaluate"].kept, dict(stats["evaluate"].dropped)) == (0, {"gates_failed": 1})
+    (rejected,) = from_frame(
+        Rejection, pl.read_parquet(tmp_path / "run" / "evaluate.rejected.parquet").drop("input_id")
+    )
+    (written,) = from_frame(Environment, pl.read_parquet(tmp_path / "run" / "code.parquet").drop("input_id"))
+    assert rejected.subject_id == written.id
+    assert rejected.detail.startswith("tool_raised after 2 repair(s) through the code stage: ")
+    assert "borrow_book: ValueError" in rejected.detail
+    assert [r["round"] for r in json.loads(rejected.raw_output)] == [1, 2]
+    assert len(repairs) == 2 and repairs[0].sample_index != repairs[1].sample_index  # fresh samples, bounded
+    assert stats["evaluate"].report["fuzz_repairs"] == {"rounds": 2, "failed": 1}
+    assert not any(kind(r) in ("tester", "TestState") for r in model.requests)
+
+
+async def test_without_repairs_a_probe_failure_rejects_at_once(tmp_path, sandbox):
+    run, model, repairs = library_chain(tmp_path, sandbox, lambda n: "unused", "evaluate.fuzz_repairs=0")
+    stats = await run
+    assert dict(stats["evaluate"].dropped) == {"gates_failed": 1} and repairs == []
+    (rejected,) = from_frame(
+        Rejection, pl.read_parquet(tmp_path / "run" / "evaluate.rejected.parquet").drop("input_id")
+    )
+    assert rejected.detail.startswith("tool_raised: line 0: [tool_raised] borrow_book: ValueError")
+
+
+def test_only_problems_of_one_tool_become_errors_of_its_method():
+    raised = ToolProblem(code="tool_raised", line=0, message="pay: KeyError: 'x'", tool="pay", arguments={"to": "x"})
+    (error,) = piece_errors([raised])["pay"]
+    assert error.code == "tool_raised" and 'pay({"to": "x"})' in error.message and "KeyError: 'x'" in error.message
+    assert piece_errors([raised, Problem(code="load_failed", line=0, message="boom")]) is None
+    state_only = Problem(code="nondeterministic", line=0, message="the final state differed between two runs")
+    assert piece_errors([state_only]) is None

@@ -11,7 +11,7 @@ from builder.envs.lint import Problem
 from builder.envs.probe import ToolProblem
 from builder.envs.schema import inspect_source
 from builder.envs.state_schema import generated_state_schema
-from builder.llm import ChatRequest, LLMRequestError, ScriptedModel, tool_reply
+from builder.llm import ChatRequest, LLMRequestError, PromptTooLongError, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
 from builder.records import Environment, EnvPlan, Rejection, Topic
 from builder.runner import BatchStage, ItemStage, Rejected, StageContext, run_stages
@@ -23,7 +23,9 @@ from builder.stages._evaluate_source import (
     clip_json,
     method_source,
     state_output_type,
+    state_text,
 )
+from builder.stages._scenario_state import reference_problems
 from builder.stages.code import code
 from builder.stages.evaluate import evaluate, schedule
 from builder.stages.plan import plan
@@ -562,3 +564,201 @@ def test_only_problems_of_one_tool_become_errors_of_its_method():
     assert piece_errors([raised, Problem(code="load_failed", line=0, message="boom")]) is None
     state_only = Problem(code="nondeterministic", line=0, message="the final state differed between two runs")
     assert piece_errors([state_only]) is None
+
+
+# ------------------------------------------------------------------- references, negative cases, state in prompts
+
+LEDGER = '''"""Payments, some funded by transfers.
+
+Rules:
+1. A payment's transfer_id is empty when the payment came from no transfer.
+2. Audits never change the state.
+"""
+
+
+class LedgerEnv:
+    """Accounts, transfers and the payments they fund."""
+
+    def __init__(self):
+        self.accounts = {"a1": {"owner": "Ann Lee", "balance": 100}}
+        self.transfers = {"t1": {"account_id": "a1", "amount": 5}}
+        self.payments = {"p1": {"account_id": "a1", "transfer_id": "t1", "amount": 5}}
+
+    def get_payment(self, payment_id: str) -> dict:
+        """Look up a payment.
+
+        Args:
+            payment_id: The payment.
+
+        Returns:
+            The payment, or an error.
+        """
+        payment = self.payments.get(payment_id)
+        if payment is None:
+            return {"success": False, "error": "unknown payment"}
+        return {"success": True, "data": payment}
+
+    def audit(self, include_idle: bool = False) -> dict:
+        """Count the payments that came from no transfer.
+
+        Args:
+            include_idle: Also list the accounts without payments.
+
+        Returns:
+            The counts.
+        """
+        loose = sum(1 for payment in self.payments.values() if not payment.get("transfer_id"))
+        result = {"success": True, "without_transfer": loose}
+        if include_idle:
+            used = {payment["account_id"] for payment in self.payments.values()}
+            result["idle_accounts"] = sorted(set(self.accounts) - used)
+        return result
+'''
+LEDGER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "payments": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "properties": {
+                    "account_id": {"type": "string"},
+                    "transfer_id": {"type": ["string", "null"], "description": "empty if not from a transfer"},
+                    "amount": {"type": "integer"},
+                },
+                "required": ["account_id", "transfer_id", "amount"],
+            },
+        }
+    },
+}
+
+
+def ledger_state(payments: int = 3, **changes) -> dict:
+    records = {f"p{i}": {"account_id": "a1", "transfer_id": "t1", "amount": 10 + i} for i in range(1, payments + 1)}
+    records["p1"]["transfer_id"], records["p2"]["transfer_id"] = "", None  # "no reference", both ways
+    for key, value in changes.items():
+        records[key] = {**records[key], **value}
+    return {
+        "accounts": {"a1": {"owner": "Ann Lee", "balance": 100}, "a2": {"owner": "Bo Chen", "balance": 0}},
+        "transfers": {"t1": {"account_id": "a1", "amount": 5}},
+        "payments": records,
+    }
+
+
+def ledger_tester(request):
+    negative = "NEGATIVE case" in request.messages[1].content
+    if request.tool_choice == "get_payment":
+        return tool_reply(("get_payment", {"payment_id": "p404" if negative else "p1"}))
+    return tool_reply(("audit", {"include_idle": True}))
+
+
+def test_empty_and_null_references_are_no_references_but_a_dangling_id_is():
+    state = ledger_state()
+    assert reference_problems(state) == []
+    dangling = ledger_state(p3={"transfer_id": "t9"})
+    assert reference_problems(dangling) == ["payments['p3'].transfer_id = 't9' is not a known transfer"]
+    assert reference_problems(ledger_state(p3={"transfer_id": "  "})) == []
+
+
+async def test_test_states_with_empty_references_pass_and_dangling_ones_are_fed_back(tmp_path, sandbox):
+    def state(request):
+        if "cannot be used" in request.messages[-1].content:
+            return {"purpose": "fixed", "state": ledger_state()}
+        return {"purpose": "dangling", "state": ledger_state(p3={"transfer_id": "t9"})}
+
+    model = scripted(state=state, tester=ledger_tester)
+    ctx = context(tmp_path, model, sandbox, "evaluate.test_states=1", "evaluate.calls=4")
+    env = environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA)
+    (accepted,) = await evaluate(env, ctx)
+    assert accepted.evaluation["test_states"][0]["state"] == ledger_state()  # '' and None kept as they are
+    states = [r for r in model.requests if kind(r) == "TestState"]
+    assert len(states) == 2 and "payments['p3'].transfer_id = 't9' is not a known transfer" in (
+        states[1].messages[-1].content
+    )
+
+
+async def test_no_negative_case_for_a_tool_whose_only_parameter_is_an_optional_flag(tmp_path, sandbox):
+    model = scripted(state={"purpose": "ledger", "state": ledger_state()}, tester=ledger_tester)
+    ctx = context(tmp_path, model, sandbox, "evaluate.test_states=1", "evaluate.calls=6")
+    (accepted,) = await evaluate(environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA), ctx)
+    tools = accepted.evaluation["tools"]
+    assert (tools["audit"]["positive"], tools["audit"].get("negative", 0)) == (3, 0)
+    assert (tools["get_payment"]["positive"], tools["get_payment"]["negative"]) == (2, 1)
+    audits = [r for r in model.requests if kind(r) == "tester" and r.tool_choice == "audit"]
+    assert len(audits) == 3 and not any("NEGATIVE" in r.messages[1].content.split("Your task")[1] for r in audits)
+    # The environment's rules (its module docstring) reach both agents.
+    for request in model.requests:
+        if kind(request) in ("tester", "CheckerVerdict"):
+            assert "2. Audits never change the state." in request.messages[1].content
+
+
+def shown_state(text: str, heading: str) -> tuple[dict, list[str]]:
+    """The JSON state a prompt shows under `heading`, and the omission notes after it."""
+    block = text.split(heading, 1)[1].split("\n\n", 1)[0]
+    first, *notes = block.split("\n")
+    return json.loads(first), notes
+
+
+async def test_a_large_state_reaches_the_tester_cut_at_record_boundaries_with_a_note(tmp_path, sandbox):
+    big = ledger_state(payments=80)
+    model = scripted(state={"purpose": "busy", "state": big}, tester=ledger_tester)
+    overrides = ("evaluate.test_states=1", "evaluate.calls=2", "evaluate.max_state_chars=1500")
+    await evaluate(
+        environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA), context(tmp_path, model, sandbox, *overrides)
+    )
+    tester = next(r for r in model.requests if kind(r) == "tester")
+    shown, notes = shown_state(tester.messages[1].content, "Current state (JSON):\n")
+    assert shown["accounts"] == big["accounts"] and shown["transfers"] == big["transfers"]
+    assert 0 < len(shown["payments"]) < 80
+    assert all(big["payments"][key] == record for key, record in shown["payments"].items())  # whole records
+    hidden = 80 - len(shown["payments"])
+    (note,) = notes
+    assert note.startswith(f"… {hidden} more payments not shown: ids p{81 - hidden}, p{82 - hidden},")
+    assert len(json.dumps(shown, separators=(",", ":"))) + len(note) < 1500
+    checker = next(r for r in model.requests if kind(r) == "CheckerVerdict")
+    before, notes = shown_state(checker.messages[1].content, "State before (attributes the method uses):\n")
+    assert 0 < len(before["payments"]) < 80 and notes[0].startswith("… ")
+
+
+def test_state_text_drops_whole_records_of_the_largest_collection_first():
+    state = {
+        "log": [{"id": i, "text": "x" * 20} for i in range(6)],
+        "users": {"u1": {"name": "Ann"}, "u2": {"name": "Bo"}},
+        "today": "2024-05-01",
+    }
+    assert state_text(state, 10_000) == json.dumps(state, separators=(",", ":"))
+    text = state_text(state, 150)
+    shown, notes = shown_state("S:\n" + text, "S:\n")
+    assert shown["users"] == state["users"] and shown["today"] == "2024-05-01"
+    assert shown["log"] == state["log"][: len(shown["log"])] and notes[0].startswith("… ")
+    assert len(text) <= 150
+    tiny = state_text(state, 10)  # nothing fits: every record is left out, the rest is still valid JSON
+    shown, notes = shown_state("S:\n" + tiny, "S:\n")
+    assert shown == {"log": [], "users": {}, "today": "2024-05-01"} and len(notes) == 2
+    assert notes[1] == "… 2 more users not shown: ids u1, u2"
+
+
+async def test_prompts_too_long_for_the_context_shrink_the_state_and_are_counted(tmp_path, sandbox):
+    big = ledger_state(payments=80)
+
+    def tester(request):
+        if len(request.messages[1].content) > 2500:
+            return PromptTooLongError("too long", prompt_tokens=40000, context_tokens=32768, min_completion=256)
+        return ledger_tester(request)
+
+    model = scripted(state={"purpose": "busy", "state": big}, tester=tester)
+    overrides = ("evaluate.test_states=1", "evaluate.calls=2", "evaluate.max_state_chars=12000")
+    ctx = context(tmp_path, model, sandbox, *overrides)
+    (accepted,) = await evaluate(environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA), ctx)
+    assert accepted.evaluation["counts"]["judged"] == 2
+    # 12000 -> 6000 -> 3000 -> 1500 characters of state: three shrinks for the first call, as many for the second.
+    assert ctx.stats.report["prompt_shrunk"] == {"evaluate_tester": 6}
+
+    always = scripted(
+        state={"purpose": "busy", "state": big},
+        tester=PromptTooLongError("too long", prompt_tokens=40000, context_tokens=4096, min_completion=256),
+    )
+    ctx = context(tmp_path, always, sandbox, *overrides)
+    rejected = await rejection(environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA), ctx)
+    assert rejected.reason == "prompt_too_long"
+    assert sum(kind(r) == "tester" for r in always.requests) == 7  # 12000 halved down to 200 characters

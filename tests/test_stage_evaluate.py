@@ -547,6 +547,20 @@ async def test_a_repair_that_keeps_failing_ends_as_the_old_rejection_after_the_b
     assert not any(kind(r) in ("tester", "TestState") for r in model.requests)
 
 
+async def test_a_repair_the_code_stage_cannot_finish_ends_as_the_old_rejection(tmp_path, sandbox):
+    broken = "def borrow_book(self, member_id: str, book_id: str, due: str) -> dict:\n    return {'success':\n"
+    run, model, repairs = library_chain(tmp_path, sandbox, lambda n: broken, "code.repair_attempts=1")
+    stats = await run
+    assert dict(stats["evaluate"].dropped) == {"gates_failed": 1}
+    (rejected,) = from_frame(
+        Rejection, pl.read_parquet(tmp_path / "run" / "evaluate.rejected.parquet").drop("input_id")
+    )
+    assert rejected.detail.startswith("tool_raised after 1 repair(s) through the code stage: ")
+    (repair,) = json.loads(rejected.raw_output)
+    assert repair["requests"] == 2 and repair["failed"]["borrow_book"][0].startswith("[syntax]")
+    assert len(repairs) == 2  # the code stage's own bound (1 + code.repair_attempts), not a second loop's
+
+
 async def test_without_repairs_a_probe_failure_rejects_at_once(tmp_path, sandbox):
     run, model, repairs = library_chain(tmp_path, sandbox, lambda n: "unused", "evaluate.fuzz_repairs=0")
     stats = await run

@@ -24,7 +24,7 @@ from builder.records import Environment, EnvPlan
 from builder.runner import Rejected, StageContext
 from builder.stages.code import regenerate
 from builder.stages.code_assembly import split_module
-from builder.stages.code_pieces import PieceError
+from builder.stages.code_pieces import STATE, PieceError
 
 PLAN_STAGE = "plan"  # the run-folder stage whose records are the plans environments are coded from
 # What the model must change, by probe problem code; problems of other codes are no single method's to repair.
@@ -84,8 +84,8 @@ async def passing_gates(env: Environment, ctx: StageContext) -> tuple[Environmen
             break
         plan = plan or ctx.earlier_record(PLAN_STAGE, EnvPlan, env.plan_id)
         pieces = split_module(current.code, plan) if plan is not None else {}
-        if plan is None or not set(errors) <= set(pieces):
-            break  # not coded from a plan of this run (or not from this one): nothing to regenerate from
+        if plan is None or set(pieces) != {STATE, *(op.name for op in plan.operations)} or set(errors) - set(pieces):
+            break  # not coded from a plan of this run (or its methods are not the plan's): nothing to regenerate
         _count(ctx, "rounds")
         # Sample numbers past those the code stage used, so no cached reply comes back.
         first = (len(repairs) + 1) * (ctx.config.code.repair_attempts + 1)

@@ -143,11 +143,9 @@ async def make_test_states(
 
     async def loads(draft: Any) -> str | None:
         state = draft.state.model_dump()
-        dangling = reference_problems(state)
+        dangling = "; ".join(reference_problems(state))
         if dangling:
-            return "references that name no record (use an existing id, or an empty value for none): " + "; ".join(
-                dangling
-            )
+            return f"references that name no record (use an existing id, or an empty value for none): {dangling}"
         return await asyncio.to_thread(load_error, ctx.sandbox, env.code, interface, state)
 
     async def one(index: int) -> TestState | InvalidReply:

@@ -225,7 +225,18 @@ class EvaluateConfig(Section):
     )
     history_calls: int = Field(3, ge=0, description="Recent calls on the same state shown to the tester.")
     max_state_chars: int = Field(
-        3000, ge=200, description="States shown to the tester and checker are cut to this many JSON characters."
+        12000,
+        ge=200,
+        description="States shown to the test-state writer, tester and checker are cut to this many JSON "
+        "characters by dropping whole records (the largest collections' first), with a note naming what was left "
+        "out; halved while a prompt is too long for the model's context.",
+    )
+    fuzz_repairs: int = Field(
+        2,
+        ge=0,
+        description="Times a tool that fails the gates' probe (raises, hangs, crashes, non-JSON, nondeterministic) "
+        "goes back to the code stage: its method regenerated with the failing call and error fed back, the module "
+        "reassembled and gated again; 0 rejects at once (gates_failed).",
     )
     state_temperature: float = Field(0.5, ge=0, le=2, description="Sampling temperature of test-state generation.")
     state_max_tokens: int = Field(4096, ge=64, description="Completion budget of one test state.")

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 from tqdm import tqdm
@@ -37,6 +37,7 @@ from builder.tables import from_frame, from_row, schema, to_row, write_parquet_a
 logger = logging.getLogger(__name__)
 
 INPUT_ID = "input_id"  # bookkeeping column of run-folder tables: which input a row came from
+R = TypeVar("R", bound=Record)
 
 
 @dataclass
@@ -79,6 +80,18 @@ class StageContext:
             prompt_version=prompt_version,
             parent_ids=tuple(p if isinstance(p, str) else p.id for p in parents),
         )
+
+    def earlier_record(self, stage: str, record_type: type[R], record_id: str) -> R | None:
+        """The record `record_id` an earlier `stage` of this run kept (None: that stage kept no such record).
+
+        For a stage that needs an ancestor of its input, e.g. evaluate repairing code needs the plan it came from.
+        """
+        path = RunFolder(self.run_dir).table(stage)
+        if not path.exists():
+            return None
+        frame = pl.read_parquet(path).filter(pl.col("id") == record_id)
+        found = from_frame(record_type, frame.drop(INPUT_ID, strict=False))
+        return found[0] if found else None
 
     def reject(self, subject: Record | str, reason: str, detail: str = "", raw_output: str | None = None) -> Rejection:
         """A rejection of `subject` by this stage, with a stable reason code."""

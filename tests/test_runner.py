@@ -12,7 +12,8 @@ import pytest
 from builder.config import BuildConfig, load_config
 from builder.errors import RunError
 from builder.records import Topic
-from builder.runner import INPUT_ID, run_stages
+from builder.runner import INPUT_ID, StageContext, run_stages
+from builder.stats import StageStats
 from builder.tables import from_frame
 
 FIXTURE = Path(__file__).parent / "fixtures" / "toy_pipeline.py"
@@ -69,6 +70,17 @@ async def test_stages_write_kept_and_rejected_tables(tmp_path, monkeypatch):
     assert saved["stages"]["topics"]["wall_s"] > 0
     assert saved["stages"]["topics"]["tokens_per_kept"] == 300 / 15  # (10 + 5) tokens x 20 calls over 15 kept
     assert (run / "config.json").exists() and json.loads((run / "run.json").read_text())["config_hash"]
+
+
+async def test_a_stage_can_read_a_record_an_earlier_stage_kept(tmp_path, monkeypatch):
+    (tmp_path / "calls").mkdir()
+    monkeypatch.setattr(toy_pipeline, "CALLS", tmp_path / "calls")
+    await run_stages(toy_pipeline.STAGES, BuildConfig(), tmp_path / "run")
+    kept = from_frame(Topic, pl.read_parquet(tmp_path / "run" / "topics.parquet").drop(INPUT_ID))
+    ctx = StageContext(BuildConfig(), "h", tmp_path / "run", StageStats("later"))
+    assert ctx.earlier_record("topics", Topic, kept[3].id) == kept[3]
+    assert ctx.earlier_record("topics", Topic, "topic-0000000000000000") is None
+    assert ctx.earlier_record("plan", Topic, kept[3].id) is None  # a stage that never ran in this folder
 
 
 async def test_rerun_skips_everything_done(tmp_path, monkeypatch):

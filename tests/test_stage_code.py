@@ -1,3 +1,4 @@
+import ast
 import asyncio
 import json
 from pathlib import Path
@@ -13,8 +14,8 @@ from builder.llm.connect import client_for
 from builder.records import Environment, EnvPlan, Topic
 from builder.runner import BatchStage, ItemStage, Rejected, StageContext, run_stages
 from builder.sandbox.runtime import Sandbox
-from builder.stages.code import code
-from builder.stages.code_assembly import missing_imports, schema_problems, state_schema
+from builder.stages.code import code, regenerate
+from builder.stages.code_assembly import assemble, missing_imports, schema_problems, split_module, state_schema
 from builder.stages.code_pieces import Piece, PieceError, extract_code, method_piece, signature, state_piece
 from builder.stages.plan import plan
 from builder.stages.plan_rules import (
@@ -402,3 +403,38 @@ async def test_pieces_are_requested_concurrently(tmp_path):
     ctx = StageContext(config, "hash", tmp_path, StageStats("code"), llm=llm)
     (env,) = await code(the_plan, ctx)
     assert lint(env.code) == []
+
+
+# ------------------------------------------------------------------------------- splitting and regeneration
+
+
+async def test_the_module_docstring_carries_the_rules_and_splitting_gives_the_pieces_back(tmp_path):
+    the_plan = library_plan()
+    (env,) = await code(the_plan, context(tmp_path, scripted()))
+    docstring = ast.get_docstring(ast.parse(env.code))
+    assert docstring.startswith(the_plan.description) and "\n\nRules:\n1. A member may have at most" in docstring
+    assert docstring.endswith(f"{len(the_plan.rules)}. {the_plan.rules[-1]}")
+    pieces = split_module(env.code, the_plan)
+    assert list(pieces) == ["__init__", *OPERATION_NAMES]
+    assert pieces["__init__"].body.startswith("class LibraryLoansEnv:") and "def _open_loans" in pieces["__init__"].body
+    assert pieces["borrow_book"].body.startswith("def borrow_book(self, member_id: str")
+    methods = [pieces[name] for name in OPERATION_NAMES]
+    assert assemble(the_plan, pieces["__init__"], methods).source == env.code  # the inverse of assemble
+
+
+async def test_regenerate_rewrites_only_the_failing_piece_with_its_error_fed_back(tmp_path):
+    the_plan = library_plan()
+    (env,) = await code(the_plan, context(tmp_path, scripted()))
+    fixed = CODE["return_book"].replace('"""Take a lent book back.', '"""Take a lent book back (fixed).', 1)
+    assert fixed != CODE["return_book"]
+    model = scripted({"return_book": [fixed]})
+    errors = {"return_book": [PieceError("tool_raised", "return_book({'loan_id': 'x'}) raised KeyError: 'x'")]}
+    made = await regenerate(
+        context(tmp_path, model), env, the_plan, split_module(env.code, the_plan), errors, first_attempt=4
+    )
+    assert made.assembly is not None and made.requests == 1 and made.errors == {}
+    (request,) = model.requests
+    assert request.sample_index == 4 and request.messages[2].content.startswith("def return_book(self")
+    assert "[tool_raised]" in request.messages[3].content and "KeyError" in request.messages[3].content
+    assert "(fixed)" in made.assembly.source and made.assembly.source.replace(" (fixed)", "") == env.code
+    assert "(fixed)" not in env.code

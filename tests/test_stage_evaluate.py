@@ -7,25 +7,31 @@ import polars as pl
 import pytest
 
 from builder.config import SandboxConfig, load_config
+from builder.envs.lint import Problem
+from builder.envs.probe import ToolProblem
 from builder.envs.schema import inspect_source
 from builder.envs.state_schema import generated_state_schema
-from builder.llm import ChatRequest, LLMRequestError, ScriptedModel, tool_reply
+from builder.llm import ChatRequest, LLMRequestError, PromptTooLongError, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
 from builder.records import Environment, EnvPlan, Rejection, Topic
 from builder.runner import BatchStage, ItemStage, Rejected, StageContext, run_stages
 from builder.sandbox.runtime import Sandbox
+from builder.stages._evaluate_gates import piece_errors
 from builder.stages._evaluate_source import (
     attributes_used,
     class_header,
     clip_json,
     method_source,
     state_output_type,
+    state_text,
 )
+from builder.stages._scenario_state import reference_problems
 from builder.stages.code import code
 from builder.stages.evaluate import evaluate, schedule
 from builder.stages.plan import plan
 from builder.stats import StageStats
 from builder.store import Store
+from builder.tables import from_frame
 
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"
 FAST = SandboxConfig(call_timeout_s=1.0, kill_grace_s=0.5, memory_mb=256)
@@ -143,9 +149,13 @@ async def test_good_environment_is_accepted_with_evidence_and_stored(tmp_path, s
 
 def test_schedule_covers_every_tool_positive_then_negative():
     tools = ("a", "b", "c")
-    assert [schedule(tools, p) for p in range(7)] == [
+    assert [schedule(tools, p, {"a", "b", "c"}) for p in range(7)] == [
         ("a", "positive"), ("b", "positive"), ("c", "positive"),
         ("a", "negative"), ("b", "negative"), ("c", "negative"), ("a", "positive"),
+    ]  # fmt: skip
+    # b admits no wrong value: its negative slot becomes a positive case.
+    assert [schedule(tools, p, {"a", "c"}) for p in range(3, 6)] == [
+        ("a", "negative"), ("b", "positive"), ("c", "negative"),
     ]  # fmt: skip
 
 
@@ -437,3 +447,332 @@ async def test_topic_to_accepted_environment_through_plan_code_and_evaluate(tmp_
     assert stored.class_name == "LibraryLoansEnv" and stored.scores == {"dual_agent": 1.0, "tool_coverage": 1.0}
     assert stored.evaluation["test_states"][0]["state"] == LIBRARY_STATE  # follows the code stage's state schema
     assert stored.synthesis  # the code stage's evidence survives evaluation
+
+
+# ------------------------------------------------------------------------------- repairs through the code stage
+
+REPAIR = SYNTHESIS / "repair"
+
+
+def library_chain(tmp_path, sandbox, borrow_repairs, *overrides):
+    """topic -> plan -> code -> evaluate on the library fixtures, with a capable-shaped borrow_book that raises
+    on the probe's input; `borrow_repairs(n)` answers the n-th repair request of borrow_book."""
+    code_pieces = {path.stem: path.read_text() for path in (SYNTHESIS / "library_code").glob("*.txt")}
+    code_pieces["borrow_book"] = (REPAIR / "borrow_book_fails.txt").read_text()
+    args = {**LIBRARY_ARGS, "borrow_book": {"member_id": "m1", "book_id": "b1", "due": "2099-07-01"}}
+    repairs = []
+
+    def answer(request: ChatRequest):
+        role = kind(request)
+        if role == "StateDraft":
+            return (SYNTHESIS / "library_state.json").read_text()
+        if role == "OperationsDraft":
+            return (SYNTHESIS / "library_operations.json").read_text()
+        if role == "TestState":
+            return json.dumps({"purpose": "one member with an open loan", "state": LIBRARY_STATE})
+        if role == "tester":
+            return tool_reply((request.tool_choice, args[request.tool_choice]))
+        if role == "CheckerVerdict":
+            return json.dumps(PASS)
+        text = request.messages[1].content
+        piece = next((n for n in LIBRARY_ARGS if f"Write the method {n}," in text), "__init__")
+        if piece == "borrow_book" and len(request.messages) > 2:
+            repairs.append(request)
+            return borrow_repairs(len(repairs))
+        return code_pieces[piece]
+
+    topic = Topic(
+        provenance={"config_hash": "h"}, name="library_loans", description="A lending desk.", domain="library"
+    )
+
+    async def topics(_inputs, _ctx):
+        return [topic]
+
+    stages = (
+        BatchStage("topics", topics, input=None, output=Topic),
+        ItemStage("plan", plan, input=Topic, output=EnvPlan),
+        ItemStage("code", code, input=EnvPlan, output=Environment),
+        ItemStage("evaluate", evaluate, input=Environment, output=Environment),
+    )
+    config = load_config(None, [f"store.path={tmp_path / 'store'}", "evaluate.calls=8", *overrides])
+    model = ScriptedModel(answer)
+    llm = client_for(config.llm, model, model_id="m")
+    run = run_stages(stages, config, tmp_path / "run", llm=lambda _stats: llm, sandbox=lambda: sandbox)
+    return run, model, repairs
+
+
+async def test_a_tool_that_fails_the_probe_is_repaired_through_code_and_accepted(tmp_path, sandbox):
+    fixed = (REPAIR / "borrow_book_fixed.txt").read_text()
+    run, model, repairs = library_chain(tmp_path, sandbox, lambda n: fixed)
+    stats = await run
+    assert (stats["code"].kept, stats["evaluate"].kept) == (1, 1), stats["evaluate"].dropped
+    (written,) = from_frame(Environment, pl.read_parquet(tmp_path / "run" / "code.parquet").drop("input_id"))
+    (stored,) = Store(tmp_path / "store").environments("accepted")
+    # The repaired environment is a new record: new code, new id, the repair in its synthesis evidence.
+    assert stored.id != written.id and stored.plan_id == written.plan_id and stored.tools == written.tools
+    assert "datetime.date.fromisoformat(due.strip())\n    now" in written.code.replace("        ", "    ")
+    assert 'got {due!r}"}' in stored.code and "uuid.uuid4()" in stored.code and "datetime.now()" in stored.code
+    (repair,) = stored.synthesis["repairs"]
+    assert (repair["round"], repair["from"], repair["to"], repair["requests"]) == (1, written.id, stored.id, 1)
+    (problem,) = repair["problems"]["borrow_book"]
+    assert problem.startswith("[tool_raised]") and "ValueError" in problem
+    assert stored.synthesis["requests"] == written.synthesis["requests"]  # the code stage's evidence survives
+    # The one repair request regenerates only borrow_book: its code and the failing call with the error fed back.
+    (request,) = repairs
+    assert "def borrow_book(self" in request.messages[2].content
+    feedback = request.messages[3].content
+    assert 'borrow_book({"member_id": "x", "book_id": "x", "due": "x"})' in feedback
+    assert "ValueError: Invalid isoformat string" in feedback and "must never raise" in feedback
+    assert stats["evaluate"].report["fuzz_repairs"] == {"rounds": 1, "repaired": 1}
+    # The plan's rules reach the tester and the checker (through the module docstring).
+    rule = "1. A member may have at most max_loans open loans."
+    assert all(rule in r.messages[1].content for r in model.requests if kind(r) in ("tester", "CheckerVerdict"))
+
+
+async def test_a_repair_that_keeps_failing_ends_as_the_old_rejection_after_the_bound(tmp_path, sandbox):
+    failing = (REPAIR / "borrow_book_fails.txt").read_text()
+    run, model, repairs = library_chain(tmp_path, sandbox, lambda n: failing)
+    stats = await run
+    assert (stats["evaluate"].kept, dict(stats["evaluate"].dropped)) == (0, {"gates_failed": 1})
+    (rejected,) = from_frame(
+        Rejection, pl.read_parquet(tmp_path / "run" / "evaluate.rejected.parquet").drop("input_id")
+    )
+    (written,) = from_frame(Environment, pl.read_parquet(tmp_path / "run" / "code.parquet").drop("input_id"))
+    assert rejected.subject_id == written.id
+    assert rejected.detail.startswith("tool_raised after 2 repair(s) through the code stage: ")
+    assert "borrow_book: ValueError" in rejected.detail
+    assert [r["round"] for r in json.loads(rejected.raw_output)] == [1, 2]
+    assert len(repairs) == 2 and repairs[0].sample_index != repairs[1].sample_index  # fresh samples, bounded
+    assert stats["evaluate"].report["fuzz_repairs"] == {"rounds": 2, "failed": 1}
+    assert not any(kind(r) in ("tester", "TestState") for r in model.requests)
+
+
+async def test_a_repair_the_code_stage_cannot_finish_ends_as_the_old_rejection(tmp_path, sandbox):
+    broken = "def borrow_book(self, member_id: str, book_id: str, due: str) -> dict:\n    return {'success':\n"
+    run, model, repairs = library_chain(tmp_path, sandbox, lambda n: broken, "code.repair_attempts=1")
+    stats = await run
+    assert dict(stats["evaluate"].dropped) == {"gates_failed": 1}
+    (rejected,) = from_frame(
+        Rejection, pl.read_parquet(tmp_path / "run" / "evaluate.rejected.parquet").drop("input_id")
+    )
+    assert rejected.detail.startswith("tool_raised after 1 repair(s) through the code stage: ")
+    (repair,) = json.loads(rejected.raw_output)
+    assert repair["requests"] == 2 and repair["failed"]["borrow_book"][0].startswith("[syntax]")
+    assert len(repairs) == 2  # the code stage's own bound (1 + code.repair_attempts), not a second loop's
+
+
+async def test_without_repairs_a_probe_failure_rejects_at_once(tmp_path, sandbox):
+    run, model, repairs = library_chain(tmp_path, sandbox, lambda n: "unused", "evaluate.fuzz_repairs=0")
+    stats = await run
+    assert dict(stats["evaluate"].dropped) == {"gates_failed": 1} and repairs == []
+    (rejected,) = from_frame(
+        Rejection, pl.read_parquet(tmp_path / "run" / "evaluate.rejected.parquet").drop("input_id")
+    )
+    assert rejected.detail.startswith("tool_raised: line 0: [tool_raised] borrow_book: ValueError")
+
+
+def test_only_problems_of_one_tool_become_errors_of_its_method():
+    raised = ToolProblem(code="tool_raised", line=0, message="pay: KeyError: 'x'", tool="pay", arguments={"to": "x"})
+    (error,) = piece_errors([raised])["pay"]
+    assert error.code == "tool_raised" and 'pay({"to": "x"})' in error.message and "KeyError: 'x'" in error.message
+    assert piece_errors([raised, Problem(code="load_failed", line=0, message="boom")]) is None
+    state_only = Problem(code="nondeterministic", line=0, message="the final state differed between two runs")
+    assert piece_errors([state_only]) is None
+
+
+# ------------------------------------------------------------------- references, negative cases, state in prompts
+
+LEDGER = '''"""Payments, some funded by transfers.
+
+Rules:
+1. A payment's transfer_id is empty when the payment came from no transfer.
+2. Audits never change the state.
+"""
+
+
+class LedgerEnv:
+    """Accounts, transfers and the payments they fund."""
+
+    def __init__(self):
+        self.accounts = {"a1": {"owner": "Ann Lee", "balance": 100}}
+        self.transfers = {"t1": {"account_id": "a1", "amount": 5}}
+        self.payments = {"p1": {"account_id": "a1", "transfer_id": "t1", "amount": 5}}
+
+    def get_payment(self, payment_id: str) -> dict:
+        """Look up a payment.
+
+        Args:
+            payment_id: The payment.
+
+        Returns:
+            The payment, or an error.
+        """
+        payment = self.payments.get(payment_id)
+        if payment is None:
+            return {"success": False, "error": "unknown payment"}
+        return {"success": True, "data": payment}
+
+    def audit(self, include_idle: bool = False) -> dict:
+        """Count the payments that came from no transfer.
+
+        Args:
+            include_idle: Also list the accounts without payments.
+
+        Returns:
+            The counts.
+        """
+        loose = sum(1 for payment in self.payments.values() if not payment.get("transfer_id"))
+        result = {"success": True, "without_transfer": loose}
+        if include_idle:
+            used = {payment["account_id"] for payment in self.payments.values()}
+            result["idle_accounts"] = sorted(set(self.accounts) - used)
+        return result
+'''
+LEDGER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "payments": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "properties": {
+                    "account_id": {"type": "string"},
+                    "transfer_id": {"type": ["string", "null"], "description": "empty if not from a transfer"},
+                    "amount": {"type": "integer"},
+                },
+                "required": ["account_id", "transfer_id", "amount"],
+            },
+        }
+    },
+}
+
+
+def ledger_state(payments: int = 3, **changes) -> dict:
+    records = {f"p{i}": {"account_id": "a1", "transfer_id": "t1", "amount": 10 + i} for i in range(1, payments + 1)}
+    records["p1"]["transfer_id"], records["p2"]["transfer_id"] = "", None  # "no reference", both ways
+    for key, value in changes.items():
+        records[key] = {**records[key], **value}
+    return {
+        "accounts": {"a1": {"owner": "Ann Lee", "balance": 100}, "a2": {"owner": "Bo Chen", "balance": 0}},
+        "transfers": {"t1": {"account_id": "a1", "amount": 5}},
+        "payments": records,
+    }
+
+
+def ledger_tester(request):
+    negative = "NEGATIVE case" in request.messages[1].content
+    if request.tool_choice == "get_payment":
+        return tool_reply(("get_payment", {"payment_id": "p404" if negative else "p1"}))
+    return tool_reply(("audit", {"include_idle": True}))
+
+
+def test_empty_and_null_references_are_no_references_but_a_dangling_id_is():
+    state = ledger_state()
+    assert reference_problems(state) == []
+    dangling = ledger_state(p3={"transfer_id": "t9"})
+    assert reference_problems(dangling) == ["payments['p3'].transfer_id = 't9' is not a known transfer"]
+    assert reference_problems(ledger_state(p3={"transfer_id": "  "})) == []
+
+
+async def test_test_states_with_empty_references_pass_and_dangling_ones_are_fed_back(tmp_path, sandbox):
+    def state(request):
+        if "cannot be used" in request.messages[-1].content:
+            return {"purpose": "fixed", "state": ledger_state()}
+        return {"purpose": "dangling", "state": ledger_state(p3={"transfer_id": "t9"})}
+
+    model = scripted(state=state, tester=ledger_tester)
+    ctx = context(tmp_path, model, sandbox, "evaluate.test_states=1", "evaluate.calls=4")
+    env = environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA)
+    (accepted,) = await evaluate(env, ctx)
+    assert accepted.evaluation["test_states"][0]["state"] == ledger_state()  # '' and None kept as they are
+    states = [r for r in model.requests if kind(r) == "TestState"]
+    assert len(states) == 2 and "payments['p3'].transfer_id = 't9' is not a known transfer" in (
+        states[1].messages[-1].content
+    )
+
+
+async def test_no_negative_case_for_a_tool_whose_only_parameter_is_an_optional_flag(tmp_path, sandbox):
+    model = scripted(state={"purpose": "ledger", "state": ledger_state()}, tester=ledger_tester)
+    ctx = context(tmp_path, model, sandbox, "evaluate.test_states=1", "evaluate.calls=6")
+    (accepted,) = await evaluate(environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA), ctx)
+    tools = accepted.evaluation["tools"]
+    assert (tools["audit"]["positive"], tools["audit"].get("negative", 0)) == (3, 0)
+    assert (tools["get_payment"]["positive"], tools["get_payment"]["negative"]) == (2, 1)
+    audits = [r for r in model.requests if kind(r) == "tester" and r.tool_choice == "audit"]
+    assert len(audits) == 3 and not any("NEGATIVE" in r.messages[1].content.split("Your task")[1] for r in audits)
+    # The environment's rules (its module docstring) reach both agents.
+    for request in model.requests:
+        if kind(request) in ("tester", "CheckerVerdict"):
+            assert "2. Audits never change the state." in request.messages[1].content
+
+
+def shown_state(text: str, heading: str) -> tuple[dict, list[str]]:
+    """The JSON state a prompt shows under `heading`, and the omission notes after it."""
+    block = text.split(heading, 1)[1].split("\n\n", 1)[0]
+    first, *notes = block.split("\n")
+    return json.loads(first), notes
+
+
+async def test_a_large_state_reaches_the_tester_cut_at_record_boundaries_with_a_note(tmp_path, sandbox):
+    big = ledger_state(payments=80)
+    model = scripted(state={"purpose": "busy", "state": big}, tester=ledger_tester)
+    overrides = ("evaluate.test_states=1", "evaluate.calls=2", "evaluate.max_state_chars=1500")
+    await evaluate(
+        environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA), context(tmp_path, model, sandbox, *overrides)
+    )
+    tester = next(r for r in model.requests if kind(r) == "tester")
+    shown, notes = shown_state(tester.messages[1].content, "Current state (JSON):\n")
+    assert shown["accounts"] == big["accounts"] and shown["transfers"] == big["transfers"]
+    assert 0 < len(shown["payments"]) < 80
+    assert all(big["payments"][key] == record for key, record in shown["payments"].items())  # whole records
+    hidden = 80 - len(shown["payments"])
+    (note,) = notes
+    assert note.startswith(f"… {hidden} more payments not shown: ids p{81 - hidden}, p{82 - hidden},")
+    assert len(json.dumps(shown, separators=(",", ":"))) + len(note) < 1500
+    checker = next(r for r in model.requests if kind(r) == "CheckerVerdict")
+    before, notes = shown_state(checker.messages[1].content, "State before (attributes the method uses):\n")
+    assert 0 < len(before["payments"]) < 80 and notes[0].startswith("… ")
+
+
+def test_state_text_drops_whole_records_of_the_largest_collection_first():
+    state = {
+        "log": [{"id": i, "text": "x" * 20} for i in range(6)],
+        "users": {"u1": {"name": "Ann"}, "u2": {"name": "Bo"}},
+        "today": "2024-05-01",
+    }
+    assert state_text(state, 10_000) == json.dumps(state, separators=(",", ":"))
+    text = state_text(state, 150)
+    shown, notes = shown_state("S:\n" + text, "S:\n")
+    assert shown["users"] == state["users"] and shown["today"] == "2024-05-01"
+    assert shown["log"] == state["log"][: len(shown["log"])] and notes[0].startswith("… ")
+    assert len(text) <= 150
+    tiny = state_text(state, 10)  # nothing fits: every record is left out, the rest is still valid JSON
+    shown, notes = shown_state("S:\n" + tiny, "S:\n")
+    assert shown == {"log": [], "users": {}, "today": "2024-05-01"} and len(notes) == 2
+    assert notes[1] == "… 2 more users not shown: ids u1, u2"
+
+
+async def test_prompts_too_long_for_the_context_shrink_the_state_and_are_counted(tmp_path, sandbox):
+    big = ledger_state(payments=80)
+
+    def tester(request):
+        if len(request.messages[1].content) > 2500:
+            return PromptTooLongError("too long", prompt_tokens=40000, context_tokens=32768, min_completion=256)
+        return ledger_tester(request)
+
+    model = scripted(state={"purpose": "busy", "state": big}, tester=tester)
+    overrides = ("evaluate.test_states=1", "evaluate.calls=2", "evaluate.max_state_chars=12000")
+    ctx = context(tmp_path, model, sandbox, *overrides)
+    (accepted,) = await evaluate(environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA), ctx)
+    assert accepted.evaluation["counts"]["judged"] == 2
+    # 12000 -> 6000 -> 3000 -> 1500 characters of state: three shrinks for the first call, as many for the second.
+    assert ctx.stats.report["prompt_shrunk"] == {"evaluate_tester": 6}
+
+    always = scripted(
+        state={"purpose": "busy", "state": big},
+        tester=PromptTooLongError("too long", prompt_tokens=40000, context_tokens=4096, min_completion=256),
+    )
+    ctx = context(tmp_path, always, sandbox, *overrides)
+    rejected = await rejection(environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA), ctx)
+    assert rejected.reason == "prompt_too_long"
+    assert sum(kind(r) == "tester" for r in always.requests) == 7  # 12000 halved down to 200 characters

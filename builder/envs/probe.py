@@ -1,6 +1,8 @@
 """`builder env check`: lint, load, then call every tool with schema-valid arguments and report misbehaviour.
 
-Runtime problems use the same `Problem` record as the lint (line 0), with these stable codes.
+Runtime problems use the same `Problem` record as the lint (line 0), with these stable codes; a problem one
+tool call caused is a `ToolProblem` that also names the tool and the arguments it was called with, so whoever
+repairs the tool can be shown the failing call.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ _KIND_TO_CODE = {
 }  # fmt: skip
 
 
+class ToolProblem(Problem):
+    """A runtime problem of one tool: the call that showed it."""
+
+    tool: str
+    arguments: dict[str, Any]
+
+
 def probe_environment(
     sandbox: Sandbox, source: str, state: dict[str, Any] | None = None, now: str = DEFAULT_NOW
 ) -> tuple[list[Problem], list[ToolResult]]:
@@ -44,33 +53,37 @@ def probe_environment(
     except ContractError as error:
         return error.problems, []
     try:
-        first, first_state = _run_pass(sandbox, source, interface, state, now)
-        second, second_state = _run_pass(sandbox, source, interface, state, now)
+        first, calls, first_state = _run_pass(sandbox, source, interface, state, now)
+        second, _, second_state = _run_pass(sandbox, source, interface, state, now)
     except SessionError as error:
         code = "state_not_json" if error.kind in ("state_not_json", "not_json") else "load_failed"
         return [Problem(code=code, line=0, message=str(error))], []
-    problems = [
-        Problem(code=_KIND_TO_CODE.get(r.error_kind or "", "tool_raised"), line=0, message=f"{r.name}: {r.error}")
-        for r in first
-        if not r.ok
-    ]
-    differing = [a.name for a, b in zip(first, second, strict=True) if a != b]
-    if differing or first_state != second_state:
-        what = f"tools {', '.join(differing)}" if differing else "the final state"
-        problems.append(Problem(code="nondeterministic", line=0, message=f"{what} differed between two runs"))
+    problems: list[Problem] = []
+    for r, arguments in zip(first, calls, strict=True):
+        if not r.ok:
+            code = _KIND_TO_CODE.get(r.error_kind or "", "tool_raised")
+            message = f"{r.name}: {r.error}"
+            problems.append(ToolProblem(code=code, line=0, message=message, tool=r.name, arguments=arguments))
+    differing = [(a.name, args) for a, b, args in zip(first, second, calls, strict=True) if a != b]
+    for name, arguments in differing:
+        message = f"{name}: its result differed between two runs from the same state"
+        problems.append(ToolProblem(code="nondeterministic", line=0, message=message, tool=name, arguments=arguments))
+    if not differing and first_state != second_state:
+        problems.append(Problem(code="nondeterministic", line=0, message="the final state differed between two runs"))
     return problems, first
 
 
 def _run_pass(
     sandbox: Sandbox, source: str, interface: EnvInterface, state: dict[str, Any] | None, now: str
-) -> tuple[list[ToolResult], dict[str, Any]]:
+) -> tuple[list[ToolResult], list[dict[str, Any]], dict[str, Any]]:
+    """Every tool called once, in order: the results, the arguments of each call and the final state."""
     with Session(sandbox, source, state, interface=interface, now=now) as session:
         start = session.snapshot()
+        calls = [generate_arguments(tool["function"]["parameters"], start) for tool in interface.tools]
         results = [
-            session.call(tool["function"]["name"], generate_arguments(tool["function"]["parameters"], start))
-            for tool in interface.tools
+            session.call(tool["function"]["name"], args) for tool, args in zip(interface.tools, calls, strict=True)
         ]
-        return results, session.snapshot()
+        return results, calls, session.snapshot()
 
 
 def generate_arguments(parameters: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:

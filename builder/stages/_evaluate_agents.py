@@ -19,7 +19,7 @@ from builder.llm import ChatRequest, Reply
 from builder.llm.parsing import parse_structured, response_format
 from builder.prompts import prompt
 from builder.records import ChatMessage, Environment, Sampling
-from builder.stages._evaluate_source import clip_json
+from builder.stages._evaluate_source import environment_text, state_text
 
 T = TypeVar("T", bound=BaseModel)
 CaseType = Literal["positive", "negative"]
@@ -127,14 +127,15 @@ class Agents:
     # ------------------------------------------------------------------------------------------ test states
 
     def state_messages(
-        self, env: Environment, header: str, default_state: dict[str, Any], index: int
+        self, env: Environment, header: str, default_state: dict[str, Any], index: int, state_chars: int
     ) -> list[ChatMessage]:
+        """The request of test state `index`; the shape example is cut to `state_chars` at record boundaries."""
         focus = STATE_FOCUS[index % len(STATE_FOCUS)]
         user = (
-            f"Environment `{env.class_name}` ({env.domain}): {env.description}\n\n"
+            f"Environment `{env.class_name}` ({env.domain}): {environment_text(env.description, env.code)}\n\n"
             f"State definition:\n```python\n{header}\n```\n\n"
             f"The state its constructor builds (shape example only; write new content):\n"
-            f"{clip_json(default_state, self.config.max_state_chars)}\n\n"
+            f"{state_text(default_state, state_chars)}\n\n"
             f"Write test state {index + 1} of {self.config.test_states}. Focus: {focus}."
         )
         return [ChatMessage(role="system", content=prompt("evaluate_state")), ChatMessage(role="user", content=user)]
@@ -155,7 +156,11 @@ class Agents:
         task = f"Your task this round: call `{tool}` with a {case.upper()} case: {goal}"
         conversation = [
             ChatMessage(role="system", content=prompt("evaluate_tester")),
-            ChatMessage(role="user", content=f"Environment `{env.class_name}`: {env.description}\n\n{facts}\n\n{task}"),
+            ChatMessage(
+                role="user",
+                content=f"Environment `{env.class_name}`: {environment_text(env.description, env.code)}\n\n"
+                f"{facts}\n\n{task}",
+            ),
         ]
         choice = tool if self.config.tester_tool_choice == "named" else "required"
         raw, kind, detail = "", "no_tool_call", ""
@@ -189,9 +194,10 @@ class Agents:
 
 
 _CASE_GOALS: dict[CaseType, str] = {
-    "positive": "valid arguments the tool should accept, using ids and values that exist in the current state.",
+    "positive": "valid arguments the tool should accept, using ids and values that exist in the current state "
+    "and respecting the rules.",
     "negative": "arguments the tool should refuse: an id that does not exist, an out-of-range or empty value, or "
-    "a request that breaks a business rule. Keep the parameter names and types valid.",
+    "a request that breaks one of the rules. Keep the parameter names and types valid.",
 }
 
 

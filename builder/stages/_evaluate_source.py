@@ -1,5 +1,6 @@
-"""What the evaluate stage reads out of an environment without running it: method sources (AST on the code
-string), the state schema test states must follow, and compact JSON views of states for prompts.
+"""What the evaluate stage reads out of an environment without running it: method sources and the module's
+docstring (AST on the code string), which tools admit a wrong value, the state schema test states must follow,
+and compact JSON views of states for prompts, cut at record boundaries.
 
 Nothing here executes generated code; states are plain JSON data.
 """
@@ -23,6 +24,12 @@ def _env_class(code: str) -> ast.ClassDef:
 
 def _methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
     return {node.name: node for node in cls.body if isinstance(node, ast.FunctionDef)}
+
+
+def environment_text(env_description: str, code: str) -> str:
+    """What the environment is and the rules it enforces: the module docstring (the code stage writes the plan's
+    description and numbered rules there), or the record's description when the module has no docstring."""
+    return ast.get_docstring(parse(code)) or env_description
 
 
 def class_header(code: str) -> str:
@@ -65,6 +72,42 @@ def attributes_used(code: str, name: str) -> list[str]:
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
     ]
     return list(dict.fromkeys(attr for attr in used if attr not in methods))
+
+
+# -------------------------------------------------------------------------------------------------- tools
+
+
+def admits_wrong_value(parameters: dict[str, Any]) -> bool:
+    """Whether some schema-valid argument of a tool is one a correct implementation must refuse.
+
+    Strings (an id that names nothing, empty or malformed text) and enums (a value the state or a rule forbids)
+    always can be wrong; numbers, lists and objects when they are required or bounded (an amount out of range).
+    An optional flag cannot: both values are valid, so a NEGATIVE case of a tool with only optional booleans (or
+    no parameters) has nothing to test.
+    """
+    required = set(parameters.get("required", []))
+    return any(_can_be_wrong(schema, name in required) for name, schema in parameters.get("properties", {}).items())
+
+
+def _can_be_wrong(schema: dict[str, Any], required: bool) -> bool:
+    if "enum" in schema:
+        return True
+    if "anyOf" in schema:
+        return any(_can_be_wrong(option, required) for option in schema["anyOf"])
+    kinds = schema.get("type", ["string", "number"])  # no type: Any, which accepts wrong values too
+    for kind in kinds if isinstance(kinds, list) else [kinds]:
+        if kind == "string":
+            return True
+        if kind in ("integer", "number") and (required or _BOUNDS & set(schema)):
+            return True
+        if kind == "array" and (required or "minItems" in schema or _can_be_wrong(schema.get("items", {}), False)):
+            return True
+        if kind == "object" and required:
+            return True
+    return False
+
+
+_BOUNDS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 
 
 # ------------------------------------------------------------------------------------------------- states
@@ -111,6 +154,72 @@ def clip_json(value: Any, limit: int) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}… ({len(text) - limit} more characters cut)"
+
+
+def state_text(state: dict[str, Any], limit: int) -> str:
+    """`state` as compact JSON of whole records, within `limit` characters where dropping records gets it there.
+
+    Never cut mid-JSON (a cut hides the ids a positive case needs and leaves text that does not parse): the
+    largest collections lose their last records first, and a note after the JSON names what was left out.
+    Attributes that are not collections are always shown whole.
+    """
+    shown = {key: _copy_collection(value) for key, value in state.items()}
+    sizes = {key: _record_sizes(value) for key, value in shown.items() if value is not state[key]}
+    hidden: dict[str, list[str | None]] = {}
+    total = len(_dumps(shown))
+    while total + len(_omission_note(hidden)) > limit:
+        candidates = [key for key in sizes if sizes[key]]
+        if not candidates:
+            break
+        key = max(candidates, key=lambda k: sum(sizes[k]))
+        collection = shown[key]
+        if isinstance(collection, dict):
+            label, record = next(reversed(collection.items()))
+            del collection[label]
+            hidden.setdefault(key, []).insert(0, str(label))
+        else:
+            record = collection.pop()
+            hidden.setdefault(key, []).insert(0, _record_label(record))
+        total -= sizes[key].pop() + (1 if sizes[key] else 0)  # the record and the comma before it
+    return _dumps(shown) + _omission_note(hidden)
+
+
+def _copy_collection(value: Any) -> Any:
+    """A shallow copy of a collection of records (a map or a list) that records can be dropped from; else itself."""
+    if isinstance(value, dict) and value and all(isinstance(v, dict | list) for v in value.values()):
+        return dict(value)
+    if isinstance(value, list) and value:
+        return list(value)
+    return value
+
+
+def _record_sizes(collection: dict[str, Any] | list[Any]) -> list[int]:
+    """Characters each record takes in the compact JSON of its collection (its key included), in order."""
+    if isinstance(collection, dict):
+        return [len(_dumps({key: value})) - 2 for key, value in collection.items()]
+    return [len(_dumps(value)) for value in collection]
+
+
+def _record_label(record: Any) -> str | None:
+    """The id a record of a list carries (`id` or a field ending in `_id`), if any."""
+    if isinstance(record, dict):
+        for key in ["id", *(k for k in record if isinstance(k, str) and k.endswith("_id"))]:
+            if isinstance(record.get(key), str | int):
+                return str(record[key])
+    return None
+
+
+def _omission_note(hidden: dict[str, list[str | None]], shown_ids: int = 8) -> str:
+    lines = []
+    for key, labels in hidden.items():
+        ids = [label for label in labels if label is not None]
+        listed = f": ids {', '.join(ids[:shown_ids])}{', …' if len(ids) > shown_ids else ''}" if ids else ""
+        lines.append(f"\n… {len(labels)} more {key} not shown{listed}")
+    return "".join(lines)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def state_view(state: dict[str, Any], attributes: list[str]) -> dict[str, Any]:

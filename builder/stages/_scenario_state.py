@@ -78,13 +78,14 @@ def attribute_problems(state: dict[str, Any], example: dict[str, Any]) -> list[s
 def reference_problems(state: dict[str, Any], limit: int = 5) -> list[str]:
     """Dangling references: a record field `<entity>_id` whose value is no key (or id) of the `<entity>s` collection.
 
-    A heuristic on naming alone: fields whose stem names no collection are not checked.
+    A heuristic on naming alone: fields whose stem names no collection are not checked. An empty string or null
+    means "no reference" (state schemas say so: "empty if not from a transfer"), never a dangling one.
     """
     problems: list[str] = []
     for collection, records in state.items():
         for label, record in _records(records):
             for field, value in record.items():
-                if not (isinstance(field, str) and field.endswith("_id") and isinstance(value, str)):
+                if not (isinstance(field, str) and field.endswith("_id") and isinstance(value, str) and value.strip()):
                     continue
                 known = _known_ids(state, field.removesuffix("_id"))
                 if known is not None and value not in known:

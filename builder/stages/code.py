@@ -6,6 +6,7 @@ checked against the return contract, and their derived tool schemas compared wit
 Each failing piece — and only it — is regenerated with its exact errors fed back, at most `code.repair_attempts`
 times. The generated code is never run in this process: with `code.load_check` the assembled module is loaded
 in a sandbox worker (import, constructor, state snapshot), and a failure goes back to the state piece.
+`regenerate` runs the same loop for a later stage on a finished module (evaluate, when a tool fails its probe).
 
 Rejection reasons: `code_unparsable` (a piece never parsed or never defined its method), `code_load_failed`
 (the module never loaded in the sandbox), `code_state_mismatch` (the constructor never set the planned state),
@@ -93,16 +94,64 @@ class _Synthesis:
 
 async def code(plan: EnvPlan, ctx: StageContext) -> list[Record]:
     """A candidate Environment whose module passes the lint and whose tools match the plan, or a rejection."""
-    sampling = Sampling(temperature=ctx.config.llm.temperature, max_tokens=ctx.config.code.max_tokens)
+    sampling = _sampling(ctx)
+    work = _Synthesis(plan, _requests(plan))
+    assembly = await _synthesize(ctx, plan, work, list(work.requests), sampling, first_attempt=0)
+    if assembly is not None:
+        return [_environment(ctx, plan, assembly.source, sampling, work.summary(assembly))]
+    errors = work.errors
+    raise Rejected(ctx.reject(plan, _reason(errors), _detail(errors), raw_output=_raw(work.raw, errors)))
+
+
+@dataclass(frozen=True)
+class Regenerated:
+    """What `regenerate` made: the repaired module (None: the pieces still fail), the errors left, and cost."""
+
+    assembly: Assembly | None
+    errors: dict[str, list[PieceError]]
+    requests: int
+    raw: str
+
+
+async def regenerate(
+    ctx: StageContext, subject: Record, plan: EnvPlan, pieces: dict[str, Piece],
+    errors: dict[str, list[PieceError]], first_attempt: int,
+) -> Regenerated:  # fmt: skip
+    """Regenerate the pieces named in `errors` of a finished module (the others stay as they are), each with its
+    current code and errors fed back, through the same bounded loop as `code`: lint, contract, schemas, load.
+
+    `subject` is what an `llm_request` rejection names; `first_attempt` numbers the requests' samples, so a caller
+    repairing the same piece again gets fresh samples rather than cached replies.
+    """
+    work = _Synthesis(plan, _requests(plan), raw={key: piece.body for key, piece in pieces.items()})
+    work.pieces, work.errors = dict(pieces), {key: list(found) for key, found in errors.items()}
+    assembly = await _synthesize(ctx, subject, work, sorted(errors), _sampling(ctx), first_attempt=first_attempt)
+    raw = _raw(work.raw, work.errors or errors)
+    return Regenerated(assembly, {} if assembly else work.errors, sum(work.generated.values()), raw)
+
+
+def _sampling(ctx: StageContext) -> Sampling:
+    return Sampling(temperature=ctx.config.llm.temperature, max_tokens=ctx.config.code.max_tokens)
+
+
+def _requests(plan: EnvPlan) -> dict[str, list[ChatMessage]]:
     requests = {STATE: system_user(prompt("code_state"), state_request(plan))}
-    requests |= {op.name: system_user(prompt("code_method"), method_request(plan, op)) for op in plan.operations}
-    work = _Synthesis(plan, requests)
-    todo = list(requests)
-    for attempt in range(ctx.config.code.repair_attempts + 1):
+    return requests | {op.name: system_user(prompt("code_method"), method_request(plan, op)) for op in plan.operations}
+
+
+async def _synthesize(
+    ctx: StageContext, subject: Record, work: _Synthesis, todo: list[str], sampling: Sampling, first_attempt: int
+) -> Assembly | None:
+    """Write the pieces in `todo`, then regenerate the failing ones with their errors fed back, at most
+    `code.repair_attempts` times: the module once every check passes, or None (`work.errors` says why)."""
+    plan = work.plan
+    for attempt in range(first_attempt, first_attempt + ctx.config.code.repair_attempts + 1):
         # Plain text, not JSON with a `code` field: code inside a JSON string must escape every quote, backslash
         # and newline, which models get wrong more often than fences, and the JSON wrapper would add no check
         # that `ast` and the lint do not already do. Fences and prose are stripped deterministically.
-        replies = await asyncio.gather(*(_write(ctx, plan, work.conversation(key), sampling, attempt) for key in todo))
+        replies = await asyncio.gather(
+            *(_write(ctx, subject, work.conversation(key), sampling, attempt) for key in todo)
+        )
         for key, (text, truncated) in zip(todo, replies, strict=True):
             work.take(key, text, truncated)
         if not work.errors:
@@ -111,14 +160,13 @@ async def code(plan: EnvPlan, ctx: StageContext) -> list[Record]:
             if not work.errors and ctx.config.code.load_check:
                 work.errors = await asyncio.to_thread(load_errors, ctx.sandbox, assembly.source, plan)
             if not work.errors:
-                return [_environment(ctx, plan, assembly.source, sampling, work.summary(assembly))]
+                return assembly
         todo = sorted(work.errors)
-    errors = work.errors
-    raise Rejected(ctx.reject(plan, _reason(errors), _detail(errors), raw_output=_raw(work.raw, errors)))
+    return None
 
 
 async def _write(
-    ctx: StageContext, plan: EnvPlan, messages: list[ChatMessage], sampling: Sampling, attempt: int
+    ctx: StageContext, subject: Record, messages: list[ChatMessage], sampling: Sampling, attempt: int
 ) -> tuple[str, bool]:
     """The model's text and whether it hit the token limit. Each attempt is a fresh sample (`sample_index`), so
     a piece whose reply came back unchanged is not answered from the cache with the same reply again."""
@@ -127,7 +175,7 @@ async def _write(
     except LLMRequestError as error:
         if error.retryable:
             raise  # the server is gone: stop the run, a rerun resumes
-        raise Rejected(ctx.reject(plan, "llm_request", str(error)[:2000])) from None
+        raise Rejected(ctx.reject(subject, "llm_request", str(error)[:2000])) from None
     return reply.content or "", reply.finish_reason == "length"
 
 

@@ -3,7 +3,10 @@
 Problems found in the assembled module (the lint, the return contract, the tool schemas compared with the
 plan) are mapped back to the piece whose lines they are on, so only that piece is regenerated, with the exact
 message. Imports are hoisted, deduplicated, and completed from the standard-library allow-list when a piece
-uses a module or a `typing` name it forgot to import. Nothing here runs the generated code.
+uses a module or a `typing` name it forgot to import. The module docstring carries the plan's description and
+numbered rules, so the code states what it enforces to whoever reads it (the evaluate stage's tester and checker,
+scenario writers, agents). `split_module` is the inverse of `assemble`: the pieces of a finished module, so a
+later stage can regenerate one of them. Nothing here runs the generated code.
 """
 
 from __future__ import annotations
@@ -59,9 +62,20 @@ def assemble(plan: EnvPlan, state: Piece, methods: list[Piece]) -> Assembly:
     return _render(plan, state, methods, extra=tuple(added)) if added else first
 
 
+def module_docstring(plan: EnvPlan) -> list[str]:
+    """The module docstring's lines: the plan's description, then its numbered rules."""
+
+    def clean(text: str) -> str:
+        return " ".join(text.split()).replace("\\", "/").replace('"""', "'''")
+
+    if not plan.rules:
+        return [f'"""{clean(plan.description)}"""']
+    rules = [f"{number}. {clean(rule)}" for number, rule in enumerate(plan.rules, 1)]
+    return [f'"""{clean(plan.description)}', "", "Rules:", *rules, '"""']
+
+
 def _render(plan: EnvPlan, state: Piece, methods: list[Piece], extra: tuple[str, ...]) -> Assembly:
-    description = " ".join(plan.description.split()).replace("\\", "/").replace('"""', "'''")
-    lines = [f'"""{description}"""', ""]
+    lines = [*module_docstring(plan), ""]
     owners: dict[str, list[str]] = {}
     for piece in [state, *methods]:
         for statement in piece.imports:
@@ -83,6 +97,35 @@ def _render(plan: EnvPlan, state: Piece, methods: list[Piece], extra: tuple[str,
         spans.append((len(lines) + 1, len(lines) + len(indented), piece.key))
         lines += indented
     return Assembly("\n".join(lines) + "\n", tuple(spans), import_owners, extra)
+
+
+def split_module(source: str, plan: EnvPlan) -> dict[str, Piece]:
+    """The pieces of an assembled module, keyed like the code stage's: `assemble` of them gives the module back.
+
+    The class line, its docstring, `__init__` and anything before the first planned method form the state piece;
+    each planned method with the private helpers after it (up to the next planned method) forms that method's
+    piece. The module's imports all go to the state piece: they are hoisted and deduplicated on assembly anyway.
+    """
+    tree = parse(source)
+    lines = source.splitlines()
+    imports = tuple(
+        "\n".join(lines[node.lineno - 1 : node.end_lineno])
+        for node in tree.body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    )
+    cls = next(node for node in tree.body if isinstance(node, ast.ClassDef))
+    planned = {op.name for op in plan.operations}
+    owners: list[tuple[str, int]] = [(STATE, min([cls.lineno] + [d.lineno for d in cls.decorator_list]))]
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in planned:
+            owners.append((node.name, min([node.lineno] + [d.lineno for d in node.decorator_list])))
+    ends = [start - 1 for _, start in owners[1:]] + [cls.end_lineno or len(lines)]
+    pieces = {}
+    for (key, start), end in zip(owners, ends, strict=True):
+        text = "\n".join(lines[start - 1 : end]).rstrip()
+        body = text if key == STATE else textwrap.dedent(text)
+        pieces[key] = Piece(key, imports if key == STATE else (), body + "\n")
+    return pieces
 
 
 def unbound_names(source: str) -> dict[str, int]:

@@ -1,20 +1,25 @@
 """evaluate: accept or reject each candidate environment, first by deterministic gates, then by the dual-agent check.
 
 1. Gates (`builder env check`): lint, load, every tool called with schema-valid arguments, twice in fresh
-   workers (determinism), JSON state, no crash or hang; plus the stored tool schemas must be the code's.
+   workers (determinism), JSON state, no crash or hang; plus the stored tool schemas must be the code's. A tool
+   that fails its probe is repaired through the code stage, at most `evaluate.fuzz_repairs` times
+   (`_evaluate_gates`); a repaired environment is a new record (new code, new id, `synthesis.repairs`).
 2. Test states: `evaluate.test_states` initial states as structured output, each validated against the state
-   schema and loaded in a sandbox session (failures fed back, bounded).
+   schema, its references checked (an empty value is no reference) and loaded in a sandbox session (failures
+   fed back, bounded).
 3. Dual-agent check: for each test state its own session; the harness schedules which tool to test and whether
-   with a positive or a negative case (every tool positive first, then negative, and so on), the tester agent
-   picks the arguments through a forced tool call, the call runs in the session, and the checker agent rules
-   pass / warning / fail from the method source, the arguments, the result and the state before, after and
-   diffed. Calls that crash, hang or return non-JSON are failures without asking the checker. Unknown tools and
-   arguments off the schema are the tester's error: not counted, bounded by `max_invalid_replies` per state.
+   with a positive or a negative case (every tool positive first, then negative, and so on; a tool no argument
+   of which can be wrong gets positive cases only), the tester agent picks the arguments through a forced tool
+   call, the call runs in the session, and the checker agent rules pass / warning / fail from the rules, the
+   method source, the arguments, the result and the state before, after and diffed. Calls that crash, hang or
+   return non-JSON are failures without asking the checker. Unknown tools and arguments off the schema are the
+   tester's error: not counted, bounded by `max_invalid_replies` per state. States in prompts are whole records
+   (`state_text`); a prompt too long for the model's context is retried with fewer records.
 4. Score = (pass + warning) / judged calls over `evaluate.calls` calls; accepted at `keep_score` or above and
    upserted into the store; the per-call verdicts are the evidence (`Environment.evaluation`).
 
 Rejection reasons: gates_failed, no_valid_test_state, tester_invalid, checker_invalid, low_score, llm_request,
-session_failed.
+prompt_too_long, session_failed.
 """
 
 from __future__ import annotations
@@ -23,29 +28,33 @@ import asyncio
 import json
 import logging
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from builder import __version__
-from builder.envs.lint import Problem
-from builder.envs.probe import probe_environment
-from builder.envs.schema import EnvInterface, inspect_source
+from builder.envs.schema import EnvInterface
 from builder.envs.session import Session, SessionError, ToolResult, diff_states
 from builder.envs.state_schema import generated_state_schema
-from builder.llm import LLMRequestError
+from builder.llm import LLMRequestError, PromptTooLongError
 from builder.prompts import prompt_version
 from builder.records import Environment, Record
 from builder.runner import Rejected, StageContext
 from builder.stages._evaluate_agents import Agents, CaseType, CheckerVerdict, InvalidReply
+from builder.stages._evaluate_gates import passing_gates
 from builder.stages._evaluate_source import (
+    admits_wrong_value,
     attributes_used,
     class_header,
     clip_json,
+    environment_text,
     method_source,
     state_output_type,
+    state_text,
     state_view,
 )
+from builder.stages._scenario_state import reference_problems
 from builder.store import Store
 
 logger = logging.getLogger(__name__)
@@ -60,6 +69,7 @@ CASE_TEXT = {
     "unscheduled": "a case the tester chose itself (decide from the arguments whether the input is valid)",
 }
 EVIDENCE_CHARS = 600  # per result and per diff in the stored evidence, so 100 calls stay a small JSON
+MIN_STATE_CHARS = 200  # a prompt that is too long even with this little state is rejected (`prompt_too_long`)
 
 
 @dataclass(frozen=True)
@@ -80,11 +90,7 @@ class StateRun:
 
 async def evaluate(env: Environment, ctx: StageContext) -> list[Record]:
     """The environment accepted (with scores and evidence, upserted into the store) or a rejection."""
-    problems, interface, default_state = await asyncio.to_thread(run_gates, ctx.sandbox, env)
-    if problems:
-        codes = ", ".join(sorted({p.code for p in problems}))
-        raise Rejected(ctx.reject(env, "gates_failed", f"{codes}: " + "; ".join(map(str, problems))[:2000]))
-    assert interface is not None
+    env, interface, default_state = await passing_gates(env, ctx)
     agents = Agents(ctx.llm, ctx.config.evaluate, retries=ctx.config.llm.structured_retries, seed=ctx.config.run.seed)
     try:
         states, failures = await make_test_states(env, interface, default_state, ctx, agents)
@@ -92,6 +98,8 @@ async def evaluate(env: Environment, ctx: StageContext) -> list[Record]:
             detail = "; ".join(f"state {i + 1}: {f.detail}" for i, f in failures)[:2000]
             raise Rejected(ctx.reject(env, "no_valid_test_state", detail, raw_output=failures[-1][1].raw))
         runs = await exercise_all(env, interface, states, ctx, agents)
+    except PromptTooLongError as error:
+        raise Rejected(ctx.reject(env, "prompt_too_long", str(error)[:2000])) from None
     except LLMRequestError as error:
         if error.retryable:
             raise  # the server is gone: stop the run, a rerun resumes
@@ -122,34 +130,6 @@ async def evaluate(env: Environment, ctx: StageContext) -> list[Record]:
     return [accepted]
 
 
-# ------------------------------------------------------------------------------------------------- gates
-
-
-def run_gates(sandbox: Any, env: Environment) -> tuple[list[Problem], EnvInterface | None, dict[str, Any]]:
-    """Problems of the deterministic gates (empty: passed), the code's interface and its default state."""
-    problems, _ = probe_environment(sandbox, env.code)
-    if problems:
-        return problems, None, {}
-    interface = inspect_source(env.code)
-    stored = json.loads(env.tools) if isinstance(env.tools, str) else env.tools
-    if _signatures(stored) != _signatures(interface.tools):
-        message = "the record's tool schemas are not the ones its code yields; derive them with inspect_source"
-        return [Problem(code="tools_mismatch", line=0, message=message)], None, {}
-    with Session(sandbox, env.code, interface=interface) as session:
-        return [], interface, session.snapshot()
-
-
-def _signatures(tools: Any) -> list[tuple[str, tuple[str, ...]]]:
-    """Tool names with their parameter names: what must agree (descriptions and strict flags may differ)."""
-    try:
-        return [
-            (t["function"]["name"], tuple(sorted(t["function"]["parameters"].get("properties", {}))))
-            for t in tools or []
-        ]
-    except (KeyError, TypeError, AttributeError):
-        return []
-
-
 # ------------------------------------------------------------------------------------------- test states
 
 
@@ -162,12 +142,19 @@ async def make_test_states(
     header = class_header(env.code)
 
     async def loads(draft: Any) -> str | None:
-        return await asyncio.to_thread(load_error, ctx.sandbox, env.code, interface, draft.state.model_dump())
+        state = draft.state.model_dump()
+        dangling = "; ".join(reference_problems(state))
+        if dangling:
+            return f"references that name no record (use an existing id, or an empty value for none): {dangling}"
+        return await asyncio.to_thread(load_error, ctx.sandbox, env.code, interface, state)
 
     async def one(index: int) -> TestState | InvalidReply:
-        messages = agents.state_messages(env, header, default_state, index)
+        def ask(state_chars: int) -> Awaitable[Any]:
+            messages = agents.state_messages(env, header, default_state, index, state_chars)
+            return agents.ask_json(messages, output_type, "state", sample_index=index, accept=loads)
+
         try:
-            draft = await agents.ask_json(messages, output_type, "state", sample_index=index, accept=loads)
+            draft = await shrinking(ask, ctx, "evaluate_state")
         except InvalidReply as invalid:
             return invalid
         return TestState(index, " ".join(draft.purpose.split()), draft.state.model_dump())
@@ -191,10 +178,35 @@ def load_error(sandbox: Any, code: str, interface: EnvInterface, state: dict[str
 # ---------------------------------------------------------------------------------------- dual-agent check
 
 
-def schedule(tools: tuple[str, ...], position: int) -> tuple[str, CaseType]:
-    """The tool and case type of the `position`-th judged call: all tools positive, then all negative, ..."""
+def schedule(tools: tuple[str, ...], position: int, negatable: Collection[str]) -> tuple[str, CaseType]:
+    """The tool and case type of the `position`-th judged call: all tools positive, then all negative, ...
+
+    A tool outside `negatable` (no argument it accepts can be wrong, e.g. only an optional flag) gets a positive
+    case in the negative laps too: asking for a NEGATIVE case there only makes the tester invent one.
+    """
     lap, index = divmod(position, len(tools))
-    return tools[index], ("positive" if lap % 2 == 0 else "negative")
+    name = tools[index]
+    return name, ("negative" if lap % 2 and name in negatable else "positive")
+
+
+def negatable_tools(tools: Collection[dict[str, Any]]) -> frozenset[str]:
+    """The tools that admit a schema-valid argument a correct implementation must refuse."""
+    return frozenset(t["function"]["name"] for t in tools if admits_wrong_value(t["function"]["parameters"]))
+
+
+async def shrinking(ask: Callable[[int], Awaitable[T]], ctx: StageContext, prompt_name: str) -> T:
+    """`ask(state_chars)` with `evaluate.max_state_chars`; while the prompt alone is too long for the model's
+    context, again with half the state (fewer whole records), each shrink counted in the stage report."""
+    state_chars = ctx.config.evaluate.max_state_chars
+    while True:
+        try:
+            return await ask(state_chars)
+        except PromptTooLongError:
+            if state_chars <= MIN_STATE_CHARS:
+                raise
+            state_chars = max(MIN_STATE_CHARS, state_chars // 2)
+            shrunk = ctx.stats.report.setdefault("prompt_shrunk", {})
+            shrunk[prompt_name] = shrunk.get(prompt_name, 0) + 1
 
 
 async def exercise_all(
@@ -225,11 +237,12 @@ async def exercise(
 ) -> None:  # fmt: skip
     """Rounds on one test state until `run.quota` calls are judged or too many replies were unusable."""
     config = ctx.config.evaluate
+    negatable = negatable_tools(interface.tools)
     session = await asyncio.to_thread(Session, ctx.sandbox, env.code, state.state, interface)
     try:
         position = start
         while len(run.judged) < run.quota and len(run.invalid) <= config.max_invalid_replies:
-            slot = schedule(interface.tool_names, position)
+            slot = schedule(interface.tool_names, position, negatable)
             where = {"state": state.index, "round": len(run.judged) + len(run.invalid)}
             try:
                 before = await asyncio.to_thread(session.snapshot)
@@ -237,10 +250,9 @@ async def exercise(
                 await asyncio.to_thread(session.close)
                 session = await asyncio.to_thread(Session, ctx.sandbox, env.code, state.state, interface)
                 before = await asyncio.to_thread(session.snapshot)
+            propose = partial(_propose, agents, env, interface, slot, state, run, before, config.history_calls)
             try:
-                name, arguments, raw = await agents.propose(
-                    env, interface.tools, slot, _tester_facts(state, run, before, config)
-                )
+                name, arguments, raw = await shrinking(propose, ctx, "evaluate_tester")
             except InvalidReply as invalid:
                 run.invalid.append({**where, "kind": invalid.kind, "detail": invalid.detail, "raw": invalid.raw})
                 continue
@@ -264,15 +276,31 @@ async def exercise(
                     {**call, **_ruled(result, changes, "fail", f"{result.error_kind}: {result.error}", "runtime")}
                 )
                 continue
-            facts = _checker_facts(env, call, result, before, after, changes, config.max_state_chars)
+            check = partial(_check, agents, env, call, result, before, after, changes)
             try:
-                verdict = await agents.ask_json(agents.checker_messages(facts), CheckerVerdict, "checker")
+                verdict = await shrinking(check, ctx, "evaluate_checker")
             except InvalidReply as invalid:
                 run.invalid.append({**where, "kind": invalid.kind, "detail": invalid.detail, "raw": invalid.raw})
                 continue
             run.judged.append({**call, **_ruled(result, changes, verdict.verdict, verdict.reason, "checker")})
     finally:
         await asyncio.to_thread(session.close)
+
+
+async def _propose(
+    agents: Agents, env: Environment, interface: EnvInterface, slot: tuple[str, CaseType], state: TestState,
+    run: StateRun, current: dict[str, Any], history_calls: int, state_chars: int,
+) -> tuple[str, dict[str, Any], str]:  # fmt: skip
+    facts = _tester_facts(state, run, current, history_calls, state_chars)
+    return await agents.propose(env, interface.tools, slot, facts)
+
+
+async def _check(
+    agents: Agents, env: Environment, call: dict[str, Any], result: ToolResult, before: dict[str, Any],
+    after: dict[str, Any], changes: list[dict[str, Any]], state_chars: int,
+) -> CheckerVerdict:  # fmt: skip
+    facts = _checker_facts(env, call, result, before, after, changes, state_chars)
+    return await agents.ask_json(agents.checker_messages(facts), CheckerVerdict, "checker")
 
 
 def _ruled(result: ToolResult, changes: list[dict[str, Any]], verdict: str, reason: str, judge: str) -> dict[str, Any]:
@@ -287,9 +315,9 @@ def _ruled(result: ToolResult, changes: list[dict[str, Any]], verdict: str, reas
     }
 
 
-def _tester_facts(state: TestState, run: StateRun, current: dict[str, Any], config: Any) -> str:
+def _tester_facts(state: TestState, run: StateRun, current: dict[str, Any], history_calls: int, limit: int) -> str:
     done = len(run.judged)
-    recent = run.judged[-config.history_calls :] if config.history_calls else []
+    recent = run.judged[-history_calls:] if history_calls else []
     lines = [f"- {c['tool']}({json.dumps(c['arguments'])}) -> {c['result'] or c['error']}" for c in recent]
     history = "\n".join(lines) or "- none yet"
     # After an unusable tester reply the request must differ (or a cached reply would repeat the mistake), and
@@ -299,7 +327,7 @@ def _tester_facts(state: TestState, run: StateRun, current: dict[str, Any], conf
     feedback = f"\n\nYour previous reply was unusable ({last['kind']}): {last['detail']}" if last else ""
     return (
         f"Test state {state.index + 1}: {state.purpose}\nCall {done + 1} of {run.quota} on this state.\n\n"
-        f"Current state (JSON):\n{clip_json(current, config.max_state_chars)}\n\nRecent calls on this state:\n"
+        f"Current state (JSON):\n{state_text(current, limit)}\n\nRecent calls on this state:\n"
         f"{history}{feedback}"
     )
 
@@ -311,14 +339,14 @@ def _checker_facts(
     name = call["tool"]
     used = attributes_used(env.code, name)
     return (
-        f"Environment `{env.class_name}`: {env.description}\n\n"
+        f"Environment `{env.class_name}`: {environment_text(env.description, env.code)}\n\n"
         f"State definition:\n```python\n{class_header(env.code)}\n```\n\n"
         f"Tool under test: `{name}`, {CASE_TEXT[call['case']]}.\n"
         f"Method source:\n```python\n{method_source(env.code, name)}\n```\n\n"
         f"Arguments: {json.dumps(call['arguments'], ensure_ascii=False)}\n"
         f"Result: {clip_json(result.result, limit)}\n\n"
-        f"State before (attributes the method uses):\n{clip_json(state_view(before, used), limit)}\n\n"
-        f"State after:\n{clip_json(state_view(after, used), limit) if changes else '(identical to the state before)'}"
+        f"State before (attributes the method uses):\n{state_text(state_view(before, used), limit)}\n\n"
+        f"State after:\n{state_text(state_view(after, used), limit) if changes else '(identical to the state before)'}"
         f"\n\nChanges: {clip_json(changes, limit) if changes else 'none: the state did not change'}"
         f"{_outcome_note(result, changes)}"
     )

@@ -11,6 +11,7 @@ nothing measurable on fixed versions either. Reentrant, in case a finalizer run 
 from __future__ import annotations
 
 import ast
+import symtable
 import threading
 from typing import Literal, overload
 
@@ -25,3 +26,10 @@ def parse(source: str, mode: Literal["exec", "eval"] = "exec") -> ast.Module | a
     """`ast.parse(source, mode=mode)`, one thread at a time. Raises what `ast.parse` raises."""
     with _LOCK:
         return ast.parse(source, mode=mode)
+
+
+def symbols(source: str) -> symtable.SymbolTable:
+    """`symtable.symtable(source)` (the compiler's scopes, nothing run), under the same lock as `parse`: it
+    parses too. Raises SyntaxError (or ValueError for a null byte) like `parse`."""
+    with _LOCK:
+        return symtable.symtable(source, "<source>", "exec")

@@ -15,7 +15,14 @@ from builder.records import Environment, EnvPlan, Topic
 from builder.runner import BatchStage, ItemStage, Rejected, StageContext, run_stages
 from builder.sandbox.runtime import Sandbox
 from builder.stages.code import code, regenerate
-from builder.stages.code_assembly import assemble, missing_imports, schema_problems, split_module, state_schema
+from builder.stages.code_assembly import (
+    assemble,
+    missing_imports,
+    schema_problems,
+    split_module,
+    state_schema,
+    unbound_names,
+)
 from builder.stages.code_pieces import Piece, PieceError, extract_code, method_piece, signature, state_piece
 from builder.stages.plan import plan
 from builder.stages.plan_rules import (
@@ -438,3 +445,28 @@ async def test_regenerate_rewrites_only_the_failing_piece_with_its_error_fed_bac
     assert "[tool_raised]" in request.messages[3].content and "KeyError" in request.messages[3].content
     assert "(fixed)" in made.assembly.source and made.assembly.source.replace(" (fixed)", "") == env.code
     assert "(fixed)" not in env.code
+
+
+def test_a_name_bound_only_in_another_method_is_unbound_and_imported():
+    # As capable models write it: one method imports datetime locally, another uses it without an import.
+    source = (
+        "class ClassesEnv:\n"
+        "    def book(self, start: str) -> dict:\n"
+        "        from datetime import datetime\n"
+        "        return {'at': datetime.fromisoformat(start).isoformat(), 'now': datetime.now().isoformat()}\n"
+        "\n"
+        "    def cancel(self, enrollment_id: str) -> dict:\n"
+        "        start = datetime.datetime.fromisoformat('2024-01-01T10:00:00')\n"
+        "        day = datetime.date.today()\n"
+        "        return {'success': start.date() >= day, 'ids': [uuid.uuid4().hex for _ in range(2)]}\n"
+    )
+    assert unbound_names(source) == {"datetime": 7, "uuid": 9}
+    assert missing_imports(source) == ["import datetime", "import uuid"]
+    # Bound where it is used (a parameter, a local import, a closure's variable, a comprehension's): nothing.
+    fine = (
+        "import json\n\nclass E:\n    def a(self, datetime: str) -> str:\n        return datetime\n\n"
+        "    def b(self) -> list:\n        import random\n        seed = 3\n"
+        "        def pick():\n            return random.random() + seed\n"
+        "        return [pick() for _ in range(2)] + [json.dumps(x) for x in (1, 2)]\n"
+    )
+    assert unbound_names(fine) == {} and missing_imports(fine) == []

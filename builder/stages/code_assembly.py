@@ -19,7 +19,7 @@ from typing import Any
 
 from builder.envs.lint import lint
 from builder.envs.schema import annotation_schema, inspect_source, tool_methods
-from builder.pyast import parse
+from builder.pyast import parse, symbols
 from builder.records import EnvPlan, OperationPlan
 from builder.sandbox.allowed import ALLOWED_MODULES
 from builder.stages.code_pieces import STATE, Piece, PieceError, signature
@@ -129,43 +129,63 @@ def split_module(source: str, plan: EnvPlan) -> dict[str, Piece]:
 
 
 def unbound_names(source: str) -> dict[str, int]:
-    """Names the code loads but never binds anywhere (nor are builtins), with the first line using each.
+    """Names some scope loads that no scope it can see binds (nor are builtins), with the first line using each:
+    each a NameError waiting to happen, e.g. `datetime.now()` in a method when only another method imports it."""
+    return {name: min(use.lineno for use in uses) for name, uses in sorted(_unbound_uses(source).items())}
 
-    Bindings are collected over the whole module regardless of scope: an over-approximation, so a name reported
-    here is certainly undefined (a NameError waiting to happen), while some scope mistakes go unreported.
+
+def _unbound_uses(source: str) -> dict[str, list[ast.Name]]:
+    """Each unbound name with its uses (the loads inside the scopes that cannot see a binding of it).
+
+    `symtable` resolves scopes as the compiler does, without running anything: a name that a function, lambda,
+    comprehension or class body reads is local, free (bound by an enclosing function) or global, and a global
+    one must be bound at module level or be a builtin.
     """
     try:
-        tree = parse(source)
-    except SyntaxError:
+        tree, table = parse(source), symbols(source)
+    except (SyntaxError, ValueError):
         return {}
-    bound, used = set(dir(builtins)), {}
+    known = {symbol.get_name() for symbol in table.get_symbols() if symbol.is_assigned() or symbol.is_imported()}
+    known |= set(dir(builtins))
+    spans: dict[str, list[tuple[int, int]]] = {}  # name -> line spans of the scopes where it is unbound
+    scope_end = {node.lineno: node.end_lineno or node.lineno for node in ast.walk(tree) if isinstance(node, _SCOPES)}
+    scope_end[0] = len(source.splitlines())  # the module's own scope (line 0 in symtable)
+    pending = [table]
+    while pending:
+        scope = pending.pop()
+        pending.extend(scope.get_children())
+        for symbol in scope.get_symbols():
+            if symbol.is_referenced() and symbol.is_global() and symbol.get_name() not in known:
+                line = scope.get_lineno()
+                spans.setdefault(symbol.get_name(), []).append((line, scope_end.get(line, line)))
+    uses: dict[str, list[ast.Name]] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            if isinstance(node.ctx, ast.Load):
-                used[node.id] = min(used.get(node.id, node.lineno), node.lineno)
-            else:
-                bound.add(node.id)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            bound.add(node.name)
-        elif isinstance(node, ast.alias):
-            bound.add((node.asname or node.name).split(".")[0])
-        elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
-            bound.add(node.name)
-    return {name: line for name, line in sorted(used.items()) if name not in bound}
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in spans:
+            if any(start <= node.lineno <= end for start, end in spans[node.id]):
+                uses.setdefault(node.id, []).append(node)
+    return uses
+
+
+# AST nodes that open a scope of their own (what `symtable` calls a function or class block).
+_SCOPES = (
+    ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+    ast.GeneratorExp,
+)  # fmt: skip
 
 
 def missing_imports(source: str) -> list[str]:
     """Import statements for names the code uses without binding them, when the allow-list provides them."""
-    unbound = unbound_names(source)
-    datetime_attributes = set()
-    if "datetime" in unbound:
-        for node in ast.walk(parse(source)):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "datetime":
-                datetime_attributes.add(node.attr)
+    uses = _unbound_uses(source)
+    datetime_uses = {(use.lineno, use.col_offset) for use in uses.get("datetime", ())}
+    datetime_attributes = {
+        node.attr
+        for node in (ast.walk(parse(source)) if datetime_uses else ())
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and (node.value.lineno, node.value.col_offset) in datetime_uses
+    }
     added = []
-    for name in unbound:
+    for name in sorted(uses):
         if name == "datetime" and datetime_attributes and datetime_attributes <= _DATETIME_CLASS_ATTRIBUTES:
             added.append("from datetime import datetime")
         elif name in _MODULES:

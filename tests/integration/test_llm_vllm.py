@@ -34,7 +34,8 @@ from builder.records import ChatMessage, Sampling
 # The first test also waits for the shared server (25 s idle, several minutes on a loaded 2-core machine).
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
-CONFIG = LLMConfig(device="cpu", max_model_len=4096, max_tokens=128, temperature=0.0)  # client side; server: conftest
+# Client side (the server is conftest's); no budget growth, as in the cpu profile: replies here are cut on purpose.
+CONFIG = LLMConfig(device="cpu", max_model_len=4096, max_tokens=128, temperature=0.0, max_budget_growths=0)
 WEATHER = function_tool(
     "get_weather",
     "Get the current weather for a city",

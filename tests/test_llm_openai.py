@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from builder.config import LLMConfig
 from builder.llm import ChatRequest, LLMClient, LLMRequestError, OpenAIChatModel, TransientLLMError, open_llm
+from builder.llm.openai_backend import request_body
 from builder.llm.server import free_port
 from builder.records import ChatMessage, FunctionCall, Sampling, ToolCall
 
@@ -117,3 +118,10 @@ def test_open_llm_with_url_uses_cache_in_run_folder(tmp_path: Path) -> None:
                 assert reply.content == "cached answer"
     assert len(stub.requests) == 1 and stub.requests[0]["model"] == "served"
     assert (tmp_path / "llm_cache.sqlite").is_file() and not (tmp_path / "llm_server.log").exists()
+
+
+def test_request_body_without_seeds_drops_only_the_seed():
+    request = ChatRequest(messages=USER, sampling=Sampling(temperature=0.5, max_tokens=9, seed=3))
+    assert request_body(request, "m")["seed"] == 3
+    body = request_body(request, "m", seeds=False)
+    assert "seed" not in body and body["temperature"] == 0.5 and body["max_tokens"] == 9

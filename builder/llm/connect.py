@@ -97,8 +97,13 @@ def open_llm(
         else:
             server = stack.enter_context(VLLMServer(config, run_dir / server_log))
             is_vllm, url, context = True, server.url, server.max_model_len
+        # vLLM on CPU crashes (EngineDeadError "CPU Generator does not use offset") when a seeded request's prompt
+        # is prefilled in chunks, as long agent prompts are: its managed server gets no per-request seeds.
+        seeds = config.url is not None or server.device != "cpu"
         response_cache = stack.enter_context(ResponseCache(run_dir / CACHE_FILE)) if use_cache else None
-        backend = OpenAIChatModel(url, config.served_model_name, timeout_s=config.request_timeout_s, tokenize=is_vllm)
+        backend = OpenAIChatModel(
+            url, config.served_model_name, timeout_s=config.request_timeout_s, tokenize=is_vllm, seeds=seeds
+        )
         yield client_for(
             config,
             backend,

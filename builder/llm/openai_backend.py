@@ -41,8 +41,10 @@ class OpenAIChatModel:
         timeout_s: float = 300.0,
         http_client_factory: Callable[[], httpx.AsyncClient] | None = None,
         tokenize: bool = True,
+        seeds: bool = True,
     ) -> None:
         self.base_url = base_url
+        self.seeds = seeds
         self.model = model
         self.api_key = api_key
         self.timeout_s = timeout_s
@@ -61,7 +63,9 @@ class OpenAIChatModel:
             LLMRequestError: any other HTTP error status (4xx), with the server's message.
         """
         try:
-            completion = await self._client().chat.completions.create(**request_body(request, self.model))
+            completion = await self._client().chat.completions.create(
+                **request_body(request, self.model, seeds=self.seeds)
+            )
         except (openai.APITimeoutError, openai.APIConnectionError) as error:
             raise TransientLLMError(f"{type(error).__name__}: {error} ({self.base_url})") from None
         except openai.APIStatusError as error:
@@ -132,10 +136,10 @@ def tokenize_body(request: ChatRequest, model: str) -> dict[str, Any]:
     return body
 
 
-def request_body(request: ChatRequest, model: str) -> dict[str, Any]:
-    """The keyword arguments of `chat.completions.create` for `request`."""
+def request_body(request: ChatRequest, model: str, *, seeds: bool = True) -> dict[str, Any]:
+    """The keyword arguments of `chat.completions.create` for `request` (without its sampling seed if not `seeds`)."""
     body: dict[str, Any] = {"model": model, "messages": request.wire_messages()}
-    body.update(request.sampling.model_dump(exclude_none=True))
+    body.update(request.sampling.model_dump(exclude_none=True, exclude=None if seeds else {"seed"}))
     if request.tools:
         body["tools"] = list(request.tools)
     if request.tool_choice is not None:

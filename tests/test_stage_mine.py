@@ -231,7 +231,7 @@ def test_free_text_in_model_facing_schemas_is_bounded():
     from builder.stages._evaluate_agents import CheckerVerdict
     from builder.stages.mine import Judgement, TopicDraft
     from builder.stages.plan_rules import OperationsDraft, StateDraft
-    from builder.stages.scenarios import CheckCode, GoldSolution, TaskDraft
+    from builder.stages.scenarios import CheckCode, CheckCodes, GoldSolution, TaskDraft, checks_model
 
     def unbounded(schema: dict, path: str = "") -> list[str]:
         if schema.get("type") == "string" and "enum" not in schema:
@@ -254,6 +254,8 @@ def test_free_text_in_model_facing_schemas_is_bounded():
         TaskDraft,
         GoldSolution,
         CheckCode,
+        CheckCodes,
+        checks_model(3),
     ):
         schema = model.model_json_schema()
         defs = schema.get("$defs", {})

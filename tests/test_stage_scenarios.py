@@ -1,6 +1,8 @@
 """The scenarios stage with a scripted model over the hand-written fixture environments and a real sandbox."""
 
+import ast
 import json
+import re
 from pathlib import Path
 
 import polars as pl
@@ -133,12 +135,20 @@ def scripted(state=BANK_STATE, task=TASK, checks=CHECKS, gold=(GOLD,)):
             return json.dumps(tasks())
         if name == "GoldSolution":
             return json.dumps({"actions": golds()})
-        if name == "CheckCode":
-            item = request.messages[1].content.rsplit("## Checklist item\n", 1)[1]
-            return json.dumps({"code": check_queues[item]()})
+        if name == "CheckCodes":
+            return json.dumps({"checks": [check_queues[item]() for item in checklist_of(request)]})
+        if name == "CheckCode":  # a repair: the refused item is quoted in the last message
+            item = re.search(r"^Check \d+ \((.*)\) was refused", request.messages[-1].content, re.M)[1]
+            return json.dumps({"code": check_queues[ast.literal_eval(item)]()})
         raise AssertionError(f"unexpected request {name!r}")
 
     return ScriptedModel(answer)
+
+
+def checklist_of(request: ChatRequest) -> list[str]:
+    """The items of a CheckCodes request, from its numbered "## Checklist" section."""
+    section = request.messages[1].content.rsplit("## Checklist (", 1)[1].split("\n", 1)[1]
+    return [line.split(". ", 1)[1] for line in section.splitlines()]
 
 
 def context(tmp_path, model, sandbox, *overrides):
@@ -541,7 +551,7 @@ async def test_requests_get_the_interface_not_the_module(tmp_path, sandbox):
     tools = json.dumps([tool["function"] for tool in env.tools], ensure_ascii=False)
     transfer_body = 'self.accounts[source]["balance"] -= amount'
     lookup_body = 'return {"success": True, "account": dict(account, account_id=account_id)}'
-    for name in ("InitialState", "TaskDraft", "GoldSolution", "CheckCode"):
+    for name in ("InitialState", "TaskDraft", "GoldSolution", "CheckCodes"):
         for request in requests_of(model, name):
             text = request.messages[1].content
             assert env.code.strip() not in text and lookup_body not in text, name
@@ -550,8 +560,8 @@ async def test_requests_get_the_interface_not_the_module(tmp_path, sandbox):
         text = request.messages[1].content
         assert tools in text and "Accounts hold integer cents" in text, name  # the tool schemas and the rules
         assert transfer_body not in text, name
-    checks = requests_of(model, "CheckCode")
-    assert len(checks) == 3
+    checks = requests_of(model, "CheckCodes")
+    assert len(checks) == 1 and checklist_of(checks[0]) == TASK["checklist"]  # one request for the checklist
     schema = generated_state_schema({}, BANK_STATE)
     for request in checks:
         text = request.messages[1].content
@@ -705,7 +715,7 @@ async def test_clock_and_uuid_stamping_gold_verifies_at_the_scenarios_now(tmp_pa
     (ticket,) = plain.verification["gold"][1:2]
     assert '"opened_at": "2024-03-14T10:30:00"' in ticket["result"] and '"due": "2024-03-15"' in ticket["result"]
     # The task, check and gold requests were told the scenario's date-time, with its weekday.
-    for name in ("TaskDraft", "CheckCode", "GoldSolution"):
+    for name in ("TaskDraft", "CheckCodes", "GoldSolution"):
         (request,) = requests_of(model, name)
         assert "## Now\n2024-03-14T10:30:00 (Thursday)" in request.messages[1].content
     assert plain.id != plain.model_copy(update={"now": "2024-03-15T10:30:00"}).id  # `now` defines the scenario

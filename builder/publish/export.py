@@ -59,7 +59,8 @@ def build_tables(
     """Release tables `{config: {split: frame}}` from the store's frames (schemas of `builder.tables.schema`).
 
     Only accepted environments are published, with their scenarios; `sft` holds solved trajectories of `train`
-    environments that the select stage kept (or never judged). Rows are sorted by id, so the same store always
+    environments that the select stage kept (or never judged), and the `rl` split of `scenarios` the scenarios of
+    `rl` environments whose pass rate select found inside the band (or never judged). Rows are sorted by id, so the same store always
     gives the same files.
     """
     envs = environments.filter(pl.col("status") == "accepted")
@@ -70,9 +71,14 @@ def build_tables(
     chosen = pl.col("solved") & pl.col("selected").fill_null(True)
     sft = _sft_table(trajectories.filter(pl.col("env_id").is_in(env["env_id"].implode()) & chosen))
     in_rl = pl.col("env_id").is_in(list(rl_ids))
+    # The rl split: the scenarios select found inside the RL pass-rate band (None: never judged, as for `sft`).
+    in_band = pl.col("selected").fill_null(True)
     return {
         "environments": {"train": env.filter(~in_rl), "rl": env.filter(in_rl)},
-        "scenarios": {"train": scen.filter(~in_rl), "rl": scen.filter(in_rl)},
+        "scenarios": {
+            "train": scen.filter(~in_rl).drop("selected"),
+            "rl": scen.filter(in_rl & in_band).drop("selected"),
+        },
         "sft": {"train": sft.filter(~in_rl)},
     }
 
@@ -103,7 +109,7 @@ def _scenario_table(scenarios: pl.DataFrame, trajectories: pl.DataFrame) -> pl.D
         scenarios.rename({"id": "scenario_id"})
         .join(rates, on="scenario_id", how="left")
         .with_columns(pl.col("num_rollouts").fill_null(0))
-        .select(SCENARIO_COLUMNS)
+        .select(*SCENARIO_COLUMNS, "selected")
         .sort("scenario_id")
     )
 

@@ -77,6 +77,14 @@ async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[
     kept = {r.subject_id for r in results if isinstance(r, Selection) and r.kind == "sft"}
     judged = [t.model_copy(update={"selected": t.id in kept}) for t in trajectories]
     await asyncio.to_thread(store.upsert, "trajectories", judged)
+    # Likewise the rl environments' scenarios: an export's rl split holds exactly the scenarios in the band.
+    in_band = {r.subject_id for r in results if isinstance(r, Selection) and r.kind == "rl"}
+    rl_judged = [
+        scenarios[scenario_id].model_copy(update={"selected": scenario_id in in_band})
+        for scenario_id, group in by_scenario.items()
+        if is_rl_environment(group[0].env_id, fraction) and scenario_id in scenarios
+    ]
+    await asyncio.to_thread(store.upsert, "scenarios", rl_judged)
     return results
 
 

@@ -98,9 +98,7 @@ class LLMConfig(Section):
     )
     temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature for synthesis calls.")
     top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling for synthesis calls.")
-    max_tokens: int = Field(
-        4096, ge=1, description="Completion budget of a synthesis call that sets none of its own."
-    )
+    max_tokens: int = Field(4096, ge=1, description="Completion budget of a synthesis call that sets none of its own.")
     max_budget_growths: int = Field(
         2,
         ge=0,
@@ -187,9 +185,7 @@ class PlanConfig(Section):
 
 class CodeConfig(Section):
     repair_attempts: int = Field(3, ge=0, description="Regenerations of a failing piece with the error fed back.")
-    max_tokens: int = Field(
-        3072, ge=64, description="Completion budget of one piece (state code or one method)."
-    )
+    max_tokens: int = Field(3072, ge=64, description="Completion budget of one piece (state code or one method).")
     load_check: bool = Field(
         True,
         description="Load each assembled module in the sandbox (import, construct, snapshot the state); a failure "

@@ -60,8 +60,8 @@ def build_tables(
 
     Only accepted environments are published, with their scenarios; `sft` holds solved trajectories of `train`
     environments that the select stage kept (or never judged), and the `rl` split of `scenarios` the scenarios of
-    `rl` environments whose pass rate select found inside the band (or never judged). Rows are sorted by id, so the same store always
-    gives the same files.
+    `rl` environments whose pass rate select found inside the band (or never judged). Rows are sorted by id, so
+    the same store always gives the same files.
     """
     envs = environments.filter(pl.col("status") == "accepted")
     rl_ids = {env_id for env_id in envs["id"].to_list() if is_rl_environment(env_id, rl_fraction)}

@@ -72,6 +72,7 @@ class Store:
         except Exception as error:  # polars raises several types for truncated or garbled files
             raise self._damaged(path, error) from None
         expected = schema(record_type)
+        frame = _upgraded(record_type, frame, expected)
         if frame.schema != expected:
             raise self._damaged(path, f"columns {dict(frame.schema)} differ from the expected {dict(expected)}")
         return frame
@@ -170,6 +171,35 @@ class Store:
             else "no previous generation exists; restore it from a backup or a published release"
         )
         return StoreError(f"{path} is damaged and was left untouched ({cause}); {hint}")
+
+
+def _upgraded(record_type: type[Record], frame: pl.DataFrame, expected: pl.Schema) -> pl.DataFrame:
+    """`frame` as an older builder wrote it, brought to `expected` where nothing can be lost: columns added since
+    whose field defaults to None (e.g. `Scenario.selected`) are filled with nulls, and struct fields added since
+    (e.g. `reasoning_content` in `messages`) with nulls inside. Anything else that differs is left as it is, for
+    the caller to report."""
+    fields = record_type.model_fields
+    missing = [name for name in expected if name not in frame.columns]
+    if not all(name in fields and fields[name].default is None for name in missing):
+        return frame
+    frame = frame.with_columns(pl.lit(None, dtype=expected[name]).alias(name) for name in missing)
+    for name, dtype in frame.schema.items():
+        if name in expected and dtype != expected[name]:
+            if not _widens(dtype, expected[name]):
+                return frame
+            # By value, not `cast`: polars casts a struct nested in a list by field position.
+            frame = frame.with_columns(pl.Series(name, frame[name].to_list(), dtype=expected[name]))
+    return frame.select([name for name in expected if name in frame.columns])
+
+
+def _widens(old: pl.DataType, new: pl.DataType) -> bool:
+    """Whether `new` is `old` with struct fields added (anywhere inside), and nothing removed or retyped."""
+    if isinstance(old, pl.Struct) and isinstance(new, pl.Struct):
+        added = {field.name: field.dtype for field in new.fields}
+        return all(field.name in added and _widens(field.dtype, added[field.name]) for field in old.fields)
+    if isinstance(old, pl.List) and isinstance(new, pl.List):
+        return _widens(old.inner, new.inner)
+    return old == new
 
 
 def _record_type(table: str) -> type[Record]:

@@ -9,8 +9,10 @@ import polars as pl
 import pytest
 
 from builder.errors import StoreError
-from builder.records import SCHEMA_VERSION, Environment, Provenance, Scenario
+from builder.records import SCHEMA_VERSION, ChatMessage, Environment, Provenance, Sampling, Scenario, Trajectory
 from builder.store import Store
+from builder.tables import to_frame
+from tests.fixtures.scenarios import PROVENANCE, bank_scenario
 
 
 def env(provenance: Provenance, code: str, status: str = "candidate") -> Environment:
@@ -170,3 +172,33 @@ def test_concurrent_writers_lose_nothing(tmp_path):
         assert worker.exitcode == 0
     assert len(Store(tmp_path).environments()) == 45
     assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+
+def trajectory() -> Trajectory:
+    messages = (ChatMessage(role="user", content="Move 300 cents."), ChatMessage(role="assistant", content="Done."))
+    return Trajectory(
+        provenance=PROVENANCE, scenario_id="scenario-a", env_id="env-a", mode="non_conversational", model="m",
+        sampling=Sampling(seed=0), sample_index=0, messages=messages, tools=[], reward=1.0, solved=True,
+        checks_passed=(True,), end_reason="agent_done",
+    )  # fmt: skip
+
+
+def test_tables_of_an_older_builder_read_with_the_columns_added_since(tmp_path):
+    # Schema 1 had no Scenario.selected column and no reasoning_content in the message struct.
+    store = Store(tmp_path / "store")
+    scenario = bank_scenario()
+    store.upsert("scenarios", [scenario])
+    old = pl.read_parquet(store.path("scenarios")).drop("selected")
+    old.write_parquet(store.path("scenarios"))
+    (back,) = store.scenarios()
+    assert back.selected is None and back.id == scenario.id and back.task == scenario.task
+    trajectory_row = to_frame(Trajectory, [trajectory()])
+    older_messages = pl.List(pl.Struct({k: v for k, v in trajectory_row.schema["messages"].inner.to_schema().items()
+                                        if k != "reasoning_content"}))  # fmt: skip
+    trajectory_row.with_columns(pl.col("messages").cast(older_messages)).write_parquet(store.path("trajectories"))
+    (read,) = store.trajectories()
+    assert read.messages == trajectory().messages and all(m.reasoning_content is None for m in read.messages)
+    # A column that disappeared is not papered over: the table is reported, not guessed at.
+    old.drop("task").write_parquet(store.path("scenarios"))
+    with pytest.raises(StoreError, match="damaged"):
+        store.scenarios()

@@ -60,7 +60,7 @@ def build_tables(
 
     Only accepted environments are published, with their scenarios; `sft` holds solved trajectories of `train`
     environments that the select stage kept (or never judged), and the `rl` split of `scenarios` the scenarios of
-    `rl` environments whose pass rate select found inside the band (or never judged). Rows are sorted by id, so
+    `rl` environments whose pass rate select found inside the band. Rows are sorted by id, so
     the same store always gives the same files.
     """
     envs = environments.filter(pl.col("status") == "accepted")
@@ -71,8 +71,9 @@ def build_tables(
     chosen = pl.col("solved") & pl.col("selected").fill_null(True)
     sft = _sft_table(trajectories.filter(pl.col("env_id").is_in(env["env_id"].implode()) & chosen))
     in_rl = pl.col("env_id").is_in(list(rl_ids))
-    # The rl split: the scenarios select found inside the RL pass-rate band (None: never judged, as for `sft`).
-    in_band = pl.col("selected").fill_null(True)
+    # The rl split: the scenarios select found inside the RL pass-rate band. Unlike an unjudged trajectory, an
+    # unjudged scenario has no pass rate that could be in the band (it was never rolled out, or select never ran).
+    in_band = pl.col("selected").fill_null(False)
     return {
         "environments": {"train": env.filter(~in_rl), "rl": env.filter(in_rl)},
         "scenarios": {

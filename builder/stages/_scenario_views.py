@@ -18,9 +18,10 @@ from typing import Any
 from builder.pyast import parse
 from builder.records import Environment
 from builder.stages._evaluate_source import class_header
+from builder.stages._evaluate_source import state_text as whole_records_text
 
 SHRINK_LEVELS = 3
-STATE_CHARS = (6000, 3000, 1500)  # a state shown in a prompt is cut to this many characters
+STATE_CHARS = (12000, 6000, 3000)  # a state shown in a prompt is cut to this many characters, by record
 RECORDS = (None, 6, 2)  # records kept per collection of a shown state (None: all)
 HEADER_CHARS = (4000, 2000, 800)  # the class header (docstring, __init__) is cut to this many characters
 METHODS = (4, 2, 0)  # method sources a check request is shown
@@ -63,16 +64,16 @@ def _rebuild(original: Any, pairs: list[tuple[Any, Any]]) -> Any:
 
 
 def state_text(state: dict[str, Any], shrink: int = 0) -> str:
-    """`state` as JSON, with at most RECORDS[shrink] records per collection, cut to STATE_CHARS[shrink]."""
+    """`state` as JSON of whole records: at most RECORDS[shrink] per collection, then within STATE_CHARS[shrink]
+    characters (evaluate's cut: the largest collections lose their last records first and a note names them);
+    never cut mid-JSON."""
     limit = RECORDS[shrink]
     shown = {}
     for name, value in state.items():
         pairs = _collection(value)
         shown[name] = value if pairs is None or limit is None or len(pairs) <= limit else _rebuild(value, pairs[:limit])
-    text = json.dumps(shown, ensure_ascii=False)
-    if shown != state:
-        text += " (some records left out)"
-    return _clip(text, STATE_CHARS[shrink])
+    note = " (some records left out)" if shown != state else ""
+    return whole_records_text(shown, STATE_CHARS[shrink]) + note
 
 
 def _scalars(value: Any) -> Iterable[str]:

@@ -776,3 +776,26 @@ async def test_prompts_too_long_for_the_context_shrink_the_state_and_are_counted
     rejected = await rejection(environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA), ctx)
     assert rejected.reason == "prompt_too_long"
     assert sum(kind(r) == "tester" for r in always.requests) == 7  # 12000 halved down to 200 characters
+
+
+async def test_a_test_states_now_is_the_clock_the_tester_and_checker_are_told(tmp_path, sandbox):
+    # States of capable models are dated (2025-2027 here); the sandbox clock must read the state's own "today",
+    # not the sandbox's default, or "in the future" rules are judged against the wrong day.
+    dated = {"purpose": "two customers", "now": "2025-10-06T09:00", "state": BANK_STATE}
+    model = scripted(state=dated)
+    (accepted,) = await evaluate(environment("bank"), context(tmp_path, model, sandbox))
+    assert [s["now"] for s in accepted.evaluation["test_states"]] == ["2025-10-06T09:00:00"] * 2
+    told = "Now: 2025-10-06T09:00:00 (Monday) (the environment's clock reads this date-time)."
+    for role in ("tester", "CheckerVerdict"):
+        requests = [r for r in model.requests if kind(r) == role]
+        assert requests and all(told in r.messages[-1].content for r in requests), role
+
+
+async def test_a_test_state_whose_now_is_not_a_date_time_is_asked_again(tmp_path, sandbox):
+    replies = iter([{"purpose": "p", "now": "next Tuesday", "state": BANK_STATE}])
+    model = scripted(state=lambda request: next(replies, {"purpose": "p", "now": "2025-01-02T08:00:00",
+                                                          "state": BANK_STATE}))  # fmt: skip
+    (accepted,) = await evaluate(environment("bank"), context(tmp_path, model, sandbox, "evaluate.test_states=1"))
+    assert accepted.evaluation["test_states"][0]["now"] == "2025-01-02T08:00:00"
+    retry = [r for r in model.requests if kind(r) == "TestState"][1]
+    assert "now" in retry.messages[-1].content and retry.messages[-1].role == "user"

@@ -16,6 +16,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, create_model, model_validator
 
 from builder.pyast import parse
+from builder.sandbox.world import DEFAULT_NOW, parse_now
 
 
 def _env_class(code: str) -> ast.ClassDef:
@@ -132,10 +133,21 @@ def state_output_type(schema: dict[str, Any]) -> type[BaseModel]:
         model_config = ConfigDict(extra="forbid")
 
         purpose: str = Field(description="One sentence: what situation this state sets up for testing.", max_length=400)
+        # Before the state, so "today" is chosen before the dates around it; the sandbox clock reads it.
+        now: str = Field(
+            DEFAULT_NOW,
+            description="The current local date-time of this state, ISO 8601 without a time zone "
+            "(YYYY-MM-DDTHH:MM:SS), consistent with the dates in the state.",
+            max_length=40,
+        )
         state: state_type  # type: ignore[valid-type]
 
         @model_validator(mode="after")
         def _follows_schema(self) -> TestState:
+            try:
+                self.now = parse_now(self.now).isoformat(timespec="seconds")
+            except ValueError as error:
+                raise ValueError(f"now: {error}") from None
             values = self.state.model_dump()
             errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(values), key=lambda e: e.path)
             if errors:

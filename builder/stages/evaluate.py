@@ -41,6 +41,7 @@ from builder.llm import LLMRequestError, PromptTooLongError
 from builder.prompts import prompt_version
 from builder.records import Environment, Record
 from builder.runner import Rejected, StageContext
+from builder.sandbox.world import DEFAULT_NOW, describe_now
 from builder.stages._evaluate_agents import Agents, CaseType, CheckerVerdict, InvalidReply
 from builder.stages._evaluate_gates import passing_gates
 from builder.stages._evaluate_source import (
@@ -77,6 +78,7 @@ class TestState:
     index: int
     purpose: str
     state: dict[str, Any]
+    now: str  # the sandbox clock of every session on this state, chosen with it
 
 
 @dataclass
@@ -146,7 +148,7 @@ async def make_test_states(
         dangling = "; ".join(reference_problems(state))
         if dangling:
             return f"references that name no record (use an existing id, or an empty value for none): {dangling}"
-        return await asyncio.to_thread(load_error, ctx.sandbox, env.code, interface, state)
+        return await asyncio.to_thread(load_error, ctx.sandbox, env.code, interface, state, draft.now)
 
     async def one(index: int) -> TestState | InvalidReply:
         def ask(state_chars: int) -> Awaitable[Any]:
@@ -157,7 +159,7 @@ async def make_test_states(
             draft = await shrinking(ask, ctx, "evaluate_state")
         except InvalidReply as invalid:
             return invalid
-        return TestState(index, " ".join(draft.purpose.split()), draft.state.model_dump())
+        return TestState(index, " ".join(draft.purpose.split()), draft.state.model_dump(), draft.now)
 
     results = await _all([one(i) for i in range(min(config.test_states, config.calls))])
     states = [r for r in results if isinstance(r, TestState)]
@@ -165,10 +167,12 @@ async def make_test_states(
     return states, failures
 
 
-def load_error(sandbox: Any, code: str, interface: EnvInterface, state: dict[str, Any]) -> str | None:
+def load_error(
+    sandbox: Any, code: str, interface: EnvInterface, state: dict[str, Any], now: str = DEFAULT_NOW
+) -> str | None:
     """Why `state` cannot serve as an initial state (None: it loads and reads back as JSON)."""
     try:
-        with Session(sandbox, code, state, interface=interface) as session:
+        with Session(sandbox, code, state, interface=interface, now=now) as session:
             session.snapshot()
     except SessionError as error:
         return f"the environment does not load with this state: {error}"
@@ -238,7 +242,7 @@ async def exercise(
     """Rounds on one test state until `run.quota` calls are judged or too many replies were unusable."""
     config = ctx.config.evaluate
     negatable = negatable_tools(interface.tools)
-    session = await asyncio.to_thread(Session, ctx.sandbox, env.code, state.state, interface)
+    session = await asyncio.to_thread(_session, ctx.sandbox, env.code, state, interface)
     try:
         position = start
         while len(run.judged) < run.quota and len(run.invalid) <= config.max_invalid_replies:
@@ -248,7 +252,7 @@ async def exercise(
                 before = await asyncio.to_thread(session.snapshot)
             except SessionError:  # the worker died and replaying the calls failed: start over from the state
                 await asyncio.to_thread(session.close)
-                session = await asyncio.to_thread(Session, ctx.sandbox, env.code, state.state, interface)
+                session = await asyncio.to_thread(_session, ctx.sandbox, env.code, state, interface)
                 before = await asyncio.to_thread(session.snapshot)
             propose = partial(_propose, agents, env, interface, slot, state, run, before, config.history_calls)
             try:
@@ -268,7 +272,7 @@ async def exercise(
             except SessionError as error:
                 run.judged.append({**call, **_ruled(result, [], "fail", f"state_not_json: {error}", "runtime")})
                 await asyncio.to_thread(session.close)
-                session = await asyncio.to_thread(Session, ctx.sandbox, env.code, state.state, interface)
+                session = await asyncio.to_thread(_session, ctx.sandbox, env.code, state, interface)
                 continue
             changes = diff_states(before, after)
             if not result.ok:  # raised, hung, crashed, non-JSON result: the environment broke its contract
@@ -276,7 +280,7 @@ async def exercise(
                     {**call, **_ruled(result, changes, "fail", f"{result.error_kind}: {result.error}", "runtime")}
                 )
                 continue
-            check = partial(_check, agents, env, call, result, before, after, changes)
+            check = partial(_check, agents, env, call, result, before, after, changes, now=state.now)
             try:
                 verdict = await shrinking(check, ctx, "evaluate_checker")
             except InvalidReply as invalid:
@@ -297,9 +301,9 @@ async def _propose(
 
 async def _check(
     agents: Agents, env: Environment, call: dict[str, Any], result: ToolResult, before: dict[str, Any],
-    after: dict[str, Any], changes: list[dict[str, Any]], state_chars: int,
+    after: dict[str, Any], changes: list[dict[str, Any]], state_chars: int, *, now: str,
 ) -> CheckerVerdict:  # fmt: skip
-    facts = _checker_facts(env, call, result, before, after, changes, state_chars)
+    facts = _checker_facts(env, call, result, before, after, changes, state_chars, now)
     return await agents.ask_json(agents.checker_messages(facts), CheckerVerdict, "checker")
 
 
@@ -315,6 +319,10 @@ def _ruled(result: ToolResult, changes: list[dict[str, Any]], verdict: str, reas
     }
 
 
+def _session(sandbox: Any, code: str, state: TestState, interface: EnvInterface) -> Session:
+    return Session(sandbox, code, state.state, interface, now=state.now)
+
+
 def _tester_facts(state: TestState, run: StateRun, current: dict[str, Any], history_calls: int, limit: int) -> str:
     done = len(run.judged)
     recent = run.judged[-history_calls:] if history_calls else []
@@ -326,7 +334,8 @@ def _tester_facts(state: TestState, run: StateRun, current: dict[str, Any], hist
     last = last if last and last["kind"] != "checker_invalid" else None
     feedback = f"\n\nYour previous reply was unusable ({last['kind']}): {last['detail']}" if last else ""
     return (
-        f"Test state {state.index + 1}: {state.purpose}\nCall {done + 1} of {run.quota} on this state.\n\n"
+        f"Test state {state.index + 1}: {state.purpose}\nCall {done + 1} of {run.quota} on this state.\n"
+        f"Now: {describe_now(state.now)} (the environment's clock reads this date-time).\n\n"
         f"Current state (JSON):\n{state_text(current, limit)}\n\nRecent calls on this state:\n"
         f"{history}{feedback}"
     )
@@ -334,13 +343,14 @@ def _tester_facts(state: TestState, run: StateRun, current: dict[str, Any], hist
 
 def _checker_facts(
     env: Environment, call: dict[str, Any], result: ToolResult, before: dict[str, Any], after: dict[str, Any],
-    changes: list[dict[str, Any]], limit: int,
+    changes: list[dict[str, Any]], limit: int, now: str,
 ) -> str:  # fmt: skip
     name = call["tool"]
     used = attributes_used(env.code, name)
     return (
         f"Environment `{env.class_name}`: {environment_text(env.description, env.code)}\n\n"
         f"State definition:\n```python\n{class_header(env.code)}\n```\n\n"
+        f"Now: {describe_now(now)} (the environment's clock reads this date-time).\n"
         f"Tool under test: `{name}`, {CASE_TEXT[call['case']]}.\n"
         f"Method source:\n```python\n{method_source(env.code, name)}\n```\n\n"
         f"Arguments: {json.dumps(call['arguments'], ensure_ascii=False)}\n"
@@ -391,7 +401,7 @@ def summarize(
         },  # fmt: skip
         "tool_coverage": round(sum(1 for c in per_tool.values() if c["calls"]) / len(per_tool), 4),
         "tools": {name: dict(counter) for name, counter in per_tool.items()},
-        "test_states": [{"purpose": s.purpose, "state": s.state} for s in states],
+        "test_states": [{"purpose": s.purpose, "now": s.now, "state": s.state} for s in states],
         "failed_test_states": [{"index": i, "kind": f.kind, "detail": f.detail} for i, f in failures],
         "calls": calls,
         "invalid_replies": [{k: v for k, v in item.items() if k != "raw"} for run in runs for item in run.invalid],

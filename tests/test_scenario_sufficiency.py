@@ -135,3 +135,23 @@ async def test_user_sim_ends_exactly_when_the_reply_holds_the_marker(reply, stop
     turn = await sim.reply([])
     assert turn.stop is stop
     assert (turn.content is None) is stop  # what comes with the marker never reaches the agent
+
+
+@pytest.mark.parametrize(
+    ("said", "value", "ok"),
+    [  # now is Monday 2025-10-06 (the task prompt says dates count from Now)
+        ("a class on Wednesday, please", "2025-10-08", True),
+        ("next Wednesday", "2025-10-15", True),  # "next" may mean the one after the coming one
+        ("tomorrow morning", "2025-10-07", True),
+        ("today", "2025-10-06", True),
+        ("in two weeks", "2025-10-20", True),
+        ("in 3 days", "2025-10-09", True),
+        ("last Friday", "2025-10-03", True),
+        ("on Wednesday", "2025-10-09", False),  # a Thursday
+        ("tomorrow", "2025-10-08", False),
+    ],
+)
+def test_days_named_relative_to_now_are_the_users(said, value, ok):
+    call = {"name": "book_visit", "arguments": {"day": value}}
+    assert (unsupported_arguments([call], [None], said, TOOLS, now="2025-10-06T09:00:00") == []) is ok
+    assert unsupported_arguments([call], [None], said, TOOLS) != []  # without a now, a weekday names no date

@@ -9,6 +9,8 @@ was written with the state in view, and an agent (told never to guess) cannot so
 - a shorter string must appear in the sources, case-insensitively and not inside a longer token ("b3" is in
   "book b3", not in "b33"); a string of several words may also have each of its words somewhere in the
   sources ("Palmer Ada"); an ISO date also matches the same day written out ("July 15, 2024", "15 July");
+- a date may also be named relative to the scenario's `now` ("today", "tomorrow", "on Wednesday", "next Friday",
+  "in 3 days", "in two weeks"), as the task prompt allows;
 - a number must appear in the sources as a number, whatever its formatting ("2" and 2.0, "$1,200" and 1200); a
   money amount the user writes with a currency sign or two decimals ("$30", "30.00") also stands for its cents.
 
@@ -18,11 +20,14 @@ numbers, dict keys) and the description of the parameter. Pure functions over JS
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from builder.sandbox.world import parse_now
 
 COMPOSITION_WORDS = 4  # strings with this many words or more are composed by the agent, not identifiers
 MAX_PROBLEMS = 6
@@ -49,6 +54,10 @@ _MONTH = "(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
 _DAY = r"(\d{1,2})(?:st|nd|rd|th)?"
 _MONTH_DAY = re.compile(rf"\b{_MONTH}\s+{_DAY}\b(?:,?\s+(\d{{4}}))?")
 _DAY_MONTH = re.compile(rf"\b{_DAY}\s+(?:of\s+)?{_MONTH}\b(?:,?\s+(\d{{4}}))?")
+_RELATIVE_DAYS = {"today": 0, "tonight": 0, "tomorrow": 1, "yesterday": -1, "day after tomorrow": 2}
+_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_WEEKDAY = re.compile(rf"\b(?:(this|next|last|on|coming)\s+)?({'|'.join(_WEEKDAYS)})\b")
+_IN_DAYS = re.compile(r"\bin\s+(\d+|" + "|".join(_NUMBER_WORDS) + r")\s+(days?|weeks?)\b")
 _ISO_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:[T ][\d:.]+(?:Z|[+-]\d{2}:?\d{2})?)?$")
 
 
@@ -85,6 +94,25 @@ class Sources:
             self.numbers.append(float(value))
         else:
             self.add_text(str(value), money=False)
+
+    def add_relative_dates(self, text: str, now: str) -> None:
+        """The days a user names relative to `now` ("today", "tomorrow", "on Wednesday", "next Friday", "in 3
+        days", "in two weeks"), as dates: the task prompt says dates count from `Now`, so they are the user's."""
+        today = parse_now(now).date()
+        folded = text.casefold()
+        offsets = [offset for word, offset in _RELATIVE_DAYS.items() if re.search(rf"\b{word}\b", folded)]
+        for match in _WEEKDAY.finditer(folded):
+            ahead = (_WEEKDAYS.index(match[2]) - today.weekday()) % 7
+            if match[1] == "last":
+                offsets.append(ahead - 7 if ahead else -7)
+            else:  # "on friday", "this friday", "next friday": the coming one, or the one after it
+                offsets += [ahead, ahead + 7]
+        for match in _IN_DAYS.finditer(folded):
+            count = _NUMBER_WORDS.get(match[1]) if match[1] in _NUMBER_WORDS else int(match[1])
+            offsets.append(count * (7 if match[2].startswith("week") else 1))
+        for offset in offsets:
+            day = today + datetime.timedelta(days=offset)
+            self.dates.add((day.month, day.day, day.year))
 
     def copy(self) -> Sources:
         return Sources(list(self.texts), set(self.words), list(self.numbers), set(self.dates))
@@ -166,7 +194,11 @@ def _unsupported(value: Any, path: str, schema: dict[str, Any], sources: Sources
 
 
 def unsupported_arguments(
-    actions: Sequence[dict[str, Any]], results: Sequence[Any], text: str, tools: Sequence[dict[str, Any]]
+    actions: Sequence[dict[str, Any]],
+    results: Sequence[Any],
+    text: str,
+    tools: Sequence[dict[str, Any]],
+    now: str | None = None,
 ) -> list[str]:
     """One message per gold argument value that neither `text`, an earlier result nor the tool schema gives.
 
@@ -175,12 +207,15 @@ def unsupported_arguments(
         results: each call's JSON result, index for index (calls that were not run: None).
         text: what the user says (the task, or the user script of a conversation).
         tools: the environment's OpenAI tool schemas.
+        now: the scenario's date-time, from which days the user names relatively ("tomorrow") are counted.
     """
     parameters = {
         tool["function"]["name"]: tool["function"].get("parameters", {}).get("properties", {}) for tool in tools
     }
     sources, problems = Sources(), []
     sources.add_text(text)
+    if now is not None:
+        sources.add_relative_dates(text, now)
     for index, action in enumerate(actions):
         schemas = parameters.get(action["name"], {})
         for name, value in (action.get("arguments") or {}).items():

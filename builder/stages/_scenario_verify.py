@@ -204,7 +204,7 @@ def verify(
     underspecified = {
         mode: tuple(problems)
         for mode, text in (texts or {}).items()
-        if (problems := unsupported_arguments(actions, results, text, tools))
+        if (problems := unsupported_arguments(actions, results, text, tools, now))
     }
     if underspecified:
         detail = " | ".join(f"{mode}: {'; '.join(problems)}" for mode, problems in underspecified.items())

@@ -706,6 +706,26 @@ async def test_no_negative_case_for_a_tool_whose_only_parameter_is_an_optional_f
             assert "2. Audits never change the state." in request.messages[1].content
 
 
+@pytest.mark.parametrize(
+    ("properties", "required", "admits"),
+    [
+        ({"verbose": {"type": "boolean"}}, [], False),  # an optional flag
+        ({"city": {"type": "string", "description": "only studios in this city"}}, [], False),  # a free filter
+        ({"city": {"type": "string"}}, ["city"], True),  # required: empty text is wrong
+        ({"date": {"type": "string", "description": "only this day, YYYY-MM-DD"}}, [], True),  # a format
+        ({"member_id": {"type": "string"}}, [], True),  # names a record
+        ({"code": {"type": "string", "pattern": "^[A-Z]{3}$"}}, [], True),
+        ({"status": {"type": "string", "enum": ["open", "closed"]}}, [], True),
+        ({"limit": {"type": "integer"}}, [], False),
+        ({"limit": {"type": "integer", "minimum": 1}}, [], True),
+    ],
+)
+def test_which_tools_admit_a_wrong_value(properties, required, admits):
+    from builder.stages._evaluate_source import admits_wrong_value
+
+    assert admits_wrong_value({"type": "object", "properties": properties, "required": required}) is admits
+
+
 def shown_state(text: str, heading: str) -> tuple[dict, list[str]]:
     """The JSON state a prompt shows under `heading`, and the omission notes after it."""
     block = text.split(heading, 1)[1].split("\n\n", 1)[0]

@@ -559,6 +559,8 @@ async def test_requests_get_the_interface_not_the_module(tmp_path, sandbox):
         (request,) = requests_of(model, name)
         text = request.messages[1].content
         assert tools in text and "Accounts hold integer cents" in text, name  # the tool schemas and the rules
+        # The module docstring too: the code stage writes the plan's numbered rules there.
+        assert "transfers with an overdraft rule and a daily limit" in text, name
         assert transfer_body not in text, name
     checks = requests_of(model, "CheckCodes")
     assert len(checks) == 1 and checklist_of(checks[0]) == TASK["checklist"]  # one request for the checklist

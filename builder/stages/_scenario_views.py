@@ -17,7 +17,7 @@ from typing import Any
 
 from builder.pyast import parse
 from builder.records import Environment
-from builder.stages._evaluate_source import class_header
+from builder.stages._evaluate_source import class_header, environment_text
 from builder.stages._evaluate_source import state_text as whole_records_text
 
 SHRINK_LEVELS = 3
@@ -43,9 +43,11 @@ def interface_text(env: Environment, shrink: int = 0) -> str:
     except (StopIteration, SyntaxError, IndexError):  # an accepted environment has a class; be safe anyway
         header = ""
     tools = json.dumps([tool["function"] for tool in env.tools], ensure_ascii=False)
+    # The module docstring holds the plan's description and numbered rules (the code stage writes them there).
+    about = environment_text(env.description, env.code)
     return (
-        f"# Environment {env.name} ({env.domain})\n{env.description}\n\n"
-        f"## Class header (rules and state)\n```python\n{_clip(header, HEADER_CHARS[shrink])}\n```\n\n"
+        f"# Environment {env.name} ({env.domain})\n{about}\n\n"
+        f"## Class header (state)\n```python\n{_clip(header, HEADER_CHARS[shrink])}\n```\n\n"
         f"## Tools\n{tools}"
     )
 

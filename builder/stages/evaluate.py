@@ -334,7 +334,8 @@ def _tester_facts(state: TestState, run: StateRun, current: dict[str, Any], hist
     last = last if last and last["kind"] != "checker_invalid" else None
     feedback = f"\n\nYour previous reply was unusable ({last['kind']}): {last['detail']}" if last else ""
     return (
-        f"Test state {state.index + 1}: {state.purpose}\nCall {done + 1} of {run.quota} on this state.\n"
+        f"Test state {state.index + 1}, as first set up: {state.purpose}\n"
+        f"Call {done + 1} of {run.quota} on this state; the current state below includes the calls made since.\n"
         f"Now: {describe_now(state.now)} (the environment's clock reads this date-time).\n\n"
         f"Current state (JSON):\n{state_text(current, limit)}\n\nRecent calls on this state:\n"
         f"{history}{feedback}"

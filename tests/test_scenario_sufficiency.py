@@ -144,6 +144,7 @@ async def test_user_sim_ends_exactly_when_the_reply_holds_the_marker(reply, stop
         ("next Wednesday", "2025-10-15", True),  # "next" may mean the one after the coming one
         ("tomorrow morning", "2025-10-07", True),
         ("today", "2025-10-06", True),
+        ("at 08:00 this morning", "2025-10-06T08:00:00", True),  # a date-time by its date
         ("in two weeks", "2025-10-20", True),
         ("in 3 days", "2025-10-09", True),
         ("last Friday", "2025-10-03", True),

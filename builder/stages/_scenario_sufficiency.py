@@ -54,7 +54,10 @@ _MONTH = "(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
 _DAY = r"(\d{1,2})(?:st|nd|rd|th)?"
 _MONTH_DAY = re.compile(rf"\b{_MONTH}\s+{_DAY}\b(?:,?\s+(\d{{4}}))?")
 _DAY_MONTH = re.compile(rf"\b{_DAY}\s+(?:of\s+)?{_MONTH}\b(?:,?\s+(\d{{4}}))?")
-_RELATIVE_DAYS = {"today": 0, "tonight": 0, "tomorrow": 1, "yesterday": -1, "day after tomorrow": 2}
+_RELATIVE_DAYS = {
+    "today": 0, "tonight": 0, "this morning": 0, "this afternoon": 0, "this evening": 0, "tomorrow": 1,
+    "yesterday": -1, "day after tomorrow": 2,
+}  # fmt: skip
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _WEEKDAY = re.compile(rf"\b(?:(this|next|last|on|coming)\s+)?({'|'.join(_WEEKDAYS)})\b")
 _IN_DAYS = re.compile(r"\bin\s+(\d+|" + "|".join(_NUMBER_WORDS) + r")\s+(days?|weeks?)\b")

@@ -61,7 +61,7 @@ _RELATIVE_DAYS = {
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _WEEKDAY = re.compile(rf"\b(?:(this|next|last|on|coming)\s+)?({'|'.join(_WEEKDAYS)})\b")
 _IN_DAYS = re.compile(r"\bin\s+(\d+|" + "|".join(_NUMBER_WORDS) + r")\s+(days?|weeks?)\b")
-_ISO_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:[T ][\d:.]+(?:Z|[+-]\d{2}:?\d{2})?)?$")
+_ISO_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:[Tt ][\d:.]+(?:[Zz]|[+-]\d{2}:?\d{2})?)?$")
 
 
 @dataclass

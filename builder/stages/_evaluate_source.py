@@ -44,13 +44,19 @@ def class_header(code: str) -> str:
     return "\n".join(lines[start - 1 : end])  # the class is top-level, so no dedent is needed
 
 
-def method_source(code: str, name: str) -> str:
-    """The source of method `name`, followed by the private helpers it calls directly (`self._helper(...)`)."""
+def method_nodes(code: str, name: str) -> list[ast.FunctionDef]:
+    """Method `name` followed by the private helpers it calls directly (`self._helper(...)`).
+
+    Raises KeyError when the class has no such method (StopIteration when the module has no class)."""
     methods = _methods(_env_class(code))
     method = methods[name]
+    return [method] + [methods[helper] for helper in _called_helpers(method) if helper in methods]
+
+
+def method_source(code: str, name: str) -> str:
+    """The source of method `name`, followed by the private helpers it calls directly (`self._helper(...)`)."""
     lines = code.splitlines()
-    nodes = [method] + [methods[helper] for helper in _called_helpers(method) if helper in methods]
-    return "\n\n".join(textwrap.dedent("\n".join(lines[n.lineno - 1 : n.end_lineno])) for n in nodes)
+    return "\n\n".join(textwrap.dedent("\n".join(lines[n.lineno - 1 : n.end_lineno])) for n in method_nodes(code, name))
 
 
 def _called_helpers(method: ast.FunctionDef) -> list[str]:

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import ast
 import json
-import textwrap
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from builder.pyast import parse
 from builder.records import Environment
-from builder.stages._evaluate_source import class_header, environment_text
+from builder.stages._evaluate_source import class_header, environment_text, method_nodes, method_source
 from builder.stages._evaluate_source import state_text as whole_records_text
 
 SHRINK_LEVELS = 3
@@ -107,24 +105,6 @@ def involved_state(state: dict[str, Any], actions: Sequence[dict[str, Any]]) -> 
 # ------------------------------------------------------------------------------------------------ methods
 
 
-def _class_methods(code: str) -> dict[str, ast.FunctionDef]:
-    cls = next(node for node in parse(code).body if isinstance(node, ast.ClassDef))
-    return {node.name: node for node in cls.body if isinstance(node, ast.FunctionDef)}
-
-
-def _with_helpers(methods: dict[str, ast.FunctionDef], name: str) -> list[ast.FunctionDef]:
-    """Method `name` and the private helpers it calls directly (`self._helper(...)`)."""
-    nodes = [methods[name]]
-    for node in ast.walk(methods[name]):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            func = node.func
-            if isinstance(func.value, ast.Name) and func.value.id == "self" and func.attr.startswith("_"):
-                helper = methods.get(func.attr)
-                if helper is not None and helper not in nodes:
-                    nodes.append(helper)
-    return nodes
-
-
 def _on_state(node: ast.expr, aliases: set[str]) -> bool:
     """Whether `node` (a target or a receiver) reaches into `self.<attr>` or a local alias of state."""
     while isinstance(node, ast.Attribute | ast.Subscript):
@@ -166,15 +146,12 @@ def writes_state(method: ast.FunctionDef) -> bool:
 def writer_sources(code: str, names: Sequence[str], shrink: int = 0) -> str:
     """The sources (with their helpers) of the distinct methods in `names` that change the state, at most
     METHODS[shrink] of them, in call order."""
-    try:
-        methods = _class_methods(code)
-    except (StopIteration, SyntaxError):
-        return ""
-    lines = code.splitlines()
-    chosen = [name for name in dict.fromkeys(names) if name in methods]
-    writers = [name for name in chosen if any(writes_state(node) for node in _with_helpers(methods, name))]
-    sources = []
-    for name in writers[: METHODS[shrink]]:
-        nodes = _with_helpers(methods, name)
-        sources.append("\n\n".join(textwrap.dedent("\n".join(lines[n.lineno - 1 : n.end_lineno])) for n in nodes))
-    return "\n\n".join(sources)
+    writers = []
+    for name in dict.fromkeys(names):
+        try:
+            nodes = method_nodes(code, name)
+        except (KeyError, StopIteration, SyntaxError):  # not a method of the class (or no class to read)
+            continue
+        if any(writes_state(node) for node in nodes):
+            writers.append(name)
+    return "\n\n".join(method_source(code, name) for name in writers[: METHODS[shrink]])

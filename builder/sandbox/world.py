@@ -59,6 +59,14 @@ def parse_now(text: str) -> datetime.datetime:
     return moment
 
 
+def normalized_now(text: str) -> str:
+    """`text` (a model's "today") as `YYYY-MM-DDTHH:MM:SS`; raises ValueError starting with "now:" otherwise."""
+    try:
+        return parse_now(text).isoformat(timespec="seconds")
+    except ValueError as error:
+        raise ValueError(f"now: {error}") from None
+
+
 def describe_now(now: str) -> str:
     """`now` as prompts show it, with its weekday so that "tomorrow" and "next Monday" come out right."""
     return f"{now} ({parse_now(now):%A})"

@@ -17,7 +17,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, create_model, model_validator
 
 from builder.pyast import parse
-from builder.sandbox.world import DEFAULT_NOW, parse_now
+from builder.sandbox.world import DEFAULT_NOW, describe_now, normalized_now
 
 
 def _env_class(code: str) -> ast.ClassDef:
@@ -32,6 +32,11 @@ def environment_text(env_description: str, code: str) -> str:
     """What the environment is and the rules it enforces: the module docstring (the code stage writes the plan's
     description and numbered rules there), or the record's description when the module has no docstring."""
     return ast.get_docstring(parse(code)) or env_description
+
+
+def now_text(now: str) -> str:
+    """The environment's date-time as prompts state it (with its weekday, so "tomorrow" comes out right)."""
+    return f"{describe_now(now)} (the environment's clock reads this date-time)"
 
 
 def class_header(code: str) -> str:
@@ -162,10 +167,7 @@ def state_output_type(schema: dict[str, Any]) -> type[BaseModel]:
 
         @model_validator(mode="after")
         def _follows_schema(self) -> TestState:
-            try:
-                self.now = parse_now(self.now).isoformat(timespec="seconds")
-            except ValueError as error:
-                raise ValueError(f"now: {error}") from None
+            self.now = normalized_now(self.now)
             values = self.state.model_dump()
             errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(values), key=lambda e: e.path)
             if errors:

@@ -13,7 +13,7 @@ import jsonschema
 from pydantic import RootModel, model_validator
 
 from builder.envs.state_schema import record_collections
-from builder.sandbox.world import parse_now
+from builder.sandbox.world import normalized_now
 
 NOW_SCHEMA = {
     "type": "string",
@@ -48,10 +48,7 @@ def state_model(schema: dict[str, Any]) -> type[RootModel[dict[str, Any]]]:
             if problem is not None:
                 where = "/".join(str(part) for part in problem.absolute_path) or "(reply)"
                 raise ValueError(f"{where}: {problem.message}"[:500])
-            try:
-                self.root["now"] = parse_now(self.root["now"]).isoformat(timespec="seconds")
-            except ValueError as error:
-                raise ValueError(f"now: {error}") from None
+            self.root["now"] = normalized_now(self.root["now"])
             return self
 
     return InitialState

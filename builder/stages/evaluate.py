@@ -41,7 +41,7 @@ from builder.llm import LLMRequestError, PromptTooLongError
 from builder.prompts import prompt_version
 from builder.records import Environment, Record
 from builder.runner import Rejected, StageContext
-from builder.sandbox.world import DEFAULT_NOW, describe_now
+from builder.sandbox.world import DEFAULT_NOW
 from builder.stages._evaluate_agents import Agents, CaseType, CheckerVerdict, InvalidReply
 from builder.stages._evaluate_gates import passing_gates
 from builder.stages._evaluate_source import (
@@ -51,6 +51,7 @@ from builder.stages._evaluate_source import (
     clip_json,
     environment_text,
     method_source,
+    now_text,
     state_output_type,
     state_text,
     state_view,
@@ -336,7 +337,7 @@ def _tester_facts(state: TestState, run: StateRun, current: dict[str, Any], hist
     return (
         f"Test state {state.index + 1}, as first set up: {state.purpose}\n"
         f"Call {done + 1} of {run.quota} on this state; the current state below includes the calls made since.\n"
-        f"Now: {describe_now(state.now)} (the environment's clock reads this date-time).\n\n"
+        f"Now: {now_text(state.now)}.\n\n"
         f"Current state (JSON):\n{state_text(current, limit)}\n\nRecent calls on this state:\n"
         f"{history}{feedback}"
     )
@@ -351,7 +352,7 @@ def _checker_facts(
     return (
         f"Environment `{env.class_name}`: {environment_text(env.description, env.code)}\n\n"
         f"State definition:\n```python\n{class_header(env.code)}\n```\n\n"
-        f"Now: {describe_now(now)} (the environment's clock reads this date-time).\n"
+        f"Now: {now_text(now)}.\n"
         f"Tool under test: `{name}`, {CASE_TEXT[call['case']]}.\n"
         f"Method source:\n```python\n{method_source(env.code, name)}\n```\n\n"
         f"Arguments: {json.dumps(call['arguments'], ensure_ascii=False)}\n"

@@ -55,7 +55,7 @@ from builder.records import (
     scenario_seed,
 )
 from builder.runner import Rejected, StageContext
-from builder.sandbox.world import describe_now
+from builder.stages._evaluate_source import now_text
 from builder.stages._llm import ask, system_user
 from builder.stages._scenario_state import (
     attribute_problems,
@@ -265,10 +265,6 @@ async def _ask_fitting(
     raise AssertionError("unreachable: the last level returns or raises")
 
 
-def _now_text(now: str) -> str:
-    return f"{describe_now(now)}; the environment's clock reads this date-time."
-
-
 async def _initial_state(
     env: Environment, ctx: StageContext, slot: int, example: dict[str, Any]
 ) -> tuple[dict[str, Any], str, int]:
@@ -328,8 +324,7 @@ async def _task(env: Environment, ctx: StageContext, state: dict[str, Any], now:
 
     def request(shrink: int) -> list[ChatMessage]:
         user = (
-            f"{interface_text(env, shrink)}\n\n## Now\n{_now_text(now)}\n\n"
-            f"## Current state\n{state_text(state, shrink)}"
+            f"{interface_text(env, shrink)}\n\n## Now\n{now_text(now)}\n\n## Current state\n{state_text(state, shrink)}"
         )
         if feedback:
             user += f"\n\n## A previous task for this state was refused\n{feedback}"
@@ -364,7 +359,7 @@ async def _checks(
         user = (
             f"# Environment {env.name} ({env.domain})\n{env.description}\n\n## State schema\n"
             f"{json.dumps(schema)}\n\n## Initial state (the records the task involves; others exist)\n"
-            f"{state_text(involved, shrink)}\n\n## Now\n{_now_text(draft.now)}\n\n"
+            f"{state_text(involved, shrink)}\n\n## Now\n{now_text(draft.now)}\n\n"
         )
         if methods:
             user += f"## Methods the solution calls that change the state\n```python\n{methods}\n```\n\n"
@@ -403,7 +398,7 @@ async def _gold(
 
         def request(shrink: int) -> list[ChatMessage]:
             user = (
-                f"{interface_text(env, shrink)}\n\n## Now\n{_now_text(draft.now)}\n\n"
+                f"{interface_text(env, shrink)}\n\n## Now\n{now_text(draft.now)}\n\n"
                 f"## Current state\n{state_text(state, shrink)}\n\n"
                 f"## Task\n{draft.task.task}"
             )

@@ -16,7 +16,7 @@ from pathlib import Path
 from builder import __version__
 from builder.config import PROFILES, BuildConfig, config_hash, load_config, resolve_profile, to_toml
 from builder.errors import BuilderError, ConfigError, RunError
-from builder.runner import Interrupted
+from builder.run.executor import Interrupted
 from builder.stats import load_stats, render_table
 
 logger = logging.getLogger("builder")
@@ -315,7 +315,7 @@ def cmd_bench_llm(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_rollout(args: argparse.Namespace) -> int:
-    from builder.bench_rollout import main
+    from builder.rollout.bench import main
 
     config = _config(args)
     run_dir = config.run.runs_root / "bench-rollout"

@@ -1,6 +1,7 @@
 """The pipeline: the fixed list of stages `python -m builder run` executes, in order, and what they share.
 
-Stages arrive with their issues and are appended to `STAGES`; the runner needs no change for them. The model
+Stages return records; the executor alone writes them: the run folder's tables, then the store table a stage
+declares (`persist`), which releases are exported from. The model
 server is started lazily, on the first model call of the run, so a run whose work is all done (or cached) never
 waits for vLLM; it is always stopped when the run ends. With `rollout.rl_agent_model` set, the RL agent is a
 second model, started the same way (its own managed server, `rl_agent_server.log`, unless
@@ -21,7 +22,8 @@ from builder.config import BuildConfig, LLMConfig
 from builder.llm import CallRecord, ChatRequest, LLMClient, Reply, open_llm
 from builder.llm.connect import RL_AGENT_SERVER_LOG, rl_agent_config, served_model_id
 from builder.records import Environment, EnvPlan, Scenario, SeedTask, Selection, Topic, Trajectory
-from builder.runner import BatchStage, Interrupted, ItemStage, Stage, run_stages
+from builder.run.executor import Interrupted, run_stages
+from builder.run.stage import BatchStage, ItemStage, Stage
 from builder.sandbox.runtime import Sandbox
 from builder.stages.code import code
 from builder.stages.collect import collect
@@ -42,10 +44,12 @@ STAGES: tuple[Stage, ...] = (
     BatchStage("dedupe", dedupe, input=Topic, output=Topic),
     ItemStage("plan", plan, input=Topic, output=EnvPlan),
     ItemStage("code", code, input=EnvPlan, output=Environment),
-    ItemStage("evaluate", evaluate, input=Environment, output=Environment),
-    ItemStage("scenarios", scenarios, input=Environment, output=Scenario),
-    ItemStage("rollout", rollout, input=Scenario, output=Trajectory, concurrency=rollout_concurrency),
-    BatchStage("select", select, input=Trajectory, output=Selection),
+    ItemStage("evaluate", evaluate, input=Environment, output=Environment, persist="environments"),
+    ItemStage("scenarios", scenarios, input=Environment, output=Scenario, persist="scenarios"),
+    ItemStage(
+        "rollout", rollout, input=Scenario, output=Trajectory, concurrency=rollout_concurrency, persist="trajectories"
+    ),
+    BatchStage("select", select, input=Trajectory, output=Selection, persist="selections"),
 )
 
 

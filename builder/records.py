@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validat
 from builder import __version__
 from builder.sandbox.world import DEFAULT_NOW, derive_seed, parse_now
 
-SCHEMA_VERSION = 2  # 2: ChatMessage.reasoning_content, Scenario.now and .selected
+SCHEMA_VERSION = 3  # 2: ChatMessage.reasoning_content, Scenario.now; 3: the selections table (was .selected)
 
 # Free-form JSON data; stored as a JSON string column. (A marker, so the table layer can tell it from structs.)
 JSON = Annotated[Any, "json"]
@@ -247,7 +247,7 @@ def scenario_seed(env_id: str, now: str) -> int:
     """The sandbox seed of every session of a scenario (verification, gold replay, rollouts, training).
 
     One seed per scenario, not per episode: an agent that creates the record the gold creates draws the same
-    `uuid4()` id, so its change lands on the same state path as the gold's (see `builder.reward`).
+    `uuid4()` id, so its change lands on the same state path as the gold's (see `builder.rollout.reward`).
     """
     return derive_seed(env_id, now)
 
@@ -273,11 +273,6 @@ class Scenario(Record):
     gold_actions: tuple[Action, ...]
     difficulty: Literal["easy", "medium", "hard"]
     verification: JSON = Field(default_factory=dict, description="Evidence that the checks and gold agree.")
-    selected: bool | None = Field(
-        None,
-        description="The select stage's RL verdict for a scenario of an `rl` environment: its pass rate lies in the "
-        "band (True) or not (False); None: not judged (a `train` environment's scenario, or not rolled out yet).",
-    )
 
     @field_validator("now")
     @classmethod
@@ -322,9 +317,6 @@ class Trajectory(Record):
     )
     flags: tuple[str, ...] = Field(
         (), description="Stable codes of what went wrong on the way: malformed_call, unknown_tool, collateral, ..."
-    )
-    selected: bool | None = Field(
-        None, description="The select stage's SFT verdict: kept (True), dropped (False), not judged yet (None)."
     )
 
 

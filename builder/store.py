@@ -1,4 +1,5 @@
-"""The durable store (`envs_store/`): Parquet tables of environments, scenarios and trajectories, plus a manifest.
+"""The durable store (`envs_store/`): Parquet tables of environments, scenarios, trajectories and selections (the
+select stage's choices, which a release is built from), plus a manifest.
 
 Writes upsert by id under an inter-process lock and replace files atomically (temporary file + rename), keeping
 the previous generation as `<table>.prev.parquet`, so a crash or a damaged file never loses accepted work.
@@ -18,7 +19,7 @@ import polars as pl
 from filelock import FileLock, Timeout
 
 from builder.errors import StoreError
-from builder.records import SCHEMA_VERSION, Environment, Record, Scenario, Trajectory
+from builder.records import SCHEMA_VERSION, Environment, Record, Scenario, Selection, Trajectory
 from builder.tables import from_frame, schema, to_frame, write_parquet_atomic
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,11 @@ TABLES: dict[str, type[Record]] = {
     "environments": Environment,
     "scenarios": Scenario,
     "trajectories": Trajectory,
+    "selections": Selection,
 }
+# Columns older builders wrote that records no longer have: schema 2's `selected` verdicts are schema 3's
+# selections table (a store upgraded from 2 gets its selections by rerunning select: `run --only select`).
+RETIRED_COLUMNS: dict[str, tuple[str, ...]] = {"scenarios": ("selected",), "trajectories": ("selected",)}
 MANIFEST = "manifest.json"
 
 
@@ -72,7 +77,7 @@ class Store:
         except Exception as error:  # polars raises several types for truncated or garbled files
             raise self._damaged(path, error) from None
         expected = schema(record_type)
-        frame = _upgraded(record_type, frame, expected)
+        frame = _upgraded(record_type, frame.drop(RETIRED_COLUMNS.get(table, ()), strict=False), expected)
         if frame.schema != expected:
             raise self._damaged(path, f"columns {dict(frame.schema)} differ from the expected {dict(expected)}")
         return frame
@@ -116,10 +121,12 @@ class Store:
 
     # ------------------------------------------------------------------------------------------------ writing
 
-    def upsert(self, table: str, records: Iterable[Record]) -> int:
+    def upsert(self, table: str, records: Iterable[Record], *, retract_subjects: Iterable[str] = ()) -> int:
         """Insert or replace records by id; returns the table's row count afterwards.
 
-        The table stays sorted by id, so the same content always gives the same file.
+        `retract_subjects` removes the rows whose `subject_id` is listed (a table of verdicts, like selections: a
+        subject judged again and dropped loses its earlier verdict). The table stays sorted by id, so the same
+        content always gives the same file.
         """
         record_type = _record_type(table)
         records = list(records)
@@ -128,6 +135,9 @@ class Store:
                 raise TypeError(f"table {table} holds {record_type.__name__}, got {type(record).__name__}")
         with self._locked():
             existing = self.read_frame(table)
+            retracted = sorted(set(retract_subjects))
+            if retracted:
+                existing = existing.filter(~pl.col("subject_id").is_in(retracted))
             incoming = to_frame(record_type, records).unique("id", keep="last", maintain_order=True)
             merged = pl.concat([existing.join(incoming.select("id"), on="id", how="anti"), incoming])
             merged = merged.sort("id")
@@ -175,7 +185,7 @@ class Store:
 
 def _upgraded(record_type: type[Record], frame: pl.DataFrame, expected: pl.Schema) -> pl.DataFrame:
     """`frame` as an older builder wrote it, brought to `expected` where nothing can be lost: columns added since
-    whose field defaults to None (e.g. `Scenario.selected`) are filled with nulls, and struct fields added since
+    whose field defaults to None (e.g. `Scenario.now`) are filled with nulls, and struct fields added since
     (e.g. `reasoning_content` in `messages`) with nulls inside. Anything else that differs is left as it is, for
     the caller to report."""
     fields = record_type.model_fields

@@ -49,7 +49,7 @@ def tables_of(config):
     from builder.store import Store
 
     store = Store(config.store.path)
-    frames = [store.read_frame(name) for name in ("environments", "scenarios", "trajectories")]
+    frames = [store.read_frame(name) for name in ("environments", "scenarios", "trajectories", "selections")]
     return build_tables(*frames, rl_fraction=config.select.rl_env_fraction)
 
 

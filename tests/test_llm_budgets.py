@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from builder.agent import Limits, run_episode
 from builder.config import load_config
 from builder.llm import (
     CallRecord,
@@ -26,7 +25,8 @@ from builder.llm.client import CONTEXT_MARGIN_TOKENS, MIN_COMPLETION_TOKENS, est
 from builder.llm.connect import client_for
 from builder.pipeline import LazyModel
 from builder.records import ChatMessage, Sampling
-from builder.stages.code_pieces import extract_code
+from builder.rollout.episode import Limits, run_episode
+from builder.stages.code.pieces import extract_code
 from builder.stats import StageStats
 
 USER = (ChatMessage(role="user", content="Write the method."),)

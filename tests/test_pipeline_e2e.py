@@ -75,7 +75,7 @@ def run_outputs(root) -> dict[str, pl.DataFrame]:
     """Every stage table of the run folder and every store table."""
     store = Store(root / "store")
     tables = {path.name: pl.read_parquet(path) for path in sorted((root / "run").glob("*.parquet"))}
-    return tables | {f"store/{name}": store.read_frame(name) for name in ("environments", "scenarios", "trajectories")}
+    return tables | {f"store/{name}": store.read_frame(name) for name in ("environments", "scenarios", "trajectories", "selections")}
 
 
 def assert_same(outputs: dict[str, pl.DataFrame], expected: dict[str, pl.DataFrame]) -> None:
@@ -143,8 +143,6 @@ def test_seeds_to_release_candidate_and_resumed_runs_change_nothing(tmp_path, mo
         assert trajectory.collateral == () and trajectory.num_tool_calls == 3
         ending = "agent_done" if trajectory.mode == "non_conversational" else "user_stop"
         assert trajectory.end_reason == ending
-        in_train = trajectory.env_id not in rl_envs
-        assert trajectory.selected is (solved and in_train)
     conversation = next(t for t in trajectories if t.mode == "conversational")
     assert [m.role for m in conversation.messages][:4] == ["system", "user", "assistant", "user"]
 
@@ -154,6 +152,9 @@ def test_seeds_to_release_candidate_and_resumed_runs_change_nothing(tmp_path, mo
     assert set(selections.filter(pl.col("kind") == "rl")["env_id"]) == rl_envs
     assert set(selections.filter(pl.col("kind") == "sft")["env_id"]).isdisjoint(rl_envs)
     assert selections.filter(pl.col("kind") == "rl")["pass_rate"].to_list() == [0.5, 0.5]
+    # What select chose is in the store, where releases are built from.
+    stored = store.read_frame("selections").sort("id")
+    assert stored.drop("provenance").equals(selections.drop("input_id", "provenance").sort("id"))
 
     # The release candidate: every config and split loads with `datasets`, environments disjoint across splits.
     (release,) = (root / "release").iterdir()

@@ -13,15 +13,15 @@ from builder.llm import ChatRequest, ScriptedModel, text_reply, tool_reply
 from builder.llm.connect import RL_AGENT_SERVER_LOG, client_for, rl_agent_config, served_model_id
 from builder.llm.server import server_command
 from builder.llm.weights import EMBEDDED_MODEL, chatml_tools_template
-from builder.records import Scenario, Selection, Trajectory
-from builder.runner import BatchStage, ItemStage, StageContext, run_stages
+from builder.records import Scenario
+from builder.rollout.user_sim import STOP
+from builder.run.executor import run_stages
+from builder.run.stage import BatchStage, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.splits import is_rl_environment
 from builder.stages.rollout import conversation_limit, rollout
-from builder.stages.select import select
 from builder.stats import StageStats
-from builder.store import Store
-from builder.user_sim import STOP
+from tests.fixtures.run_tables import pipeline_stage, write_stage
 from tests.fixtures.scenarios import bank_scenario, environment, library_scenario
 from tests.llm_stub import StubServer, completion
 
@@ -86,7 +86,7 @@ def test_fixture_environments_fall_into_both_splits():
 
 async def rollout_and_select(tmp_path, sandbox, scenarios: list[Scenario], *more, rl_agent=True):
     config = load_config(None, overrides(tmp_path, "rollout.samples_per_scenario=2", "rollout.max_turns=4", *more))
-    Store(config.store.path).upsert("environments", [environment("bank"), environment("library")])
+    write_stage(tmp_path / "run", "evaluate", [environment("bank"), environment("library")])
     teacher, policy = ScriptedModel(teacher_answer), ScriptedModel(policy_answer)
     teacher_client = client_for(config.llm, teacher, model_id=TEACHER)
     policy_client = client_for(config.llm, policy, model_id=POLICY)
@@ -96,8 +96,8 @@ async def rollout_and_select(tmp_path, sandbox, scenarios: list[Scenario], *more
 
     stages = (
         BatchStage("scenarios", fixed, input=None, output=Scenario),
-        ItemStage("rollout", rollout, input=Scenario, output=Trajectory),
-        BatchStage("select", select, input=Trajectory, output=Selection),
+        pipeline_stage("rollout"),
+        pipeline_stage("select"),
     )
     stats = await run_stages(
         stages, config, tmp_path / "run", llm=lambda s: teacher_client,
@@ -152,7 +152,7 @@ async def test_without_an_rl_agent_the_teacher_plays_rl_and_the_band_stays_empty
 async def test_an_rl_agent_model_without_a_client_stops_the_run(tmp_path, sandbox):
     options = overrides(tmp_path, f"rollout.rl_agent_model={POLICY}", "rollout.samples_per_scenario=1")
     config = load_config(None, options)
-    Store(config.store.path).upsert("environments", [environment("bank"), environment("library")])
+    write_stage(tmp_path, "evaluate", [environment("bank"), environment("library")])
     teacher = client_for(config.llm, ScriptedModel(teacher_answer), model_id=TEACHER)
     ctx = StageContext(config, "h", tmp_path, StageStats("rollout"), llm=teacher, open_sandbox=lambda: sandbox)
     (played,) = await rollout(bank_scenario(), ctx)  # a train environment needs no RL agent
@@ -176,7 +176,7 @@ async def test_the_rl_agents_smaller_context_cuts_its_episodes_earlier(tmp_path,
             "rollout.max_tool_calls=12",
         ),
     )  # fmt: skip
-    Store(config.store.path).upsert("environments", [environment("bank"), environment("library")])
+    write_stage(tmp_path, "evaluate", [environment("bank"), environment("library")])
     ctx = StageContext(
         config, "h", tmp_path, StageStats("rollout"), open_sandbox=lambda: sandbox,
         llm=client_for(config.llm, ScriptedModel(looping), model_id=TEACHER),
@@ -276,7 +276,7 @@ async def pipeline_rollout(tmp_path, scenarios, *more):
     from builder.pipeline import run_pipeline
 
     config = load_config(None, overrides(tmp_path, "rollout.samples_per_scenario=2", "rollout.max_turns=4", *more))
-    Store(config.store.path).upsert("environments", [environment("bank"), environment("library")])
+    write_stage(tmp_path / "run", "evaluate", [environment("bank"), environment("library")])
 
     async def fixed(_, ctx):
         return scenarios

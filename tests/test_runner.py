@@ -12,7 +12,9 @@ import pytest
 from builder.config import BuildConfig, load_config
 from builder.errors import RunError
 from builder.records import Topic
-from builder.runner import INPUT_ID, StageContext, run_stages
+from builder.run.executor import run_stages
+from builder.run.folder import INPUT_ID
+from builder.run.stage import StageContext
 from builder.stats import StageStats
 from builder.tables import from_frame
 
@@ -169,7 +171,9 @@ def test_kill_9_mid_stage_then_resume_loses_only_in_flight_work(tmp_path):
     rejected = pl.read_parquet(run / "topics.rejected.parquet")
     assert topics.height == 15 and rejected.height == 5
     assert topics["id"].is_unique().all()
-    assert not (run / "topics.journal.jsonl").exists()
+    # The journal stays, whole: one entry per input (the torn line and the redone in-flight inputs aside).
+    entries = [json.loads(line) for line in (run / "topics.journal.jsonl").read_text().splitlines()]
+    assert {entry["input"] for entry in entries} == set(topics[INPUT_ID]) | set(rejected[INPUT_ID])
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -201,3 +205,66 @@ async def test_run_totals_and_gpu_hour_estimate(tmp_path, monkeypatch):
     without = tmp_path / "run2"
     await run_stages(toy_pipeline.STAGES, BuildConfig(), without)
     assert "gpu_hours_estimate" not in json.loads((without / "stats.json").read_text())
+
+
+async def test_a_damaged_table_is_rebuilt_from_its_journal(tmp_path, monkeypatch, caplog):
+    (tmp_path / "calls").mkdir()
+    monkeypatch.setattr(toy_pipeline, "CALLS", tmp_path / "calls")
+    run = tmp_path / "run"
+    await run_stages(toy_pipeline.STAGES, BuildConfig(), run)
+    before = {name: pl.read_parquet(run / name) for name in ("topics.parquet", "topics.rejected.parquet")}
+    for name in before:  # a disk that filled up mid-write: the files are cut short
+        data = (run / name).read_bytes()
+        (run / name).write_bytes(data[: len(data) // 2])
+    calls = sum(calls_per_input(tmp_path / "calls").values())
+    await run_stages(toy_pipeline.STAGES, BuildConfig(), run)
+    for name, frame in before.items():
+        assert pl.read_parquet(run / name).equals(frame)
+    assert sum(calls_per_input(tmp_path / "calls").values()) == calls  # nothing was redone
+    assert "topics.parquet is damaged" in caplog.text and "rebuilding it from topics.journal.jsonl" in caplog.text
+
+
+@pytest.mark.parametrize("folder_kind", ["journal deleted", "made before journals were kept"])
+async def test_a_damaged_table_with_no_whole_journal_says_how_to_redo_the_stage(tmp_path, monkeypatch, folder_kind):
+    (tmp_path / "calls").mkdir()
+    monkeypatch.setattr(toy_pipeline, "CALLS", tmp_path / "calls")
+    run = tmp_path / "run"
+    await run_stages(toy_pipeline.STAGES, BuildConfig(), run)
+    if folder_kind == "journal deleted":
+        (run / "topics.journal.jsonl").unlink()
+    else:
+        state = json.loads((run / "run.json").read_text())
+        del state["journals"]
+        (run / "run.json").write_text(json.dumps(state))
+    (run / "topics.parquet").write_bytes(b"PAR1 cut short")
+    with pytest.raises(RunError, match=r"topics\.parquet is damaged .* move topics\.parquet and topics\.rejected"):
+        await run_stages(toy_pipeline.STAGES, BuildConfig(), run)
+    # Following the advice redoes the stage.
+    for name in ("topics.parquet", "topics.rejected.parquet", "topics.journal.jsonl"):
+        (run / name).unlink(missing_ok=True)
+    await run_stages(toy_pipeline.STAGES, BuildConfig(), run)
+    assert pl.read_parquet(run / "topics.parquet").height == 15
+
+
+async def test_the_executor_alone_persists_and_a_dropped_verdict_leaves_the_store(tmp_path):
+    from builder.records import Selection
+    from builder.run.stage import BatchStage
+    from builder.store import Store
+
+    config = load_config(None, [f"store.path={json.dumps(str(tmp_path / 'store'))}"])
+    keep = {"traj-a", "traj-b"}
+
+    def selection(ctx: StageContext, subject: str) -> Selection:
+        return Selection(provenance=ctx.provenance([subject]), kind="sft", split="train", subject_id=subject,
+                         scenario_id="scen-1", env_id="env-1", pass_rate=0.5, num_rollouts=2)  # fmt: skip
+
+    async def choose(_, ctx):
+        return [selection(ctx, s) if s in keep else ctx.reject(s, "not_solved") for s in ("traj-a", "traj-b")]
+
+    stages = (BatchStage("select", choose, input=None, output=Selection, persist="selections"),)
+    await run_stages(stages, config, tmp_path / "run-1")
+    store = Store(config.store.path)
+    assert sorted(s.subject_id for s in store.read("selections")) == ["traj-a", "traj-b"]
+    keep.discard("traj-b")  # a later run judges traj-b again and drops it
+    await run_stages(stages, config, tmp_path / "run-2")
+    assert [s.subject_id for s in store.read("selections")] == ["traj-a"]

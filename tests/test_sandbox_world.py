@@ -17,10 +17,10 @@ from builder.envs.schema import EnvInterface
 from builder.envs.session import Session
 from builder.envs.trainer import LiveEnvironment, trl_environment_factory, trl_prompt_row
 from builder.records import Environment, Scenario, scenario_seed
+from builder.rollout.user_sim import UserSimulator
 from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW, derive_seed, describe_now, parse_now
 from builder.stages.rollout import system_prompt
-from builder.user_sim import UserSimulator
 
 FAST = SandboxConfig(call_timeout_s=0.5, kill_grace_s=0.5, memory_mb=256)
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"

@@ -8,8 +8,8 @@ import pytest
 from builder.llm import ScriptedModel
 from builder.prompts import prompt
 from builder.records import Sampling
-from builder.stages._scenario_sufficiency import COMPOSITION_WORDS, unsupported_arguments
-from builder.user_sim import STOP, UserSimulator
+from builder.rollout.user_sim import STOP, UserSimulator
+from builder.stages.scenarios.sufficiency import COMPOSITION_WORDS, unsupported_arguments
 from tests.fixtures.scenarios import bank_scenario
 
 

@@ -12,10 +12,11 @@ from builder.envs.schema import inspect_source
 from builder.llm import ChatRequest, LLMRequestError, ScriptedModel, text_reply
 from builder.llm.connect import client_for
 from builder.records import Environment, EnvPlan, Topic
-from builder.runner import BatchStage, ItemStage, Rejected, StageContext, run_stages
+from builder.run.executor import run_stages
+from builder.run.stage import BatchStage, ItemStage, Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.code import code, regenerate
-from builder.stages.code_assembly import (
+from builder.stages.code.assembly import (
     assemble,
     missing_imports,
     schema_problems,
@@ -23,9 +24,9 @@ from builder.stages.code_assembly import (
     state_schema,
     unbound_names,
 )
-from builder.stages.code_pieces import Piece, PieceError, extract_code, method_piece, signature, state_piece
+from builder.stages.code.pieces import Piece, PieceError, extract_code, method_piece, signature, state_piece
 from builder.stages.plan import plan
-from builder.stages.plan_rules import (
+from builder.stages.plan.rules import (
     OperationsDraft,
     StateDraft,
     clean_operations,

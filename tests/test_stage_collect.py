@@ -8,7 +8,7 @@ import pytest
 from builder.config import load_config
 from builder.errors import ConfigError
 from builder.records import Rejection, SeedTask
-from builder.runner import StageContext
+from builder.run.stage import StageContext
 from builder.seeds import api_bank_request, read_seeds, toolace_request
 from builder.stages.collect import cheap_filter_reason, collect
 from builder.stats import StageStats

@@ -14,10 +14,13 @@ from builder.envs.state_schema import generated_state_schema
 from builder.llm import ChatRequest, LLMRequestError, PromptTooLongError, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
 from builder.records import Environment, EnvPlan, Rejection, Topic
-from builder.runner import BatchStage, ItemStage, Rejected, StageContext, run_stages
+from builder.run.executor import run_stages
+from builder.run.stage import BatchStage, ItemStage, Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
-from builder.stages._evaluate_gates import piece_errors
-from builder.stages._evaluate_source import (
+from builder.stages.code import code
+from builder.stages.evaluate import evaluate, schedule
+from builder.stages.evaluate.gates import piece_errors
+from builder.stages.evaluate.source import (
     attributes_used,
     class_header,
     clip_json,
@@ -25,13 +28,12 @@ from builder.stages._evaluate_source import (
     state_output_type,
     state_text,
 )
-from builder.stages._scenario_state import reference_problems
-from builder.stages.code import code
-from builder.stages.evaluate import evaluate, schedule
 from builder.stages.plan import plan
+from builder.stages.scenarios.state import reference_problems
 from builder.stats import StageStats
 from builder.store import Store
 from builder.tables import from_frame
+from tests.fixtures.run_tables import pipeline_stage
 
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"
 FAST = SandboxConfig(call_timeout_s=1.0, kill_grace_s=0.5, memory_mb=256)
@@ -117,7 +119,7 @@ async def rejection(env, ctx) -> Rejection:
 # ------------------------------------------------------------------------------------------------ happy path
 
 
-async def test_good_environment_is_accepted_with_evidence_and_stored(tmp_path, sandbox):
+async def test_good_environment_is_accepted_with_evidence(tmp_path, sandbox):
     model = scripted()
     env = environment("bank")
     (accepted,) = await evaluate(env, context(tmp_path, model, sandbox))
@@ -143,8 +145,7 @@ async def test_good_environment_is_accepted_with_evidence_and_stored(tmp_path, s
         r for r in model.requests if kind(r) == "CheckerVerdict" and "`freeze_account`" in r.messages[1].content
     )
     assert "reports failure and the state is unchanged" in refused.messages[1].content
-    (stored,) = Store(tmp_path / "store").environments("accepted")
-    assert stored.id == env.id and stored.evaluation["score"] == 1.0
+    assert accepted.id == env.id and accepted.evaluation["score"] == 1.0
 
 
 def test_schedule_covers_every_tool_positive_then_negative():
@@ -167,7 +168,7 @@ async def test_runner_writes_accepted_and_rejected_rows(tmp_path, sandbox):
 
     stages = (
         BatchStage("code", source, input=None, output=Environment),
-        ItemStage("evaluate", evaluate, input=Environment, output=Environment),
+        pipeline_stage("evaluate"),
     )
     config = load_config(None, [f"store.path={tmp_path / 'store'}", "evaluate.calls=4"])
     model = client_for(config.llm, scripted(), model_id="m")
@@ -437,7 +438,7 @@ async def test_topic_to_accepted_environment_through_plan_code_and_evaluate(tmp_
         BatchStage("topics", topics, input=None, output=Topic),
         ItemStage("plan", plan, input=Topic, output=EnvPlan),
         ItemStage("code", code, input=EnvPlan, output=Environment),
-        ItemStage("evaluate", evaluate, input=Environment, output=Environment),
+        pipeline_stage("evaluate"),
     )
     config = load_config(None, [f"store.path={tmp_path / 'store'}", "evaluate.calls=8"])
     llm = client_for(config.llm, ScriptedModel(answer), model_id="m")
@@ -492,7 +493,7 @@ def library_chain(tmp_path, sandbox, borrow_repairs, *overrides):
         BatchStage("topics", topics, input=None, output=Topic),
         ItemStage("plan", plan, input=Topic, output=EnvPlan),
         ItemStage("code", code, input=EnvPlan, output=Environment),
-        ItemStage("evaluate", evaluate, input=Environment, output=Environment),
+        pipeline_stage("evaluate"),
     )
     config = load_config(None, [f"store.path={tmp_path / 'store'}", "evaluate.calls=8", *overrides])
     model = ScriptedModel(answer)
@@ -721,7 +722,7 @@ async def test_no_negative_case_for_a_tool_whose_only_parameter_is_an_optional_f
     ],
 )
 def test_which_tools_admit_a_wrong_value(properties, required, admits):
-    from builder.stages._evaluate_source import admits_wrong_value
+    from builder.stages.evaluate.source import admits_wrong_value
 
     assert admits_wrong_value({"type": "object", "properties": properties, "required": required}) is admits
 

@@ -9,7 +9,8 @@ from builder.llm import ChatRequest, LLMRequestError, ScriptedModel
 from builder.llm.connect import client_for
 from builder.pipeline import STAGES, LazyModel
 from builder.records import Rejection, SeedTask, Topic
-from builder.runner import Rejected, StageContext, run_stages
+from builder.run.executor import run_stages
+from builder.run.stage import Rejected, StageContext
 from builder.stages.dedupe import dedupe
 from builder.stages.mine import mine
 from builder.stats import StageStats
@@ -187,7 +188,7 @@ def test_signal_during_model_start_up_interrupts_at_once(tmp_path):
     import threading
     import time
 
-    from builder.runner import Interrupted
+    from builder.run.executor import Interrupted
 
     def slow_start(on_call):
         time.sleep(30)  # a vLLM server booting; the event loop cannot see signals meanwhile
@@ -208,7 +209,7 @@ async def test_a_failed_model_start_is_not_retried_by_the_other_items(tmp_path, 
     import signal
 
     from builder.llm.errors import ServerError
-    from builder.runner import Interrupted
+    from builder.run.executor import Interrupted
 
     starts = []
 
@@ -228,9 +229,9 @@ async def test_a_failed_model_start_is_not_retried_by_the_other_items(tmp_path, 
 
 def test_free_text_in_model_facing_schemas_is_bounded():
     """A constrained decoder closes a string at maxLength, so a looping small model still ends its JSON."""
-    from builder.stages._evaluate_agents import CheckerVerdict
+    from builder.stages.evaluate.agents import CheckerVerdict
     from builder.stages.mine import Judgement, TopicDraft
-    from builder.stages.plan_rules import OperationsDraft, StateDraft
+    from builder.stages.plan.rules import OperationsDraft, StateDraft
     from builder.stages.scenarios import CheckCode, CheckCodes, GoldSolution, TaskDraft, checks_model
 
     def unbounded(schema: dict, path: str = "") -> list[str]:

@@ -7,9 +7,9 @@ from builder.config import load_config
 from builder.llm import ChatRequest, ScriptedModel
 from builder.llm.connect import client_for
 from builder.records import EnvPlan, Topic
-from builder.runner import Rejected, StageContext
+from builder.run.stage import Rejected, StageContext
 from builder.stages.plan import plan
-from builder.stages.plan_rules import (
+from builder.stages.plan.rules import (
     OperationsDraft,
     StateDraft,
     class_name_for,

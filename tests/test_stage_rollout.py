@@ -4,18 +4,18 @@ import json
 
 import pytest
 
-from builder.agent import Limits, run_episode
 from builder.config import SandboxConfig, load_config
 from builder.llm import ChatRequest, LLMRequestError, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
 from builder.records import Action, Rejection, Sampling, Trajectory
-from builder.reward import collateral_paths
-from builder.runner import Rejected, StageContext
+from builder.rollout.episode import Limits, run_episode
+from builder.rollout.reward import collateral_paths
+from builder.rollout.user_sim import STOP, UserSimulator, leak_problem
+from builder.run.stage import Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.rollout import rollout
 from builder.stats import StageStats
-from builder.store import Store
-from builder.user_sim import STOP, UserSimulator, leak_problem
+from tests.fixtures.run_tables import write_stage
 from tests.fixtures.scenarios import bank_scenario, environment, library_scenario
 
 FAST = SandboxConfig(call_timeout_s=2.0, kill_grace_s=1.0, memory_mb=256)
@@ -51,8 +51,7 @@ def agent(plan, user=None):
 
 def context(tmp_path, sandbox, model, *overrides):
     config = load_config(None, [f"store.path={json.dumps(str(tmp_path / 'store'))}", *overrides])
-    store = Store(config.store.path)
-    store.upsert("environments", [environment("bank"), environment("library")])
+    write_stage(tmp_path, "evaluate", [environment("bank"), environment("library")])
     llm = client_for(config.llm, model, model_id="agent")
     return StageContext(config, "hash", tmp_path, StageStats("rollout"), llm=llm, open_sandbox=lambda: sandbox)
 
@@ -75,7 +74,7 @@ def assert_well_formed(trajectory: Trajectory):
     assert not pending
 
 
-async def test_solved_episode_is_graded_and_stored(tmp_path, sandbox):
+async def test_solved_episode_is_graded(tmp_path, sandbox):
     model = agent([tool_reply(TRANSFER), "Done: moved 300 cents."])
     trajectory = await run(tmp_path, sandbox, model)
     assert (trajectory.solved, trajectory.reward, trajectory.end_reason) == (True, 1.0, "agent_done")
@@ -91,8 +90,6 @@ async def test_solved_episode_is_graded_and_stored(tmp_path, sandbox):
     assert (request.tool_choice, request.parallel_tool_calls) == ("auto", True)
     assert {t["function"]["name"] for t in request.tools} >= {"transfer", "get_account"}
     assert_well_formed(trajectory)
-    stored = Store(tmp_path / "store").trajectories(scenario_id=bank_scenario().id)
-    assert [t.id for t in stored] == [trajectory.id]
 
 
 async def test_unsolved_episode_gets_partial_or_zero_reward(tmp_path, sandbox):
@@ -277,7 +274,7 @@ async def test_run_episode_needs_a_task_without_a_user():
 
 
 async def test_bench_rollout_runs_graded_episodes(sandbox):
-    from builder.bench_rollout import _SlowScripted, run_rollouts
+    from builder.rollout.bench import _SlowScripted, run_rollouts
 
     figures = await run_rollouts(_SlowScripted(0.0), sandbox, episodes=6, in_flight=3, config=load_config(None, []))
     assert (figures["episodes"], figures["solved"]) == (6, 6)
@@ -288,8 +285,8 @@ async def test_bench_rollout_runs_graded_episodes(sandbox):
 
 
 async def test_bench_rollout_replays_exactly_the_requests_the_rollouts_sent(sandbox):
-    from builder.bench_rollout import RecordingBackend, _SlowScripted, replay, run_rollouts
     from builder.llm.connect import client_for
+    from builder.rollout.bench import RecordingBackend, _SlowScripted, replay, run_rollouts
 
     config = load_config(None, [])
     recording = RecordingBackend(_SlowScripted(0.002))  # replies suspend, so concurrent sums would race
@@ -305,7 +302,7 @@ async def test_bench_rollout_replays_exactly_the_requests_the_rollouts_sent(sand
 
 
 def test_bench_rollout_judges_the_target_on_the_steady_phase():
-    from builder.bench_rollout import to_text
+    from builder.rollout.bench import to_text
 
     tail_heavy = {"ratio": 0.69, "steady_ratio": 0.93}
     assert to_text(tail_heavy).endswith("ok")
@@ -392,7 +389,7 @@ async def test_episodes_run_at_the_scenarios_now_and_share_the_golds_ids(tmp_pat
     )  # fmt: skip
     model = agent([tool_reply(place), "Done."])
     ctx = context(tmp_path, sandbox, model, "rollout.samples_per_scenario=2")
-    Store(ctx.config.store.path).upsert("environments", [orders])
+    write_stage(tmp_path, "evaluate", [orders])
     first, second = await rollout(scenario, ctx)
     assert first.solved and second.solved and first.collateral == () and first.reward == 1.0
     placed = [json.loads(t.messages[3].content)["order"] for t in (first, second)]

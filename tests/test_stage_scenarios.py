@@ -14,17 +14,19 @@ from builder.envs.state_schema import generated_state_schema, infer_schema
 from builder.llm import ChatRequest, ScriptedModel
 from builder.llm.connect import client_for
 from builder.records import Environment, Scenario
-from builder.runner import BatchStage, ItemStage, Rejected, StageContext, run_stages
+from builder.run.executor import run_stages
+from builder.run.stage import BatchStage, Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
-from builder.stages._scenario_state import (
+from builder.stages.scenarios import scenarios
+from builder.stages.scenarios.state import (
     attribute_problems,
     reference_problems,
     size_problems,
 )
-from builder.stages._scenario_verify import lint_check
-from builder.stages.scenarios import scenarios
+from builder.stages.scenarios.verify import lint_check
 from builder.stats import StageStats
 from builder.store import Store
+from tests.fixtures.run_tables import pipeline_stage
 
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"
 # Deadlines with room for a loaded CI machine; the hanging-check test still ends within a few seconds.
@@ -183,8 +185,6 @@ async def test_good_scenario_is_kept_in_both_modes_with_its_evidence(tmp_path, s
     assert plain.difficulty == "medium"  # two state changes, four calls
     assert plain.provenance.parent_ids == (environment("bank").id,)
     assert plain.provenance.prompt_version.count("@") == 4
-    stored = Store(tmp_path / "store").scenarios(environment("bank").id)
-    assert sorted(s.id for s in stored) == sorted([plain.id, talk.id])
 
 
 async def test_not_accepted_environments_are_rejected(tmp_path, sandbox):
@@ -369,7 +369,7 @@ async def test_stage_in_the_runner_counts_yield_cost_and_duplicates(tmp_path, sa
 
     stages = (
         BatchStage("environments", source, input=None, output=Environment),
-        ItemStage("scenarios", scenarios, input=Environment, output=Scenario),
+        pipeline_stage("scenarios"),
     )
     config = load_config(None, [f'store.path="{tmp_path / "store"}"', "scenarios.per_environment=2"])
     model = scripted()
@@ -759,7 +759,7 @@ async def test_a_now_without_seconds_is_repaired_to_whole_seconds(tmp_path, sand
 
 
 def test_a_large_state_is_shown_in_whole_records_never_cut_mid_json():
-    from builder.stages._scenario_views import STATE_CHARS, state_text
+    from builder.stages.scenarios.views import STATE_CHARS, state_text
 
     big = {"accounts": {f"acc-{i}": {"owner": f"customer {i}", "balance": i, "note": "x" * 80} for i in range(400)}}
     text = state_text(big)

@@ -12,13 +12,14 @@ from builder.decontaminate import BenchmarkIndex, read_benchmark
 from builder.llm import ChatRequest, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
 from builder.records import ChatMessage, FunctionCall, Rejection, Sampling, Selection, ToolCall, Trajectory
-from builder.runner import BatchStage, ItemStage, StageContext, run_stages
+from builder.run.executor import run_stages
+from builder.run.stage import BatchStage, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.splits import is_rl_environment
-from builder.stages.rollout import rollout
 from builder.stages.select import select
 from builder.stats import StageStats
 from builder.store import Store
+from tests.fixtures.run_tables import pipeline_stage, write_stage
 from tests.fixtures.scenarios import PROVENANCE, bank_scenario, environment, library_scenario
 
 BENCHMARKS = Path(__file__).parent / "fixtures" / "benchmarks"
@@ -154,10 +155,9 @@ def test_benchmark_files_are_read_in_every_format():
 
 
 async def test_decontamination_drops_copied_scenarios_and_reports(tmp_path):
-    store = Store(tmp_path / "store")
     bank, library = bank_scenario(), library_scenario()
-    store.upsert("scenarios", [bank, library])
-    store.upsert("environments", [environment("bank"), environment("library")])
+    write_stage(tmp_path, "scenarios", [bank, library])
+    write_stage(tmp_path, "evaluate", [environment("bank"), environment("library")])
     files = json.dumps([str(BENCHMARKS / name) for name in ("tau_sample.jsonl", "bfcl_sample.json")])
     group = [
         trajectory(bank.env_id, bank.id, 0),
@@ -211,7 +211,7 @@ async def test_rollout_then_select_through_the_runner(tmp_path, sandbox):
         [f"store.path={json.dumps(str(tmp_path / 'store'))}", "rollout.samples_per_scenario=2",
          "select.rl_env_fraction=0"],
     )  # fmt: skip
-    Store(config.store.path).upsert("environments", [environment("bank"), environment("library")])
+    write_stage(tmp_path / "run", "evaluate", [environment("bank"), environment("library")])
 
     async def scenarios(_, ctx):
         return [bank_scenario(), library_scenario()]
@@ -226,8 +226,8 @@ async def test_rollout_then_select_through_the_runner(tmp_path, sandbox):
     model = client_for(config.llm, ScriptedModel(answer), model_id="agent")
     stages = (
         BatchStage("scenarios", scenarios, input=None, output=type(bank_scenario())),
-        ItemStage("rollout", rollout, input=type(bank_scenario()), output=Trajectory),
-        BatchStage("select", select, input=Trajectory, output=Selection),
+        pipeline_stage("rollout"),
+        pipeline_stage("select"),
     )
     stats = await run_stages(stages, config, tmp_path / "run", llm=lambda s: model, sandbox=lambda: sandbox)
     assert (stats["rollout"].kept, stats["select"].kept) == (4, 2)
@@ -237,25 +237,6 @@ async def test_rollout_then_select_through_the_runner(tmp_path, sandbox):
     stored = json.loads((tmp_path / "run" / "stats.json").read_text())["stages"]["select"]["report"]
     assert stored["sft_kept"] == 2 and stored["solve_rate"]["*/non_conversational"] == 0.75
     assert len(Store(config.store.path).trajectories()) == 4
-
-
-async def test_verdicts_reach_the_store_and_the_export_agrees(tmp_path):
-    from builder.publish.export import build_tables
-
-    store = Store(tmp_path / "store")
-    env = environment("bank")
-    good = trajectory(env.id, bank_scenario().id, 0)
-    truncated = trajectory(env.id, bank_scenario().id, 1, flags=("truncated_reply",), final="Done, I mov")
-    malformed = trajectory(env.id, bank_scenario().id, 2, calls=[call(name="teleport")])
-    store.upsert("environments", [env])
-    store.upsert("scenarios", [bank_scenario()])
-    store.upsert("trajectories", [good, truncated, malformed])
-    got = verdicts(await select([good, truncated, malformed], context(tmp_path, "select.rl_env_fraction=0")))
-    assert got == {good.id: "sft", truncated.id: "bad_reply", malformed.id: "malformed_call"}
-    assert {t.id: t.selected for t in store.trajectories()} == {good.id: True, truncated.id: False, malformed.id: False}
-    tables = build_tables(store.read_frame("environments"), store.read_frame("scenarios"),
-                          store.read_frame("trajectories"), rl_fraction=0)  # fmt: skip
-    assert tables["sft"]["train"]["trajectory_id"].to_list() == [good.id]
 
 
 def test_benchmarks_from_a_hub_dataset_id(monkeypatch):
@@ -282,27 +263,59 @@ def test_benchmarks_from_a_hub_dataset_id(monkeypatch):
         read_source("hf:missing/set")
 
 
-async def test_the_exported_rl_split_is_exactly_the_scenarios_in_the_band(tmp_path):
-    # A strong agent solves one rl scenario every time (pass rate 1.0, outside the band) and the other half the
-    # time: the release's rl split must hold only the second, not every scenario of the rl environment.
+async def test_the_release_holds_exactly_what_select_chose(tmp_path):
+    # Through the executor, as in a run: the stages before select are fixed records persisted as the pipeline
+    # declares them. In the train environment select keeps one of three trajectories; in the rl environment a
+    # strong agent solves one scenario every time (pass rate 1.0, outside the band) and the other half the time.
+    # A second run then judges the kept trajectory again and drops it: the release must follow that, too.
     from builder.publish.export import build_tables
 
-    store = Store(tmp_path / "store")
-    env = environment("library")
-    fraction = 0.3  # library is `rl` at this fraction (tests/integration/test_rl_agent_vllm.py)
-    assert is_rl_environment(env.id, fraction)
+    fraction = 0.3  # library is `rl` at this fraction, bank `train` (tests/integration/test_rl_agent_vllm.py)
+    bank, library = environment("bank"), environment("library")
+    assert is_rl_environment(library.id, fraction) and not is_rl_environment(bank.id, fraction)
     easy, mixed = library_scenario(), library_scenario("conversational")
-    group = [trajectory(env.id, easy.id, i) for i in range(2)]
-    group += [trajectory(env.id, mixed.id, i, solved=i == 0) for i in range(2)]
-    store.upsert("environments", [env])
-    store.upsert("scenarios", [easy, mixed])
-    store.upsert("trajectories", group)
-    got = verdicts(await select(group, context(tmp_path, f"select.rl_env_fraction={fraction}")))
-    assert got == {easy.id: "pass_rate_out_of_band", mixed.id: "rl"}
-    assert {s.id: s.selected for s in store.scenarios()} == {easy.id: False, mixed.id: True}
-    assert {s.id for s in store.scenarios()} == {easy.id, mixed.id}  # the verdict changes no id
-    tables = build_tables(store.read_frame("environments"), store.read_frame("scenarios"),
-                          store.read_frame("trajectories"), rl_fraction=fraction)  # fmt: skip
-    assert tables["scenarios"]["rl"]["scenario_id"].to_list() == [mixed.id]
-    assert tables["scenarios"]["rl"]["pass_rate"].to_list() == [0.5]
-    assert "selected" not in tables["scenarios"]["rl"].columns and tables["environments"]["rl"].height == 1
+    good = trajectory(bank.id, bank_scenario().id, 0)
+    truncated = trajectory(bank.id, bank_scenario().id, 1, flags=("truncated_reply",), final="Done, I mov")
+    malformed = trajectory(bank.id, bank_scenario().id, 2, calls=[call(name="teleport")])
+    played = [good, truncated, malformed]
+    played += [trajectory(library.id, easy.id, i) for i in range(2)]
+    played += [trajectory(library.id, mixed.id, i, solved=i == 0) for i in range(2)]
+
+    def fixed(name, records, table):
+        async def stage(_, ctx):
+            return records
+
+        return BatchStage(name, stage, input=None, output=type(records[0]), persist=table)
+
+    rollouts = list(played)
+    stages = (
+        fixed("evaluate", [bank, library], "environments"),
+        fixed("scenarios", [bank_scenario(), easy, mixed], "scenarios"),
+        fixed("rollout", rollouts, "trajectories"),
+        pipeline_stage("select"),
+    )  # fmt: skip
+    options = [f"store.path={json.dumps(str(tmp_path / 'store'))}", f"select.rl_env_fraction={fraction}"]
+    config = load_config(None, options)
+
+    def release_and_selection(run_dir):
+        chosen = pl.read_parquet(run_dir / "select.parquet")
+        store = Store(config.store.path)
+        frames = [store.read_frame(n) for n in ("environments", "scenarios", "trajectories", "selections")]
+        tables = build_tables(*frames, rl_fraction=fraction)
+        by_kind = {kind: sorted(chosen.filter(pl.col("kind") == kind)["subject_id"]) for kind in ("sft", "rl")}
+        return tables, by_kind
+
+    await run_stages(stages, config, tmp_path / "run-1")
+    tables, chosen = release_and_selection(tmp_path / "run-1")
+    assert chosen == {"sft": [good.id], "rl": [mixed.id]}
+    assert sorted(tables["sft"]["train"]["trajectory_id"]) == chosen["sft"]
+    assert sorted(tables["scenarios"]["rl"]["scenario_id"]) == chosen["rl"]
+    assert tables["scenarios"]["rl"]["pass_rate"].to_list() == [0.5] and tables["environments"]["rl"].height == 1
+    assert tables["scenarios"]["train"]["scenario_id"].to_list() == [bank_scenario().id]  # train: all scenarios
+
+    # Run 2 replays the same ids, but the good trajectory now carries a cut reply: select drops it.
+    rollouts[0] = good.model_copy(update={"flags": ("truncated_reply",)})
+    await run_stages(stages, config, tmp_path / "run-2")
+    tables, chosen = release_and_selection(tmp_path / "run-2")
+    assert chosen == {"sft": [], "rl": [mixed.id]} and tables["sft"]["train"].height == 0
+    assert sorted(tables["scenarios"]["rl"]["scenario_id"]) == [mixed.id]

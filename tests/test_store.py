@@ -183,15 +183,16 @@ def trajectory() -> Trajectory:
     )  # fmt: skip
 
 
-def test_tables_of_an_older_builder_read_with_the_columns_added_since(tmp_path):
-    # Schema 1 had no Scenario.selected column and no reasoning_content in the message struct.
+def test_tables_of_an_older_builder_read_with_the_columns_added_and_retired_since(tmp_path):
+    # Schema 1 had no reasoning_content in the message struct; schema 2 had a `selected` column in scenarios
+    # and trajectories (schema 3 keeps select's verdicts in the selections table).
     store = Store(tmp_path / "store")
     scenario = bank_scenario()
     store.upsert("scenarios", [scenario])
-    old = pl.read_parquet(store.path("scenarios")).drop("selected")
+    old = pl.read_parquet(store.path("scenarios")).with_columns(selected=pl.lit(True))
     old.write_parquet(store.path("scenarios"))
     (back,) = store.scenarios()
-    assert back.selected is None and back.id == scenario.id and back.task == scenario.task
+    assert back == scenario
     trajectory_row = to_frame(Trajectory, [trajectory()])
     older_messages = pl.List(pl.Struct({k: v for k, v in trajectory_row.schema["messages"].inner.to_schema().items()
                                         if k != "reasoning_content"}))  # fmt: skip

@@ -18,7 +18,7 @@ import polars as pl
 import pyarrow.parquet as pq
 from datasets import Features, List, Value
 
-from builder.agent import INFRA_END_REASONS
+from builder.rollout.episode import INFRA_END_REASONS
 from builder.splits import is_rl_environment
 
 CONFIG_SPLITS: dict[str, tuple[str, ...]] = {
@@ -54,32 +54,31 @@ class SplitFiles:
 
 
 def build_tables(
-    environments: pl.DataFrame, scenarios: pl.DataFrame, trajectories: pl.DataFrame, rl_fraction: float
+    environments: pl.DataFrame,
+    scenarios: pl.DataFrame,
+    trajectories: pl.DataFrame,
+    selections: pl.DataFrame,
+    rl_fraction: float,
 ) -> dict[str, dict[str, pl.DataFrame]]:
     """Release tables `{config: {split: frame}}` from the store's frames (schemas of `builder.tables.schema`).
 
-    Only accepted environments are published, with their scenarios; `sft` holds solved trajectories of `train`
-    environments that the select stage kept (or never judged), and the `rl` split of `scenarios` the scenarios of
-    `rl` environments whose pass rate select found inside the band. Rows are sorted by id, so
-    the same store always gives the same files.
+    Only accepted environments are published, with their scenarios. What select chose is the release: `sft`
+    holds the trajectories of the `sft` selections, the `rl` split of `scenarios` the scenarios of the `rl`
+    selections (in the pass-rate band); a trajectory or an rl scenario select never chose is not published.
+    A scenario's `pass_rate` is the one select measured for it, else (never judged) its graded rollouts'. Rows
+    are sorted by id, so the same store always gives the same files.
     """
     envs = environments.filter(pl.col("status") == "accepted")
     rl_ids = {env_id for env_id in envs["id"].to_list() if is_rl_environment(env_id, rl_fraction)}
-    scen = _scenario_table(scenarios.filter(pl.col("env_id").is_in(envs["id"].implode())), trajectories)
+    scen = _scenario_table(scenarios.filter(pl.col("env_id").is_in(envs["id"].implode())), trajectories, selections)
     env = _environment_table(envs, scen)
-    # `selected` is the select stage's verdict (None: never judged, e.g. a store filled before select existed).
-    chosen = pl.col("solved") & pl.col("selected").fill_null(True)
-    sft = _sft_table(trajectories.filter(pl.col("env_id").is_in(env["env_id"].implode()) & chosen))
+    chosen = selections.filter(pl.col("kind") == "sft")["subject_id"].implode()
+    sft = _sft_table(trajectories.filter(pl.col("env_id").is_in(env["env_id"].implode()) & pl.col("id").is_in(chosen)))
     in_rl = pl.col("env_id").is_in(list(rl_ids))
-    # The rl split: the scenarios select found inside the RL pass-rate band. Unlike an unjudged trajectory, an
-    # unjudged scenario has no pass rate that could be in the band (it was never rolled out, or select never ran).
-    in_band = pl.col("selected").fill_null(False)
+    in_band = pl.col("scenario_id").is_in(selections.filter(pl.col("kind") == "rl")["subject_id"].implode())
     return {
         "environments": {"train": env.filter(~in_rl), "rl": env.filter(in_rl)},
-        "scenarios": {
-            "train": scen.filter(~in_rl).drop("selected"),
-            "rl": scen.filter(in_rl & in_band).drop("selected"),
-        },
+        "scenarios": {"train": scen.filter(~in_rl), "rl": scen.filter(in_rl & in_band)},
         "sft": {"train": sft.filter(~in_rl)},
     }
 
@@ -99,18 +98,33 @@ def _environment_table(envs: pl.DataFrame, scenarios: pl.DataFrame) -> pl.DataFr
     )
 
 
-def _scenario_table(scenarios: pl.DataFrame, trajectories: pl.DataFrame) -> pl.DataFrame:
+def _scenario_table(scenarios: pl.DataFrame, trajectories: pl.DataFrame, selections: pl.DataFrame) -> pl.DataFrame:
     # Graded rollouts only, as select counts them: an infrastructure end (LLM or sandbox failure, a leaking user
     # simulator) says nothing about the scenario's difficulty.
     graded = trajectories.filter(~pl.col("end_reason").is_in(sorted(INFRA_END_REASONS)))
     rates = graded.group_by("scenario_id").agg(
         pl.len().cast(pl.Int64).alias("num_rollouts"), pl.col("solved").cast(pl.Float64).mean().alias("pass_rate")
     )
+    # Select's figures, where it judged the scenario: the rollouts of the run it judged, by the model that played
+    # them (a store can hold a scenario's rollouts from several runs and models).
+    judged = (
+        selections.sort("id")
+        .unique("scenario_id", keep="first")
+        .select(
+            "scenario_id",
+            pl.col("num_rollouts").cast(pl.Int64).alias("judged_n"),
+            pl.col("pass_rate").alias("judged_rate"),
+        )
+    )
     return (
         scenarios.rename({"id": "scenario_id"})
         .join(rates, on="scenario_id", how="left")
-        .with_columns(pl.col("num_rollouts").fill_null(0))
-        .select(*SCENARIO_COLUMNS, "selected")
+        .join(judged, on="scenario_id", how="left")
+        .with_columns(
+            pl.coalesce("judged_n", "num_rollouts", pl.lit(0, dtype=pl.Int64)).alias("num_rollouts"),
+            pl.coalesce("judged_rate", "pass_rate").alias("pass_rate"),
+        )
+        .select(SCENARIO_COLUMNS)
         .sort("scenario_id")
     )
 

@@ -82,10 +82,11 @@ def export_release(
     """
     version, repo = parse_version(version), repo or config.hub.repo
     store = Store(config.store.path, lock_timeout_s=config.store.lock_timeout_s)
-    frames = {name: store.read_frame(name) for name in ("environments", "scenarios", "trajectories")}
+    frames = {name: store.read_frame(name) for name in ("environments", "scenarios", "trajectories", "selections")}
     tables = build_tables(
-        frames["environments"], frames["scenarios"], frames["trajectories"], config.select.rl_env_fraction
-    )
+        frames["environments"], frames["scenarios"], frames["trajectories"], frames["selections"],
+        config.select.rl_env_fraction,
+    )  # fmt: skip
     if not any(frame.height for frame in tables["environments"].values()):
         raise PublishError(
             f"nothing to release: the store {config.store.path} holds no accepted environment "

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from builder.llm import LLMRequestError, PromptTooLongError, StructuredOutputError
 from builder.records import ChatMessage, Record, Sampling
-from builder.runner import Rejected, StageContext
+from builder.run.stage import Rejected, StageContext
 
 T = TypeVar("T", bound=BaseModel)
 

@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 
 from builder.records import Record, SeedTask
-from builder.runner import StageContext
+from builder.run.stage import StageContext
 from builder.seeds import read_seeds
 
 # Whole words only: EnvScaler's substring match also dropped "clipboard" and "soundproof".

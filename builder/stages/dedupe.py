@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from builder.embeddings import embed
 from builder.records import Record, Topic
-from builder.runner import StageContext
+from builder.run.stage import StageContext
 
 
 def _score(topic: Topic) -> tuple[float, float, str]:

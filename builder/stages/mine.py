@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from builder.prompts import prompt, prompt_version
 from builder.records import Record, Sampling, SeedTask, Topic
-from builder.runner import Rejected, StageContext
+from builder.run.stage import Rejected, StageContext
 from builder.stages._llm import ask, system_user
 
 

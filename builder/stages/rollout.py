@@ -1,10 +1,11 @@
 """rollout: k sampled episodes of the agent model per scenario against the sandboxed environment, each graded.
 
-Per scenario: the environment's code comes from the store (the evaluate stage put it there), the gold solution
+Per scenario: the environment's code comes from this run's evaluate stage (by id), the gold solution
 is replayed once to learn which state paths the task may touch, then `rollout.samples_per_scenario` episodes run
-concurrently (`builder.agent.run_episode`), each in its own sandbox session, with the user simulator in
-conversational mode. Each final state is graded by the scenario's checks (`builder.reward.grade`). Trajectories
-are upserted into the store; the scenario's pass rate is logged (select computes it from the trajectories).
+concurrently (`builder.rollout.episode.run_episode`), each in its own sandbox session, with the user simulator in
+conversational mode. Each final state is graded by the scenario's checks (`builder.rollout.reward.grade`). Trajectories
+are the stage's records (the runner upserts them into the store); the scenario's pass rate is logged (select
+computes it from the trajectories).
 
 Who plays the agent depends on the environment's split (`builder.splits.is_rl_environment`, select's): the
 synthesis model (the teacher of the SFT set) in `train` environments, and `rollout.rl_agent_model` (the policy
@@ -17,52 +18,30 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from string import Template
 from typing import Any, TypeVar
 
-from builder.agent import ENV_ERROR, INFRA_END_REASONS, Episode, Limits, add_usage, run_episode
 from builder.config import BuildConfig, LLMConfig, RolloutConfig
 from builder.envs.lint import ContractError
-from builder.envs.session import Session, SessionError, ToolResult
+from builder.envs.session import Session, SessionError
 from builder.errors import ConfigError, RunError
 from builder.llm import LLMClient, OpenAIChatModel
 from builder.llm.connect import client_for, rl_agent_config
 from builder.prompts import prompt, prompt_version
 from builder.records import Environment, Record, Sampling, Scenario, Trajectory
-from builder.reward import Grade, gold_paths, grade
-from builder.runner import Rejected, StageContext
+from builder.rollout.episode import ENV_ERROR, INFRA_END_REASONS, Episode, Limits, add_usage, run_episode
+from builder.rollout.reward import Grade, gold_paths, grade
+from builder.rollout.runner import SandboxRunner, in_thread
+from builder.rollout.user_sim import UserSimulator
+from builder.run.stage import Rejected, StageContext
 from builder.sandbox.world import DEFAULT_NOW, describe_now
 from builder.splits import is_rl_environment
-from builder.store import Store
-from builder.user_sim import UserSimulator
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 REASONS = ("no_user_script", "env_missing", "env_load_failed")  # rejections of a whole scenario (stable codes)
-
-
-# Sandbox calls block on a worker's pipe, not on the CPU: with asyncio's default pool (cores + 4 threads) the
-# episodes would queue for threads while the model server idles, so they get a pool of their own.
-_SANDBOX_THREADS = ThreadPoolExecutor(max_workers=128, thread_name_prefix="sandbox")
-
-
-async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`fn(*args, **kwargs)` in the sandbox thread pool."""
-    return await asyncio.get_running_loop().run_in_executor(_SANDBOX_THREADS, functools.partial(fn, *args, **kwargs))
-
-
-class SandboxRunner:
-    """`builder.agent.ToolRunner` over a `Session`; its blocking calls run in a thread."""
-
-    def __init__(self, session: Session) -> None:
-        self.session = session
-
-    async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        return await in_thread(self.session.call, name, arguments)
 
 
 def rollout_concurrency(config: BuildConfig) -> int:
@@ -157,12 +136,13 @@ def agent_sampling(ctx: StageContext, sample_index: int) -> Sampling:
     )
 
 
-async def load_environment(ctx: StageContext, scenario: Scenario) -> Environment:
-    store = Store(ctx.config.store.path, ctx.config.store.lock_timeout_s)
-    env = await asyncio.to_thread(store.get, "environments", scenario.env_id)
+def load_environment(ctx: StageContext, scenario: Scenario) -> Environment:
+    """The scenario's environment, as this run's evaluate stage accepted it."""
+    env = ctx.earlier_record("evaluate", Environment, scenario.env_id)
     if env is None:
-        raise Rejected(ctx.reject(scenario, "env_missing", f"environment {scenario.env_id} is not in the store"))
-    return env  # type: ignore[return-value]
+        detail = f"environment {scenario.env_id} is not among this run's accepted environments (evaluate.parquet)"
+        raise Rejected(ctx.reject(scenario, "env_missing", detail))
+    return env
 
 
 async def rollout(scenario: Scenario, ctx: StageContext) -> list[Record]:
@@ -170,7 +150,7 @@ async def rollout(scenario: Scenario, ctx: StageContext) -> list[Record]:
     env_missing, env_load_failed: the environment or the gold replay does not load)."""
     if scenario.mode == "conversational" and scenario.user is None:
         raise Rejected(ctx.reject(scenario, "no_user_script", "a conversational scenario needs a user script"))
-    env = await load_environment(ctx, scenario)
+    env = await asyncio.to_thread(load_environment, ctx, scenario)
     try:
         allowed = await in_thread(
             gold_paths, ctx.sandbox, env.code, scenario.initial_state, scenario.gold_actions,
@@ -188,8 +168,6 @@ async def rollout(scenario: Scenario, ctx: StageContext) -> list[Record]:
     histogram = ctx.stats.report.setdefault("pass_counts", {})
     histogram[f"{solved}/{len(trajectories)}"] = histogram.get(f"{solved}/{len(trajectories)}", 0) + 1
     _count_by_model(ctx, agent, trajectories)
-    store = Store(ctx.config.store.path, ctx.config.store.lock_timeout_s)
-    await asyncio.to_thread(store.upsert, "trajectories", trajectories)
     return trajectories
 
 

@@ -28,13 +28,12 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from builder.agent import AGENT_DONE, INFRA_END_REASONS, USER_STOP
 from builder.decontaminate import BenchmarkIndex
 from builder.llm.parsing import check_tool_call
 from builder.records import Environment, Record, Scenario, Selection, Trajectory
-from builder.runner import StageContext
+from builder.rollout.episode import AGENT_DONE, INFRA_END_REASONS, USER_STOP
+from builder.run.stage import StageContext
 from builder.splits import is_rl_environment
-from builder.store import Store
 
 SFT_REASONS = (
     "contaminated", "void", "not_solved", "cut", "collateral", "bad_reply", "malformed_call", "too_short", "too_long",
@@ -47,9 +46,8 @@ logger = logging.getLogger(__name__)
 
 async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[Record]:
     """Selections (sft trajectories, rl scenarios) and rejections with the reason codes above."""
-    store = Store(ctx.config.store.path, ctx.config.store.lock_timeout_s)
-    scenarios: dict[str, Scenario] = {s.id: s for s in await asyncio.to_thread(store.scenarios)}
-    environments: dict[str, Environment] = {e.id: e for e in await asyncio.to_thread(store.environments)}
+    scenarios = await asyncio.to_thread(ctx.earlier, "scenarios", Scenario)
+    environments = await asyncio.to_thread(ctx.earlier, "evaluate", Environment)
     contaminated, decontamination = _decontaminate(ctx, trajectories, scenarios, environments)
     by_scenario: dict[str, list[Trajectory]] = defaultdict(list)
     # Sample order decides which of two identical conversations is kept: the earlier sample.
@@ -73,18 +71,6 @@ async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[
                 results.append(_selection(ctx, "sft", "train", trajectory.id, scenario_id, env_id, rate, len(graded)))
     ctx.stats.report = _report(trajectories, results, decontamination)
     ctx.stats.report["splits"] = _split_sizes({t.env_id for t in trajectories}, fraction)
-    # The store's trajectories carry the verdict, so an export publishes exactly the SFT set chosen here.
-    kept = {r.subject_id for r in results if isinstance(r, Selection) and r.kind == "sft"}
-    judged = [t.model_copy(update={"selected": t.id in kept}) for t in trajectories]
-    await asyncio.to_thread(store.upsert, "trajectories", judged)
-    # Likewise the rl environments' scenarios: an export's rl split holds exactly the scenarios in the band.
-    in_band = {r.subject_id for r in results if isinstance(r, Selection) and r.kind == "rl"}
-    rl_judged = [
-        scenarios[scenario_id].model_copy(update={"selected": scenario_id in in_band})
-        for scenario_id, group in by_scenario.items()
-        if is_rl_environment(group[0].env_id, fraction) and scenario_id in scenarios
-    ]
-    await asyncio.to_thread(store.upsert, "scenarios", rl_judged)
     return results
 
 

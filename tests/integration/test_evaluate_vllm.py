@@ -13,7 +13,7 @@ from builder.config import load_config
 from builder.envs.schema import inspect_source
 from builder.llm import open_llm
 from builder.records import Environment
-from builder.runner import Rejected, StageContext
+from builder.run.stage import Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.evaluate import evaluate
 from builder.stats import StageStats

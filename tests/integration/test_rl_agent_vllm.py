@@ -20,7 +20,8 @@ from builder.llm.connect import RL_AGENT_SERVER_LOG, SERVER_LOG
 from builder.llm.weights import EMBEDDED_MODEL, chatml_tools_template
 from builder.pipeline import run_pipeline
 from builder.records import Scenario
-from builder.runner import BatchStage, run_stages
+from builder.run.executor import run_stages
+from builder.run.stage import BatchStage
 from builder.splits import is_rl_environment
 from builder.store import Store
 from tests.fixtures.scenarios import bank_scenario, environment, library_scenario

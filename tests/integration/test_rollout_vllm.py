@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from builder.agent import END_REASONS
 from builder.config import config_hash, load_config
 from builder.llm import open_llm
 from builder.records import Rejection, Selection, Trajectory
-from builder.runner import StageContext
+from builder.rollout.episode import END_REASONS
+from builder.run.stage import StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.rollout import rollout
 from builder.stages.select import SFT_REASONS, select

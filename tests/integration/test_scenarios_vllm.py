@@ -12,7 +12,7 @@ from builder.config import config_hash, load_config
 from builder.envs.schema import inspect_source
 from builder.llm import open_llm
 from builder.records import Environment, Rejection, Scenario
-from builder.runner import Rejected, StageContext
+from builder.run.stage import Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.scenarios import REASONS, scenarios
 from builder.stats import StageStats

@@ -22,7 +22,7 @@ from builder.envs.session import Session, SessionError, ToolResult
 from builder.pyast import parse
 from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED
-from builder.stages._scenario_sufficiency import unsupported_arguments
+from builder.stages.scenarios.sufficiency import unsupported_arguments
 
 # Tool failures that say the state (or the code) is broken, as opposed to an answered domain error.
 CRASH_KINDS = frozenset({"raised", "timeout", "crashed", "memory", "not_json", "too_large", "protocol"})
@@ -168,7 +168,7 @@ def verify(
 
     `texts` maps each mode to what the user says in it (the task, or the user script); every literal gold
     argument must come from each of them, an earlier gold result or the `tools` schemas
-    (`builder.stages._scenario_sufficiency`).
+    (`builder.stages.scenarios.sufficiency`).
 
     Reason codes: check_broken (lint, raises, non-bool, timeout), gold_call_failed, task_underspecified,
     too_few_calls, no_state_change, gold_nondeterministic, already_solved, gold_fails_checks,

@@ -21,10 +21,10 @@ from builder.envs.probe import ToolProblem, probe_environment
 from builder.envs.schema import EnvInterface, inspect_source
 from builder.envs.session import Session
 from builder.records import Environment, EnvPlan
-from builder.runner import Rejected, StageContext
+from builder.run.stage import Rejected, StageContext
 from builder.stages.code import regenerate
-from builder.stages.code_assembly import split_module
-from builder.stages.code_pieces import STATE, PieceError
+from builder.stages.code.assembly import split_module
+from builder.stages.code.pieces import STATE, PieceError
 
 PLAN_STAGE = "plan"  # the run-folder stage whose records are the plans environments are coded from
 # What the model must change, by probe problem code; problems of other codes are no single method's to repair.

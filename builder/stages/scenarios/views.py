@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from builder.records import Environment
-from builder.stages._evaluate_source import class_header, environment_text, method_nodes, method_source
-from builder.stages._evaluate_source import state_text as whole_records_text
+from builder.stages.evaluate.source import class_header, environment_text, method_nodes, method_source
+from builder.stages.evaluate.source import state_text as whole_records_text
 
 SHRINK_LEVELS = 3
 STATE_CHARS = (12000, 6000, 3000)  # a state shown in a prompt is cut to this many characters, by record

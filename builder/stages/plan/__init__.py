@@ -2,7 +2,7 @@
 
 Two small structured requests instead of one large one (the CPU smoke model is 135M parameters): first the
 state (class name, entities with typed attributes and keys, rules), then the operations given that state. Each
-half is cleaned deterministically, validated (`builder.stages.plan_rules`) and, while invalid, asked again with
+half is cleaned deterministically, validated (`builder.stages.plan.rules`) and, while invalid, asked again with
 the errors fed back, at most `plan.repair_attempts` times. Rejection reasons: `plan_malformed` (no reply ever
 matched the JSON schema), `plan_invalid` (still invalid after every repair), `llm_request`.
 """
@@ -16,9 +16,9 @@ from pydantic import BaseModel
 
 from builder.prompts import prompt, prompt_version
 from builder.records import ChatMessage, EntityPlan, EnvPlan, Record, Sampling, Topic
-from builder.runner import Rejected, StageContext
+from builder.run.stage import Rejected, StageContext
 from builder.stages._llm import ask, system_user
-from builder.stages.plan_rules import (
+from builder.stages.plan.rules import (
     OperationsDraft,
     StateDraft,
     clean_operations,

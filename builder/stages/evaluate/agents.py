@@ -19,7 +19,7 @@ from builder.llm import ChatRequest, Reply
 from builder.llm.parsing import parse_structured, response_format
 from builder.prompts import prompt
 from builder.records import ChatMessage, Environment, Sampling
-from builder.stages._evaluate_source import environment_text, state_text
+from builder.stages.evaluate.source import environment_text, state_text
 
 T = TypeVar("T", bound=BaseModel)
 CaseType = Literal["positive", "negative"]

@@ -15,10 +15,10 @@ import re
 from collections.abc import Sequence
 from string import Template
 
-from builder.agent import USER_ERROR, USER_LEAK, UserTurn, add_usage
 from builder.llm import ChatModel, ChatRequest, LLMRequestError
 from builder.prompts import prompt
 from builder.records import ChatMessage, Sampling, Scenario, Usage
+from builder.rollout.episode import USER_ERROR, USER_LEAK, UserTurn, add_usage
 from builder.sandbox.world import describe_now
 
 STOP = "###STOP###"
@@ -74,7 +74,7 @@ def leak_problem(text: str, scenario: Scenario, tool_names: Sequence[str], *, op
 
 
 class UserSimulator:
-    """Plays the user of one conversational scenario (implements `builder.agent.User`).
+    """Plays the user of one conversational scenario (implements `builder.rollout.episode.User`).
 
     Args:
         model: the simulator's model (may be the agent's client).

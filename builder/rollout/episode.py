@@ -2,7 +2,7 @@
 
 The loop owns no model, sandbox or scenario: the caller passes the agent (`ChatModel`), something that runs
 tool calls (`ToolRunner`), an optional user simulator (`User`) and the limits. It returns the whole conversation
-in the OpenAI message format and why it ended; grading is the caller's business (`builder.reward`).
+in the OpenAI message format and why it ended; grading is the caller's business (`builder.rollout.reward`).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class UserTurn:
 
 
 class User(Protocol):
-    """The user side of a conversational episode (`builder.user_sim.UserSimulator`)."""
+    """The user side of a conversational episode (`builder.rollout.user_sim.UserSimulator`)."""
 
     async def reply(self, messages: Sequence[ChatMessage]) -> UserTurn:
         """The next user turn, given the conversation so far (the agent's view of it)."""

@@ -22,7 +22,7 @@ from builder.envs.schema import annotation_schema, inspect_source, tool_methods
 from builder.pyast import parse, symbols
 from builder.records import EnvPlan, OperationPlan
 from builder.sandbox.allowed import ALLOWED_MODULES
-from builder.stages.code_pieces import STATE, Piece, PieceError, signature
+from builder.stages.code.pieces import STATE, Piece, PieceError, signature
 
 IMPORTS = "imports"  # pseudo-piece owning import lines no piece wrote (the automatic ones)
 

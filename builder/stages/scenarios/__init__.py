@@ -10,7 +10,7 @@ checklist item, and a gold action sequence. Nothing is trusted until the sandbox
 2. every check lints clean and returns a real bool on the initial and the final state;
 3. the gold sequence runs without a failing or refused call; every literal argument of it comes from what the
    user says in each mode (the task, or the user script), from an earlier call's result or from the tool schema
-   (`_scenario_sufficiency`); it has `min_gold_calls` calls, changes the state and gives the same final state
+   (`sufficiency`); it has `min_gold_calls` calls, changes the state and gives the same final state
    when replayed;
 4. not every check already passes on the initial state; every check passes after the gold sequence;
 5. negative control: dropping any one state-changing gold call makes at least one check fail. Checks that never
@@ -18,9 +18,9 @@ checklist item, and a gold action sequence. Nothing is trusted until the sandbox
 
 A failing piece is regenerated with the evidence fed back (`scenarios.repair_attempts` times for the state, and
 as many rounds for task, checks and gold); then the slot becomes a rejection with the reason code of the last
-failure. A verified scenario is emitted once per mode in `scenarios.modes` and upserted into the store.
+failure. A verified scenario is emitted once per mode in `scenarios.modes` (the runner upserts them into the store).
 
-Each request is shown what it needs, not the whole module (`_scenario_views`): the interface (class header and
+Each request is shown what it needs, not the whole module (`views`): the interface (class header and
 tool schemas) and the state for the state, task and gold; the state schema, the records the gold names and the
 source of the gold's state-changing methods for a check, which is written after the gold.
 """
@@ -54,24 +54,23 @@ from builder.records import (
     UserScript,
     scenario_seed,
 )
-from builder.runner import Rejected, StageContext
-from builder.stages._evaluate_source import now_text
+from builder.run.stage import Rejected, StageContext
 from builder.stages._llm import ask, system_user
-from builder.stages._scenario_state import (
+from builder.stages.evaluate.source import now_text
+from builder.stages.scenarios.state import (
     attribute_problems,
     reference_problems,
     size_problems,
     state_model,
 )
-from builder.stages._scenario_verify import Evidence, default_state, load_state, verify
-from builder.stages._scenario_views import (
+from builder.stages.scenarios.verify import Evidence, default_state, load_state, verify
+from builder.stages.scenarios.views import (
     SHRINK_LEVELS,
     interface_text,
     involved_state,
     state_text,
     writer_sources,
 )
-from builder.store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -177,9 +176,6 @@ async def scenarios(env: Environment, ctx: StageContext) -> list[Record]:
             results.extend(made)
     kept = [record for record in results if isinstance(record, Scenario)]
     _report_cost(ctx, len(kept) // max(1, len(ctx.config.scenarios.modes)))
-    if kept:
-        store = Store(ctx.config.store.path, ctx.config.store.lock_timeout_s)
-        await asyncio.to_thread(store.upsert, "scenarios", kept)
     return results
 
 

@@ -1,6 +1,6 @@
 """`python -m builder bench rollout`: how fast episodes run, and whether anything but the model slows them down.
 
-Runs many episodes of `builder.agent.run_episode` at once against real sandbox sessions of a small counter
+Runs many episodes of `builder.rollout.episode.run_episode` at once against real sandbox sessions of a small counter
 environment, graded by its check. With the scripted agent (default; `--latency-ms` simulates a model's reply
 time) it prints episodes per second and the share of wall time during which no model call was in flight (the
 rollout machinery's own cost). With `--real` the configured model answers (managed server or `llm.url`), and the
@@ -21,16 +21,16 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from builder.agent import Limits, run_episode
 from builder.config import BuildConfig
 from builder.envs.checks import CheckSpec
 from builder.envs.session import Session
 from builder.llm import ChatRequest, Reply, ScriptedModel, tool_reply
 from builder.records import Action, Sampling
-from builder.reward import gold_paths, grade
+from builder.rollout.episode import Limits, run_episode
+from builder.rollout.reward import gold_paths, grade
+from builder.rollout.runner import SandboxRunner, in_thread
 from builder.sandbox.bench import BENCH_CHECK, BENCH_ENV
 from builder.sandbox.runtime import Sandbox
-from builder.stages.rollout import SandboxRunner, in_thread
 
 TASK = "Increase the counter by 3, one step at a time, then say that you are done."
 SYSTEM = "You operate a counter through its tools. Do what the user asks, then answer without a tool call."

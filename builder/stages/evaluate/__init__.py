@@ -3,7 +3,7 @@
 1. Gates (`builder env check`): lint, load, every tool called with schema-valid arguments, twice in fresh
    workers (determinism), JSON state, no crash or hang; plus the stored tool schemas must be the code's. A tool
    that fails its probe is repaired through the code stage, at most `evaluate.fuzz_repairs` times
-   (`_evaluate_gates`); a repaired environment is a new record (new code, new id, `synthesis.repairs`).
+   (`gates`); a repaired environment is a new record (new code, new id, `synthesis.repairs`).
 2. Test states: `evaluate.test_states` initial states as structured output, each validated against the state
    schema, its references checked (an empty value is no reference) and loaded in a sandbox session (failures
    fed back, bounded).
@@ -16,7 +16,7 @@
    tester's error: not counted, bounded by `max_invalid_replies` per state. States in prompts are whole records
    (`state_text`); a prompt too long for the model's context is retried with fewer records.
 4. Score = (pass + warning) / judged calls over `evaluate.calls` calls; accepted at `keep_score` or above and
-   upserted into the store; the per-call verdicts are the evidence (`Environment.evaluation`).
+   upserted into the store by the runner; the per-call verdicts are the evidence (`Environment.evaluation`).
 
 Rejection reasons: gates_failed, no_valid_test_state, tester_invalid, checker_invalid, low_score, llm_request,
 prompt_too_long, session_failed.
@@ -40,11 +40,11 @@ from builder.envs.state_schema import generated_state_schema
 from builder.llm import LLMRequestError, PromptTooLongError
 from builder.prompts import prompt_version
 from builder.records import Environment, Record
-from builder.runner import Rejected, StageContext
+from builder.run.stage import Rejected, StageContext
 from builder.sandbox.world import DEFAULT_NOW
-from builder.stages._evaluate_agents import Agents, CaseType, CheckerVerdict, InvalidReply
-from builder.stages._evaluate_gates import passing_gates
-from builder.stages._evaluate_source import (
+from builder.stages.evaluate.agents import Agents, CaseType, CheckerVerdict, InvalidReply
+from builder.stages.evaluate.gates import passing_gates
+from builder.stages.evaluate.source import (
     admits_wrong_value,
     attributes_used,
     class_header,
@@ -56,8 +56,7 @@ from builder.stages._evaluate_source import (
     state_text,
     state_view,
 )
-from builder.stages._scenario_state import reference_problems
-from builder.store import Store
+from builder.stages.scenarios.state import reference_problems
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -92,7 +91,7 @@ class StateRun:
 
 
 async def evaluate(env: Environment, ctx: StageContext) -> list[Record]:
-    """The environment accepted (with scores and evidence, upserted into the store) or a rejection."""
+    """The environment accepted (with scores and evidence; the runner upserts it into the store) or a rejection."""
     env, interface, default_state = await passing_gates(env, ctx)
     agents = Agents(ctx.llm, ctx.config.evaluate, retries=ctx.config.llm.structured_retries, seed=ctx.config.run.seed)
     try:
@@ -128,8 +127,6 @@ async def evaluate(env: Environment, ctx: StageContext) -> list[Record]:
             "evaluation": evidence,
         }
     )
-    store = Store(ctx.config.store.path, ctx.config.store.lock_timeout_s)
-    await asyncio.to_thread(store.upsert, "environments", [accepted])
     return [accepted]
 
 

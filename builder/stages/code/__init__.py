@@ -1,8 +1,8 @@
 """code: write an environment module from its plan, piece by piece, and repair what fails.
 
 One request writes the class with its constructor (the state piece); one request per operation writes that
-operation's method, all concurrently. The pieces are cleaned (`code_pieces`), assembled into one module, linted,
-checked against the return contract, and their derived tool schemas compared with the plan (`code_assembly`).
+operation's method, all concurrently. The pieces are cleaned (`pieces`), assembled into one module, linted,
+checked against the return contract, and their derived tool schemas compared with the plan (`assembly`).
 Each failing piece — and only it — is regenerated with its exact errors fed back, at most `code.repair_attempts`
 times. The generated code is never run in this process: with `code.load_check` the assembled module is loaded
 in a sandbox worker (import, constructor, state snapshot), and a failure goes back to the state piece.
@@ -26,13 +26,13 @@ from builder.envs.session import Session, SessionError
 from builder.llm import ChatRequest, LLMRequestError
 from builder.prompts import prompt, prompt_version
 from builder.records import ChatMessage, Environment, EnvPlan, OperationPlan, Record, Sampling
-from builder.runner import Rejected, StageContext
+from builder.run.stage import Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages._llm import system_user
-from builder.stages.code_assembly import Assembly, assemble, module_errors, state_schema
-from builder.stages.code_pieces import STATE, Piece, PieceError, docstring, method_piece, signature, state_piece
+from builder.stages.code.assembly import Assembly, assemble, module_errors, state_schema
+from builder.stages.code.pieces import STATE, Piece, PieceError, docstring, method_piece, signature, state_piece
 from builder.stages.plan import describe_entity
-from builder.stages.plan_rules import snake_case
+from builder.stages.plan.rules import snake_case
 
 # Error codes in the order they decide the rejection reason when several pieces fail differently.
 _REASONS = (

@@ -1,0 +1,255 @@
+"""The resumable executor: stages in order over a run folder, one Parquet table per stage.
+
+A stage reads the kept records of the stage before it and writes `<stage>.parquet` (kept) and
+`<stage>.rejected.parquet` (rejections with reason codes). Item stages process each input on its own,
+concurrently; each finished input is appended to `<stage>.journal.jsonl` at once, so after a crash or `kill -9`
+a rerun redoes only the inputs that were in flight. Batch stages (de-duplication, splits) see all inputs at once
+and rerun whole when their inputs change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from builder.config import BuildConfig
+from builder.errors import BuilderError, RunError
+from builder.llm.accounting import estimate_gpu_hours
+from builder.records import Record, Rejection
+from builder.run.folder import RunFolder
+from builder.run.stage import BatchStage, ItemStage, Rejected, Stage, StageContext
+from builder.stats import StageStats, load_stats, save_stats
+from builder.store import Store
+
+logger = logging.getLogger(__name__)
+
+
+class Interrupted(BaseException):
+    """The run was stopped by SIGINT or SIGTERM; finished work is saved and a rerun resumes.
+
+    A BaseException, like KeyboardInterrupt, so no stage's `except Exception` can mistake it for a bad item.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}; rerun the same command to resume")
+        self.signum = signum
+
+
+async def run_stages(
+    stages: Sequence[Stage],
+    config: BuildConfig,
+    run_dir: Path,
+    *,
+    until: str | None = None,
+    only: str | None = None,
+    llm: Callable[[StageStats], Any] | None = None,
+    rl_agent: Callable[[StageStats], Any] | None = None,
+    sandbox: Callable[[], Any] | None = None,
+) -> dict[str, StageStats]:
+    """Run `stages` in order over `run_dir`, resuming finished work; returns the stats of every stage run.
+
+    Args:
+        until: stop after this stage.
+        only: run just this stage, from the stored output of the stage before it.
+        llm: makes the model client of a stage from its stats (so calls are counted per stage).
+        rl_agent: likewise for the RL agent's model (`rollout.rl_agent_model`), if the run has one.
+        sandbox: returns the sandbox runtime shared by all stages (started on first use).
+
+    Raises:
+        RunError: unknown stage name, config mismatch with the run folder, or missing upstream output.
+        Interrupted: SIGINT or SIGTERM arrived; everything finished so far is saved.
+    """
+    names = [stage.name for stage in stages]
+    for wanted in (until, only):
+        if wanted is not None and wanted not in names:
+            raise RunError(f"unknown stage {wanted!r}; stages are: {', '.join(names)}")
+    if only is not None and until is not None:
+        raise RunError("--only and --until cannot be combined")
+    folder = RunFolder(Path(run_dir))
+    state = folder.open(config)
+    all_stats = load_stats(folder.stats_path)
+    selected = list(stages[: names.index(until) + 1] if until is not None else stages)
+    if only is not None:
+        selected = [stages[names.index(only)]]
+    digest = state["config_hash"]
+    with _signals_cancel_current_task() as interrupted:
+        try:
+            for stage in selected:
+                index = names.index(stage.name)
+                previous = stages[index - 1]
+                inputs = folder.read(previous.name, previous.output) if stage.input is not None else []
+                # Model usage and wall time accumulate over attempts; counts are recomputed from the tables.
+                stats = all_stats.setdefault(stage.name, StageStats(stage.name))
+                ctx = StageContext(
+                    config, digest, folder.root, stats, llm=llm(stats) if llm is not None else None,
+                    rl_agent=rl_agent(stats) if rl_agent is not None else None, open_sandbox=sandbox,
+                )  # fmt: skip
+                started = time.monotonic()
+                try:
+                    if isinstance(stage, ItemStage):
+                        await _run_item_stage(stage, inputs, ctx, folder)
+                    else:
+                        await _run_batch_stage(stage, inputs, ctx, folder, state)
+                    await asyncio.to_thread(_persist, stage, folder, config)
+                finally:
+                    stats.wall_s += time.monotonic() - started
+                    _count_outputs(stage, folder, stats)
+                    save_stats(folder.stats_path, all_stats, _run_totals(all_stats, config, digest))
+                logger.info(
+                    "%s: %d in, %d kept, %d dropped %s",
+                    stage.name,
+                    stats.inputs,
+                    stats.kept,
+                    stats.dropped_total,
+                    dict(stats.dropped),
+                )
+        except asyncio.CancelledError:
+            if interrupted:
+                raise Interrupted(interrupted[0]) from None
+            raise
+    return {name: all_stats[name] for name in names if name in all_stats}
+
+
+def _run_totals(all_stats: dict[str, StageStats], config: BuildConfig, digest: str) -> dict[str, Any]:
+    """Run-wide figures for stats.json: tokens over every stage and, with a known throughput, GPU-hours."""
+    completion = sum(stats.completion_tokens for stats in all_stats.values())
+    totals: dict[str, Any] = {
+        "config_hash": digest,
+        "prompt_tokens": sum(stats.prompt_tokens for stats in all_stats.values()),
+        "completion_tokens": completion,
+        "llm_calls": sum(stats.llm_calls for stats in all_stats.values()),
+    }
+    if config.llm.server_tok_s:
+        gpus = config.llm.tensor_parallel_size
+        totals["gpu_hours_estimate"] = estimate_gpu_hours(completion, config.llm.server_tok_s, num_gpus=gpus)
+    return totals
+
+
+async def _run_item_stage(stage: ItemStage, inputs: list[Record], ctx: StageContext, folder: RunFolder) -> None:
+    done = folder.done_inputs(stage.name, stage.output)
+    pending = [item for item in inputs if item.id not in done]
+    ctx.stats.inputs = len(inputs)
+    ctx.stats.resumed = len(inputs) - len(pending)
+    if pending:
+        semaphore = asyncio.Semaphore(max(1, stage.concurrency(ctx.config)))
+        progress = tqdm(
+            total=len(pending),
+            desc=stage.name,
+            unit="item",
+            file=sys.stderr,
+            disable=not sys.stderr.isatty(),
+            leave=True,
+        )
+
+        async def one(item: Record) -> tuple[Record, Sequence[Record]]:
+            async with semaphore:
+                return item, await _call_item(stage, item, ctx)
+
+        with folder.appending(stage.name) as journal, progress:
+            tasks = [asyncio.ensure_future(one(item)) for item in pending]
+            try:
+                for finished in asyncio.as_completed(tasks):
+                    item, results = await finished
+                    folder.append(journal, item.id, results)
+                    progress.update(1)
+            finally:
+                for task in tasks:
+                    task.cancel()
+    folder.compact(stage.name, stage.output)
+
+
+async def _call_item(stage: ItemStage, item: Record, ctx: StageContext) -> Sequence[Record]:
+    """Run the stage function on one input; an unexpected exception becomes a rejection, not a crashed run."""
+    try:
+        results = list(await stage.fn(item, ctx))
+    except Rejected as verdict:
+        return [verdict.rejection]
+    except (asyncio.CancelledError, BuilderError):
+        raise  # an interrupt or an operator error (bad config, store locked) is not a property of this item
+    except Exception as error:  # noqa: BLE001 - a bad item is data, not a crash of the batch
+        logger.error("%s: %s failed:\n%s", stage.name, item.id, traceback.format_exc())
+        return [ctx.reject(item, f"exception:{type(error).__name__}", str(error)[:2000])]
+    if not results:
+        return [ctx.reject(item, "no_output", "the stage produced nothing for this input")]
+    for result in results:
+        if not isinstance(result, stage.output | Rejection):
+            raise TypeError(f"stage {stage.name} returned {type(result).__name__}, expected {stage.output.__name__}")
+    return results
+
+
+async def _run_batch_stage(
+    stage: BatchStage, inputs: list[Record], ctx: StageContext, folder: RunFolder, state: dict
+) -> None:
+    ctx.stats.inputs = len(inputs)
+    fingerprint = hashlib.sha256("\n".join(sorted(item.id for item in inputs)).encode()).hexdigest()[:16]
+    recorded = state["stages"].get(stage.name, {})
+    if recorded.get("inputs") == fingerprint and folder.table(stage.name).exists():
+        ctx.stats.resumed = len(inputs)
+        return
+    results = list(await stage.fn(inputs, ctx))
+    with folder.appending(stage.name, fresh=True) as journal:
+        for result in results:
+            folder.append(journal, _batch_input_of(result), [result])
+    folder.compact(stage.name, stage.output)
+    state["stages"][stage.name] = {"inputs": fingerprint}
+    folder.save_state(state)
+
+
+def _batch_input_of(record: Record) -> str:
+    if isinstance(record, Rejection):
+        return record.subject_id
+    parents = record.provenance.parent_ids
+    return parents[0] if parents else ""
+
+
+def _persist(stage: Stage, folder: RunFolder, config: BuildConfig) -> None:
+    """Upsert the stage's kept records into the store table it declares (the whole table, every time: a run
+    stopped between its tables and the store heals on the rerun). Rows of a subject the stage rejected this time
+    are retracted (a trajectory select kept in an earlier run and drops now must leave the release)."""
+    if stage.persist is None:
+        return
+    kept = folder.read(stage.name, stage.output)
+    rejected = folder.frame(stage.name, stage.output, rejected=True)["subject_id"].to_list()
+    store = Store(config.store.path, config.store.lock_timeout_s)
+    retracted = rejected if "subject_id" in stage.output.model_fields else ()
+    store.upsert(stage.persist, kept, retract_subjects=retracted)
+
+
+def _count_outputs(stage: Stage, folder: RunFolder, stats: StageStats) -> None:
+    stats.kept = folder.frame(stage.name, stage.output).height
+    stats.dropped.clear()
+    stats.dropped.update(folder.frame(stage.name, stage.output, rejected=True)["reason"].to_list())
+
+
+class _signals_cancel_current_task:
+    """Within the block, SIGINT and SIGTERM cancel the running task; the signal number is recorded."""
+
+    def __enter__(self) -> list[int]:
+        self.received: list[int] = []
+        self.loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+
+        def handler(signum: int) -> None:
+            if not self.received:
+                self.received.append(signum)
+                logger.warning("received %s: saving finished work and stopping", signal.Signals(signum).name)
+                if task is not None:
+                    task.cancel()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self.loop.add_signal_handler(signum, handler, signum)
+        return self.received
+
+    def __exit__(self, *exc: object) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self.loop.remove_signal_handler(signum)

@@ -1,0 +1,194 @@
+"""The run folder `runs/<run-id>/`: per stage a journal and two Parquet tables, plus run.json and stats.json.
+
+The journal (`<stage>.journal.jsonl`) is the record of truth: a line per finished input, flushed at once, so
+`kill -9` loses at most the inputs in flight. The tables (`<stage>.parquet`, kept; `<stage>.rejected.parquet`,
+rejections) are its compaction, sorted by id, so reruns give identical files. Because the journal is kept, a
+damaged table (a full disk, a copy cut short) is rebuilt from it; run folders made before journals were kept
+(no `journals: whole` in run.json) say how to redo the stage instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import polars as pl
+
+from builder import __version__
+from builder.config import BuildConfig, config_hash
+from builder.errors import RunError
+from builder.records import Record, Rejection
+from builder.tables import from_frame, from_row, schema, to_row, write_parquet_atomic
+
+logger = logging.getLogger(__name__)
+
+INPUT_ID = "input_id"  # bookkeeping column of run-folder tables: which input a row came from
+R = TypeVar("R", bound=Record)
+
+
+@dataclass
+class RunFolder:
+    """Paths and state of `runs/<run-id>/`."""
+
+    root: Path
+
+    def table(self, stage: str) -> Path:
+        return self.root / f"{stage}.parquet"
+
+    def rejected(self, stage: str) -> Path:
+        return self.root / f"{stage}.rejected.parquet"
+
+    def journal(self, stage: str) -> Path:
+        return self.root / f"{stage}.journal.jsonl"
+
+    @property
+    def state_path(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def stats_path(self) -> Path:
+        return self.root / "stats.json"
+
+    def state(self) -> dict:
+        return json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
+
+    def save_state(self, state: dict) -> None:
+        tmp = self.root / ".run.json.tmp"
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        tmp.replace(self.state_path)
+
+    def open(self, config: BuildConfig) -> dict:
+        """Create the folder, or check that an existing one was made with an equivalent config."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        state = self.state()
+        digest = config_hash(config)
+        if state and state.get("config_hash") != digest:
+            raise RunError(
+                f"{self.root} was made with config {state.get('config_hash')}, this config is {digest}; "
+                "resume with the same config (operational keys such as llm.url may change) or use a new --run-dir"
+            )
+        if not state:
+            state = {
+                "run_id": self.root.name,
+                "config_hash": digest,
+                "builder_version": __version__,
+                "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "journals": "whole",  # every journal holds all of its stage's records (see the module docstring)
+                "stages": {},
+            }
+            (self.root / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
+            self.save_state(state)
+        return state
+
+    # ------------------------------------------------------------------------------------------------ reading
+
+    def read(self, stage: str, record_type: type[R]) -> list[R]:
+        """The records `stage` kept, in id order."""
+        if not self.table(stage).exists():
+            raise RunError(f"stage {stage!r} has no output in {self.root}; run it first")
+        return from_frame(record_type, self.frame(stage, record_type).drop(INPUT_ID))
+
+    def frame(self, stage: str, record_type: type[Record], *, rejected: bool = False) -> pl.DataFrame:
+        """A table of `stage` (kept, or its rejections), rebuilt from the journal first if it is damaged."""
+        path = self.rejected(stage) if rejected else self.table(stage)
+        if not path.exists():
+            return pl.DataFrame(schema=_table_schema(Rejection if rejected else record_type))
+        try:
+            return pl.read_parquet(path)
+        except Exception as error:  # polars raises several types for truncated or garbled files
+            self._rebuild(stage, record_type, path, error)
+            return pl.read_parquet(path)
+
+    def done_inputs(self, stage: str, record_type: type[Record]) -> set[str]:
+        """The inputs `stage` has finished (kept something, or rejected it)."""
+        done: set[str] = set()
+        for rejected in (False, True):
+            done.update(self.frame(stage, record_type, rejected=rejected)[INPUT_ID].to_list())
+        done.update(entry["input"] for entry in _read_journal(self.journal(stage)))
+        return done
+
+    # ------------------------------------------------------------------------------------------------ writing
+
+    @contextmanager
+    def appending(self, stage: str, *, fresh: bool = False) -> Iterator[Any]:
+        """The journal of `stage`, open for `append`; `fresh` starts it over (a batch stage rerun whole)."""
+        path = self.journal(stage)
+        if fresh:
+            for table in (self.table(stage), self.rejected(stage), path):
+                table.unlink(missing_ok=True)
+        _drop_torn_tail(path)
+        with path.open("a", encoding="utf-8") as journal:
+            yield journal
+
+    @staticmethod
+    def append(journal: Any, input_id: str, results: Sequence[Record]) -> None:
+        line = {
+            "input": input_id,
+            "kept": [to_row(r) for r in results if not isinstance(r, Rejection)],
+            "rejected": [to_row(r) for r in results if isinstance(r, Rejection)],
+        }
+        # One line per finished input, flushed at once: after kill -9 only a torn last line can be lost.
+        journal.write(json.dumps(line, ensure_ascii=False) + "\n")
+        journal.flush()
+
+    def compact(self, stage: str, record_type: type[Record]) -> None:
+        """Fold the journal into the stage's two tables (sorted by id, so reruns give identical files).
+
+        Rows already in a table are kept as they are: a run folder from before journals were kept has records
+        only there."""
+        entries = _read_journal(self.journal(stage))
+        for rejected, row_type, key in ((False, record_type, "kept"), (True, Rejection, "rejected")):
+            rows = [{**_checked(row_type, row), INPUT_ID: entry["input"]} for entry in entries for row in entry[key]]
+            frames = [self.frame(stage, record_type, rejected=rejected)]
+            frames.append(pl.DataFrame(rows, schema=_table_schema(row_type), orient="row"))
+            merged = pl.concat(frames).unique("id", keep="first", maintain_order=True).sort("id")
+            write_parquet_atomic(merged, self.rejected(stage) if rejected else self.table(stage))
+
+    def _rebuild(self, stage: str, record_type: type[Record], path: Path, error: Exception) -> None:
+        if self.state().get("journals") != "whole" or not self.journal(stage).exists():
+            raise RunError(
+                f"{path} is damaged ({str(error)[:200]}) and {self.root} holds no whole journal to rebuild it from; "
+                f"move {self.table(stage).name} and {self.rejected(stage).name} aside and rerun the same command: "
+                f"stage {stage!r} then redoes its inputs (the stages after it redo what changes)"
+            ) from None
+        logger.warning("%s is damaged (%s); rebuilding it from %s", path, str(error)[:200], self.journal(stage).name)
+        for table in (self.table(stage), self.rejected(stage)):
+            table.unlink(missing_ok=True)
+        self.compact(stage, record_type)
+
+
+def _table_schema(record_type: type[Record]) -> pl.Schema:
+    return pl.Schema({**schema(record_type), INPUT_ID: pl.String()})
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line left unfinished by a killed process, so new lines do not get glued onto it."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as handle:
+            handle.truncate(data.rfind(b"\n") + 1)
+
+
+def _read_journal(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    entries = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            logger.warning("%s:%d is torn (the process died mid-write); that input will be redone", path, number)
+    return entries
+
+
+def _checked(record_type: type[Record], row: dict) -> dict:
+    """Validate a journal row by rebuilding its record, and return it as a row again."""
+    return to_row(from_row(record_type, row))

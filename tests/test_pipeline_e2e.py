@@ -75,7 +75,8 @@ def run_outputs(root) -> dict[str, pl.DataFrame]:
     """Every stage table of the run folder and every store table."""
     store = Store(root / "store")
     tables = {path.name: pl.read_parquet(path) for path in sorted((root / "run").glob("*.parquet"))}
-    return tables | {f"store/{name}": store.read_frame(name) for name in ("environments", "scenarios", "trajectories", "selections")}
+    names = ("environments", "scenarios", "trajectories", "selections")
+    return tables | {f"store/{name}": store.read_frame(name) for name in names}
 
 
 def assert_same(outputs: dict[str, pl.DataFrame], expected: dict[str, pl.DataFrame]) -> None:

@@ -18,7 +18,8 @@ from builder.run.executor import run_stages
 from builder.run.stage import BatchStage, ItemStage, Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.code import code
-from builder.stages.evaluate import evaluate, schedule
+from builder.stages.evaluate import evaluate
+from builder.stages.evaluate.exercise import schedule
 from builder.stages.evaluate.gates import piece_errors
 from builder.stages.evaluate.source import (
     attributes_used,

@@ -232,7 +232,7 @@ def test_free_text_in_model_facing_schemas_is_bounded():
     from builder.stages.evaluate.agents import CheckerVerdict
     from builder.stages.mine import Judgement, TopicDraft
     from builder.stages.plan.rules import OperationsDraft, StateDraft
-    from builder.stages.scenarios import CheckCode, CheckCodes, GoldSolution, TaskDraft, checks_model
+    from builder.stages.scenarios.requests import CheckCode, CheckCodes, GoldSolution, TaskDraft, checks_model
 
     def unbounded(schema: dict, path: str = "") -> list[str]:
         if schema.get("type") == "string" and "enum" not in schema:

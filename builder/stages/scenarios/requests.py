@@ -1,0 +1,297 @@
+"""The scenario stage's model requests: the initial state, the task draft, one check function per checklist item
+(all in one request) and the gold action sequence, each validated and re-asked with feedback on a bad reply."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, Field, create_model
+
+from builder.envs.state_schema import generated_state_schema
+from builder.prompts import prompt
+from builder.records import (
+    ChatMessage,
+    Environment,
+    Sampling,
+    scenario_seed,
+)
+from builder.run.stage import Rejected, StageContext
+from builder.stages._llm import ask, system_user
+from builder.stages.evaluate.source import now_text
+from builder.stages.scenarios.state import (
+    attribute_problems,
+    reference_problems,
+    size_problems,
+    state_model,
+)
+from builder.stages.scenarios.verify import load_state
+from builder.stages.scenarios.views import (
+    SHRINK_LEVELS,
+    interface_text,
+    involved_state,
+    state_text,
+    writer_sources,
+)
+
+CODE_SAMPLING_TEMPERATURE = 0.2  # checks and gold sequences are precise code: sample close to greedy
+
+
+T = TypeVar("T", bound=BaseModel)
+
+CheckSource = Annotated[
+    str, Field(description="Python source defining `def check(initial_state, final_state) -> bool`.", max_length=4000)
+]
+
+
+# String caps are part of the schema so a constrained decoder closes every string (see stages/mine.py).
+class TaskDraft(BaseModel):
+    task: str = Field(description="The user's full request, first person.", max_length=1200)
+    difficulty: Literal["easy", "medium", "hard"]
+    user_profile: str = Field(max_length=600)
+    known_up_front: str = Field(max_length=600)
+    reveal_when_asked: str = Field(max_length=600)
+    ending: str = Field(max_length=300)
+    checklist: list[Annotated[str, Field(max_length=300)]] = Field(min_length=1, max_length=6)
+
+
+class GoldAction(BaseModel):
+    name: str = Field(max_length=80)
+    arguments: dict[str, Any]
+
+
+class GoldSolution(BaseModel):
+    actions: list[GoldAction] = Field(min_length=1, max_length=20)
+
+
+class CheckCode(BaseModel):
+    """One check: what a repair of a refused check asks for."""
+
+    code: CheckSource
+
+
+class CheckCodes(BaseModel):
+    """Every check of a checklist, in its order: one request, so the shared context is sent once, not per item."""
+
+    checks: list[CheckSource] = Field(min_length=1, max_length=6)
+
+
+def checks_model(count: int) -> type[CheckCodes]:
+    """`CheckCodes` holding exactly `count` checks (the constrained decoder then writes one per item)."""
+    sized = Annotated[list[CheckSource], Field(min_length=count, max_length=count)]
+    return create_model("CheckCodes", __base__=CheckCodes, checks=(sized, ...))
+
+
+@dataclass
+class Draft:
+    """The pieces of one scenario under construction, with the conversations that produced them (for repairs).
+    Mutable on purpose: repairs replace pieces in place; only verified drafts become (frozen) `Scenario`s."""
+
+    task: TaskDraft
+    task_messages: list[ChatMessage]
+    now: str  # the scenario's date-time, chosen with the state
+    checks: list[str] = field(default_factory=list)
+    check_messages: list[list[ChatMessage]] = field(default_factory=list)
+    gold: list[dict[str, Any]] = field(default_factory=list)
+    gold_messages: list[ChatMessage] = field(default_factory=list)
+
+
+def _sampling(ctx: StageContext, temperature: float | None = None) -> Sampling:
+    llm = ctx.config.llm
+    return Sampling(
+        temperature=llm.temperature if temperature is None else temperature, top_p=llm.top_p, max_tokens=llm.max_tokens
+    )
+
+
+async def _ask_fitting(
+    ctx: StageContext,
+    env: Environment,
+    kind: str,
+    build: Callable[[int], list[ChatMessage]],
+    output_type: type[T],
+    *,
+    sampling: Sampling,
+    invalid_reason: str,
+    sample_index: int = 0,
+) -> tuple[T, list[ChatMessage]]:
+    """`ask` with the messages `build(shrink)`; a prompt too long for the context is built one level smaller and
+    asked again (counted in `ctx.stats.report["prompt_shrunk"][kind]`). Returns the answer and the messages that
+    fitted, for repairs to extend."""
+    for shrink in range(SHRINK_LEVELS):
+        messages = build(shrink)
+        try:
+            reply = await ask(
+                ctx, env, messages, output_type, sampling=sampling, invalid_reason=invalid_reason,
+                sample_index=sample_index,
+            )  # fmt: skip
+        except Rejected as verdict:
+            if verdict.rejection.reason != "prompt_too_long" or shrink == SHRINK_LEVELS - 1:
+                raise
+            shrunk = ctx.stats.report.setdefault("prompt_shrunk", {})
+            shrunk[kind] = shrunk.get(kind, 0) + 1
+        else:
+            return reply, messages
+    raise AssertionError("unreachable: the last level returns or raises")
+
+
+async def _initial_state(
+    env: Environment, ctx: StageContext, slot: int, example: dict[str, Any]
+) -> tuple[dict[str, Any], str, int]:
+    """A generated state that passed the load and realism gates, as the environment holds it; the scenario's `now`
+    (the model's "today" for the state); and the repairs."""
+    config = ctx.config.scenarios
+    schema = generated_state_schema(env.state_schema, example)
+    model = state_model(schema)
+
+    def request(shrink: int) -> list[ChatMessage]:
+        user = (
+            f"{interface_text(env, shrink)}\n\n## State schema\n{json.dumps(schema)}\n\n## Default state of the class\n"
+            f"{state_text(example, shrink)}\n\nWrite initial state {slot + 1} of {config.per_environment} for this "
+            "environment (different people, items and situations from the others), with at least "
+            f"{config.min_records} records in every collection of records."
+        )
+        return system_user(prompt("scenario_state"), user)
+
+    asked: list[ChatMessage] = []
+    messages = asked
+    reason, problems = "", []
+    for attempt in range(config.repair_attempts + 1):
+        sample_index = attempt * (ctx.config.llm.structured_retries + 1)
+        if not asked:
+            reply, asked = await _ask_fitting(
+                ctx, env, "scenario_state", request, model, sampling=_sampling(ctx), invalid_reason="state_invalid",
+                sample_index=sample_index,
+            )  # fmt: skip
+        else:
+            reply = await ask(
+                ctx, env, messages, model, sampling=_sampling(ctx), invalid_reason="state_invalid",
+                sample_index=sample_index,
+            )  # fmt: skip
+        now, state = reply.root["now"], reply.root["state"]
+        loaded, problems = await asyncio.to_thread(
+            load_state, ctx.sandbox, env.code, state, now=now, seed=scenario_seed(env.id, now)
+        )
+        reason = "state_load_failed"
+        if loaded is not None and not problems:
+            problems, reason = size_problems(loaded, schema, config.min_records), "state_too_small"
+        if loaded is not None and not problems:
+            problems, reason = attribute_problems(state, example) + reference_problems(loaded), "state_inconsistent"
+        if loaded is not None and not problems:
+            return loaded, now, attempt
+        feedback = "This state was refused:\n- " + "\n- ".join(problems) + "\nReply with the corrected full state."
+        # Only the latest state goes back (a state is large; every attempt kept would outgrow the context).
+        messages = [
+            *asked,
+            ChatMessage(role="assistant", content=json.dumps(reply.root)),
+            ChatMessage(role="user", content=feedback),
+        ]
+    raise Rejected(ctx.reject(env, reason, "; ".join(problems)[:2000], raw_output=json.dumps(reply.root)[:20000]))
+
+
+async def _task(env: Environment, ctx: StageContext, state: dict[str, Any], now: str, feedback: str = "") -> Draft:
+    """A task draft; with `feedback` (why the previous task was refused and what to do), its replacement."""
+
+    def request(shrink: int) -> list[ChatMessage]:
+        user = (
+            f"{interface_text(env, shrink)}\n\n## Now\n{now_text(now)}\n\n## Current state\n{state_text(state, shrink)}"
+        )
+        if feedback:
+            user += f"\n\n## A previous task for this state was refused\n{feedback}"
+        return system_user(prompt("scenario_task"), user)
+
+    draft, messages = await _ask_fitting(
+        ctx, env, "scenario_task", request, TaskDraft, sampling=_sampling(ctx), invalid_reason="task_invalid"
+    )
+    return Draft(draft, messages, now)
+
+
+def _user_texts(draft: TaskDraft, modes: Sequence[str]) -> dict[str, str]:
+    """What the user says in each mode: every value the gold needs must be in it (the sufficiency gate)."""
+    said = {
+        "non_conversational": draft.task,
+        "conversational": f"{draft.known_up_front}\n{draft.reveal_when_asked}",
+    }
+    return {mode: said[mode] for mode in modes}
+
+
+async def _checks(
+    env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft
+) -> tuple[list[str], list[ChatMessage]]:
+    """The code of every check of the checklist, in one request written after the gold (whose state-changing
+    methods it is shown), and the conversation that wrote them (for repairs)."""
+    schema = generated_state_schema(env.state_schema, state)
+    involved = involved_state(state, draft.gold)
+    checklist = draft.task.checklist
+
+    def request(shrink: int) -> list[ChatMessage]:
+        methods = writer_sources(env.code, [action["name"] for action in draft.gold], shrink)
+        user = (
+            f"# Environment {env.name} ({env.domain})\n{env.description}\n\n## State schema\n"
+            f"{json.dumps(schema)}\n\n## Initial state (the records the task involves; others exist)\n"
+            f"{state_text(involved, shrink)}\n\n## Now\n{now_text(draft.now)}\n\n"
+        )
+        if methods:
+            user += f"## Methods the solution calls that change the state\n```python\n{methods}\n```\n\n"
+        items = "\n".join(f"{number}. {item}" for number, item in enumerate(checklist, 1))
+        user += f"## Task\n{draft.task.task}\n\n## Checklist ({len(checklist)} items)\n{items}"
+        return system_user(prompt("scenario_check"), user)
+
+    reply, messages = await _ask_fitting(
+        ctx, env, "scenario_check", request, checks_model(len(checklist)),
+        sampling=_sampling(ctx, CODE_SAMPLING_TEMPERATURE), invalid_reason="check_invalid",
+    )  # fmt: skip
+    written = ChatMessage(role="assistant", content=json.dumps({"checks": reply.checks}, ensure_ascii=False))
+    return list(reply.checks), [*messages, written]
+
+
+async def _repaired_check(
+    env: Environment, ctx: StageContext, draft: Draft, index: int, problem: str
+) -> tuple[str, list[ChatMessage]]:
+    """Check `index` rewritten with why it was refused, continuing the conversation that wrote it."""
+    item = draft.task.checklist[index]
+    feedback = (
+        f"Check {index + 1} ({item!r}) was refused: {problem}\n"
+        'Reply with a JSON object {"code": "..."} holding only the corrected function for that item.'
+    )
+    messages = [*draft.check_messages[index], ChatMessage(role="user", content=feedback)]
+    sampling = _sampling(ctx, CODE_SAMPLING_TEMPERATURE)
+    reply = await ask(ctx, env, messages, CheckCode, sampling=sampling, invalid_reason="check_invalid")
+    return reply.code, [*messages, ChatMessage(role="assistant", content=json.dumps({"code": reply.code}))]
+
+
+async def _gold(
+    env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft, feedback: str = ""
+) -> tuple[list[dict[str, Any]], list[ChatMessage]]:
+    sampling = _sampling(ctx, CODE_SAMPLING_TEMPERATURE)
+    if not feedback:
+
+        def request(shrink: int) -> list[ChatMessage]:
+            user = (
+                f"{interface_text(env, shrink)}\n\n## Now\n{now_text(draft.now)}\n\n"
+                f"## Current state\n{state_text(state, shrink)}\n\n"
+                f"## Task\n{draft.task.task}"
+            )
+            return system_user(prompt("scenario_gold"), user)
+
+        reply, messages = await _ask_fitting(
+            ctx, env, "scenario_gold", request, GoldSolution, sampling=sampling, invalid_reason="gold_invalid"
+        )
+    else:
+        previous = json.dumps({"actions": draft.gold}, ensure_ascii=False)
+        messages = [
+            *draft.gold_messages,
+            ChatMessage(role="assistant", content=previous),
+            ChatMessage(role="user", content=f"{feedback}\nReply with the corrected full sequence."),
+        ]
+        reply = await ask(ctx, env, messages, GoldSolution, sampling=sampling, invalid_reason="gold_invalid")
+    return [action.model_dump() for action in reply.actions], messages
+
+
+async def _fill(env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft) -> None:
+    """Generate the gold sequence of `draft`, then its checks (they are shown what the gold calls)."""
+    draft.gold, draft.gold_messages = await _gold(env, ctx, state, draft)
+    draft.checks, messages = await _checks(env, ctx, state, draft)
+    draft.check_messages = [messages for _ in draft.checks]

@@ -92,7 +92,7 @@ def world():
 
 
 def attack(world, body: str, state=None):
-    """Run `body` as the tool `go` of a fresh unlinted environment; returns (result, worker pid)."""
+    """Run `body` as the tool `go` of a fresh unlinted environment; returns the result and the worker's tree."""
     replacements = {
         "FOLDER": str(world["folder"]), "TCP_PORT": str(world["listener"].tcp.getsockname()[1]),
         "UDP_PORT": str(world["listener"].udp.getsockname()[1]), "UNIX_NAME": repr(world["listener"].unix_name),
@@ -106,35 +106,92 @@ def attack(world, body: str, state=None):
     tool = {"type": "function", "function": {"name": "go", "description": "",
             "parameters": {"type": "object", "properties": {}, "required": []}}}  # fmt: skip
     session = Session(world["sandbox"], source, state, interface=EnvInterface(class_name="T", tools=(tool,)))
-    pid = session._worker.pid
     try:
-        return session.call("go"), pid
+        with ProcessTree(session._worker.pid) as tree:
+            return session.call("go"), tree
     finally:
         session.close()
 
 
-def assert_contained(world, pid: int) -> None:
+def assert_contained(world, tree: ProcessTree) -> None:
     """External evidence shared by every attack, then a fresh episode must work."""
     time.sleep(0.05)
     assert world["decoy"].poll() is None, "decoy trainer died"
     assert not list(world["folder"].iterdir()), "a marker file appeared"
     assert not world["listener"].received, f"listener got {world['listener'].received}"
-    assert not _descendants(pid), "a process of the worker survived"
+    assert tree.root in tree.pids(), "the watch never saw the worker"
+    deadline = time.monotonic() + 2.0  # SIGKILL is asynchronous: give the kernel a moment to finish the kill
+    while (alive := tree.alive()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not alive, f"processes of the worker survived: {alive} of {sorted(tree.pids())}"
     with Session(world["sandbox"], COUNTER, {"value": 41}) as session:
         assert session.call("increment", {}).result == 42
 
 
-def _descendants(pid: int) -> list[int]:
-    found = []
+class ProcessTree:
+    """Every process seen under `root` (the worker) while watched: the worker and anything it spawned, also a
+    child that detached (setsid) or was orphaned. /proc is polled in a thread while the attack runs: once the
+    worker is dead its children have a new parent, so only a look while it lives can find them."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.seen: dict[int, int] = {}  # pid -> start time (a reused pid is another process)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> ProcessTree:
+        self.scan()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.scan()  # a last look while the worker may still live (the caller kills it next)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.005):
+            self.scan()
+
+    def scan(self) -> None:
+        table = _process_table()
+        children: dict[int, list[int]] = {}
+        for pid, (parent, _, _) in table.items():
+            children.setdefault(parent, []).append(pid)
+        # Every process seen before is a root of the walk too: its descendants stay in the tree when it dies.
+        stack = [pid for pid in {self.root, *self.seen} if pid in table and self._same(pid, table[pid][2])]
+        while stack:
+            pid = stack.pop()
+            self.seen[pid] = table[pid][2]
+            stack += [child for child in children.get(pid, ()) if child not in self.seen]
+
+    def _same(self, pid: int, start: int) -> bool:
+        return self.seen.get(pid, start) == start
+
+    def pids(self) -> set[int]:
+        return set(self.seen)
+
+    def alive(self) -> list[int]:
+        """Processes seen in the tree that still run (a zombie is dead: only its exit status is left)."""
+        table = _process_table()
+        return sorted(
+            pid
+            for pid, (_, state, start) in table.items()
+            if pid in self.seen and self._same(pid, start) and state != "Z"
+        )
+
+
+def _process_table() -> dict[int, tuple[int, str, int]]:
+    """pid -> (parent pid, state, start time) of every process, from /proc/<pid>/stat."""
+    table = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry))
-    return found
+            table[int(entry)] = (int(fields[1]), fields[0], int(fields[19]))
+    return table
 
 
 HARD_KILLS = {
@@ -149,11 +206,11 @@ HARD_KILLS = {
 @pytest.mark.parametrize("name", sorted(HARD_KILLS))
 def test_uninterruptible_code_is_killed_at_the_deadline(world, name):
     started = time.monotonic()
-    result, pid = attack(world, HARD_KILLS[name])
+    result, tree = attack(world, HARD_KILLS[name])
     elapsed = time.monotonic() - started
     # The deadline is 0.5 s + 0.5 s grace; the bound leaves room for a loaded machine (each loop runs for hours).
     assert result.error_kind == "timeout" and elapsed < 5.0, elapsed
-    assert_contained(world, pid)
+    assert_contained(world, tree)
 
 
 BLOCKED = {  # body -> the result must be an error value or a contained failure; evidence checked after
@@ -195,20 +252,20 @@ BLOCKED = {  # body -> the result must be an error value or a contained failure;
 @pytest.mark.parametrize("name", sorted(BLOCKED))
 def test_attack_is_contained(world, name):
     body, kind = BLOCKED[name]
-    result, pid = attack(world, body)
+    result, tree = attack(world, body)
     if kind is not None:
         assert result.error_kind in kind.split("|"), result
     else:  # os.system answers 127<<8 and runs nothing; a raw syscall answers -1 (EPERM)
         assert not result.ok or result.result in (32512, -1), result
     assert SECRET not in result.content() and "root:x:0" not in result.content()
-    assert_contained(world, pid)
+    assert_contained(world, tree)
 
 
 def test_clean_environment_has_no_secret(world):
-    result, pid = attack(world, "return dict(os.environ)")
+    result, tree = attack(world, "return dict(os.environ)")
     assert set(result.result) <= {"PATH", "LC_ALL", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "TZ"}
     assert SECRET not in result.content()
-    assert_contained(world, pid)
+    assert_contained(world, tree)
 
 
 def test_inherited_stderr_goes_nowhere(world):
@@ -227,10 +284,10 @@ def test_forkserver_socket_escape(world):
         "s = socket.socket(socket.AF_UNIX)\ns.connect(FORKSERVER)\nr, w = os.pipe()\n"
         "os.write(w, pickle.dumps(P()))\nsocket.send_fds(s, [b'x'], [r, w, r, w])"
     )
-    result, pid = attack(world, body)
+    result, tree = attack(world, body)
     assert result.error_kind == "raised"
     time.sleep(0.3)
-    assert_contained(world, pid)
+    assert_contained(world, tree)
 
 
 def test_worker_sending_a_pickle_is_never_unpickled(world):
@@ -240,9 +297,9 @@ def test_worker_sending_a_pickle_is_never_unpickled(world):
         "sys.modules['frames'].encode = lambda message: len(payload).to_bytes(4, 'big') + payload\n"
         "return 1"
     )
-    result, pid = attack(world, body)
+    result, tree = attack(world, body)
     assert not result.ok and result.error_kind in ("protocol", "crashed")
-    assert_contained(world, pid)
+    assert_contained(world, tree)
 
 
 @pytest.mark.parametrize("forged", ['{"ok": True, "json": "[1, 2"}', '{"ok": True}', '{"ok": True, "json": 7}'])
@@ -250,9 +307,9 @@ def test_forged_ok_reply_without_valid_json_is_an_error_result_not_a_crash(world
     # A tool that swaps the worker's encoder can claim success with anything as its result.
     packer = "import msgpack\nbody = msgpack.packb(" + forged + ")\n"
     body = packer + "sys.modules['frames'].encode = lambda message: len(body).to_bytes(4, 'big') + body\nreturn 1"
-    result, pid = attack(world, body)
+    result, tree = attack(world, body)
     assert not result.ok and result.error_kind == "protocol"
-    assert_contained(world, pid)
+    assert_contained(world, tree)
 
 
 POISON = """
@@ -273,20 +330,20 @@ def test_forged_snapshot_reply_is_a_session_error(world):
               "parameters": {"type": "object", "properties": {}, "required": []}}}  # fmt: skip
     interface = EnvInterface(class_name="CounterEnv", tools=(*inspect_source(COUNTER).tools, poison))
     with Session(world["sandbox"], COUNTER + POISON, {"value": 3}, interface=interface) as session:
-        assert session.call("poison").result == 1
-        pid = session._worker.pid
-        with pytest.raises(SessionError) as failure:
-            session.snapshot()
+        with ProcessTree(session._worker.pid) as tree:
+            assert session.call("poison").result == 1
+            with pytest.raises(SessionError) as failure:
+                session.snapshot()
         assert failure.value.kind == "protocol"
         assert session._worker is None  # the lying worker is gone, not reused
-    assert_contained(world, pid)
+    assert_contained(world, tree)
 
 
 def test_forged_giant_frame_header_kills_the_worker(world):
     body = "sys.modules['frames'].encode = lambda message: (2**31).to_bytes(4, 'big') + b'x'\nreturn 1"
-    result, pid = attack(world, body)
+    result, tree = attack(world, body)
     assert result.error_kind == "too_large"
-    assert_contained(world, pid)
+    assert_contained(world, tree)
 
 
 def test_rlimit_still_applies_after_an_attempt_to_raise_it(world):
@@ -301,7 +358,7 @@ def test_rlimit_still_applies_after_an_attempt_to_raise_it(world):
 def test_crash_does_not_affect_a_sibling_episode(world):
     with Session(world["sandbox"], COUNTER) as sibling:
         sibling.call("increment", {"by": 5})
-        result, pid = attack(world, "ctypes.memmove(8, b'x', 1)")
+        result, _ = attack(world, "ctypes.memmove(8, b'x', 1)")
         assert result.error_kind == "crashed"
         assert sibling.call("increment", {}).result == 6
 
@@ -338,7 +395,7 @@ def test_environment_cannot_fool_its_checker(world):
 
 def test_object_with_rigged_eq_cannot_enter_the_state(world):
     body = "class Any:\n    def __eq__(self, other):\n        return True\nself.n = Any()\nreturn 1"
-    result, pid = attack(world, body)
+    result, tree = attack(world, body)
     assert result.ok
     tool = {"type": "function", "function": {"name": "go", "description": "",
             "parameters": {"type": "object", "properties": {}, "required": []}}}  # fmt: skip
@@ -351,4 +408,4 @@ def test_object_with_rigged_eq_cannot_enter_the_state(world):
         session.call("go")
         with pytest.raises(SessionError, match="not JSON"):
             session.snapshot()
-    assert_contained(world, pid)
+    assert_contained(world, tree)

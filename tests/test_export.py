@@ -199,10 +199,9 @@ def test_empty_splits_are_left_out_of_the_card_and_the_rest_loads(release_config
         update={"select": release_config.select.model_copy(update={"rl_env_fraction": 0})}
     )
     manifest = export_release(config, "0.0.1", tmp_path / "out")
-    assert (
-        manifest["counts"]["environments/rl"] == 0
-        and not (tmp_path / "out" / "data" / "environments" / "rl-*").exists()
-    )
+    shards = sorted(path.name for path in (tmp_path / "out" / "data" / "environments").glob("*.parquet"))
+    assert manifest["counts"]["environments/rl"] == 0 and shards
+    assert all(name.startswith("train-") for name in shards), shards  # no rl-* file at all
     assert "| `environments` | `rl` | 0 (not in this release) |" in (tmp_path / "out" / "README.md").read_text()
     loaded = load_dataset(str(tmp_path / "out"), "environments", cache_dir=str(tmp_path / "cache"))
     assert list(loaded) == ["train"] and loaded["train"].num_rows == 3

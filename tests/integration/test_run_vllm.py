@@ -17,6 +17,8 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 SMALL = ["--set", "mine.max_seeds=3", "--set", "llm.max_tokens=128", "--set", "llm.structured_retries=1"]
+# mine's verdicts on the replies' content; not `llm_request` (the server refused a request) nor `prompt_too_long`.
+MINE_REASONS = {"not_stateful", "judge_invalid", "topic_invalid", "low_score"}
 
 
 @pytest.fixture
@@ -43,6 +45,17 @@ def builder():
             process.communicate(timeout=120)
 
 
+def assert_model_used(stats: dict) -> None:
+    """The server accepted every request of every stage, and mine read at least one judgement from a reply."""
+    for name, stage in stats.items():
+        assert stage["llm_failures"] == 0 and "llm_request" not in stage["dropped"], (name, stage)
+    mine = stats["mine"]
+    assert mine["llm_calls"] >= 3 and mine["prompt_tokens"] > 0 and mine["completion_tokens"] > 0, mine
+    assert set(mine["dropped"]) <= MINE_REASONS, mine["dropped"]
+    # Every seed but a `judge_invalid` one got a judgement that parsed (a topic is only asked for after it).
+    assert mine["kept"] + sum(mine["dropped"].values()) - mine["dropped"].get("judge_invalid", 0) > 0, mine
+
+
 def vllm_processes(run_dir: Path) -> list[str]:
     """vLLM processes serving from this run folder's server (matched on its port from the log)."""
     log = (run_dir / "llm_server.log").read_text()
@@ -60,7 +73,7 @@ def test_run_starts_the_server_mines_topics_and_resumes_without_it(tmp_path, bui
     mine = stats["mine"]
     assert mine["inputs"] == 3
     assert mine["kept"] + sum(mine["dropped"].values()) == 3  # every seed accounted for, kept or with a reason
-    assert mine["llm_calls"] >= 3 and mine["prompt_tokens"] > 0 and mine["completion_tokens"] > 0
+    assert_model_used(stats)
     assert (run_dir / "mine.parquet").exists() and (run_dir / "mine.rejected.parquet").exists()
     assert "mine" in out and "dedupe" in out
     assert vllm_processes(run_dir) == []  # stopped at the end of the run
@@ -91,5 +104,6 @@ def test_sigterm_during_a_run_stops_the_server_and_resumes(tmp_path, builder):
     resumed = builder("run", "--run-dir", str(run_dir), *SMALL, cwd=tmp_path)
     _, err = resumed.communicate(timeout=1800)
     assert resumed.returncode == 0, err[-3000:]
-    mine = json.loads((run_dir / "stats.json").read_text())["stages"]["mine"]
-    assert mine["kept"] + sum(mine["dropped"].values()) == 3
+    stats = json.loads((run_dir / "stats.json").read_text())["stages"]
+    assert stats["mine"]["kept"] + sum(stats["mine"]["dropped"].values()) == 3
+    assert_model_used(stats)

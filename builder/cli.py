@@ -339,8 +339,12 @@ def cmd_publish(args: argparse.Namespace) -> int:
     result = publish(
         config, args.version, repo=args.repo, backend=args.backend, dry_run=args.dry_run, stats_path=_stats_path(args)
     )
-    if result.dry_run:
+    if result.dry_run and result.tag_only:
+        print(f"dry run: would tag commit {result.commit}, already on main, as {result.tag}; nothing written")
+    elif result.dry_run:
         print(f"dry run: would publish {result.tag} to {result.location} ({len(result.files)} files); nothing written")
+    elif result.tag_only:
+        print(f"published {result.tag} to {result.location}: tagged commit {result.commit}, already on main")
     else:
         print(f"published {result.tag} to {result.location} (commit {result.commit})")
     print(f"rows: {_counts(result.manifest)}")

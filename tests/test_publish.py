@@ -1,4 +1,5 @@
-"""Publishing: versions as tags, refusal to overwrite, dry runs, failure safety, and the hf backend's API calls."""
+"""Publishing with the git backend: versions as tags, refusal to overwrite, dry runs, failure safety, resuming a
+release whose tag is missing. The hf backend over HTTP is in test_hub_failures.py."""
 
 from __future__ import annotations
 
@@ -6,19 +7,17 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from builder.cli import main
 from builder.config import load_config
-from builder.publish.backends import GitBackend, HfBackend
+from builder.publish.backends import GitBackend
 from builder.publish.publish import export_after_run, export_version, publish
 from builder.publish.release import PublishError, next_version, parse_version, previous_version, released_versions
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from release_store import fill_store  # noqa: E402
-from test_export import assert_golden  # noqa: E402
 
 
 def make_config(tmp_path: Path, repo: str = "acme/envs"):
@@ -132,108 +131,36 @@ def test_cli_publish_then_export_against_the_previous_version(tmp_path, capsys):
     assert main(["publish", "--version", "0.3.0", "--repo", "no-slash", *sets]) == 1
 
 
-# ------------------------------------------------------------------------------------------------ hf backend
-
-
-class FakeHfApi:
-    """Records HfApi calls and keeps just enough state (files per commit, tags) to answer like the Hub."""
-
-    endpoint = "https://huggingface.co"
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.calls: list[list] = []
-        self.repos: set[str] = set()
-        self.main: dict[str, bytes] = {}
-        self.tags: dict[str, dict[str, bytes]] = {}
-        self.tmp = tmp_path
-        self.commits = 0
-
-    def repo_exists(self, repo_id, repo_type=None):
-        self.calls.append(["repo_exists", repo_id, repo_type])
-        return repo_id in self.repos
-
-    def create_repo(self, repo_id, repo_type=None, private=False, exist_ok=False):
-        self.calls.append(["create_repo", repo_id, repo_type, private, exist_ok])
-        if repo_id not in self.repos:
-            self.repos.add(repo_id)
-            self.main = {".gitattributes": b"*.parquet filter=lfs\n"}
-
-    def list_repo_refs(self, repo_id, repo_type=None):
-        self.calls.append(["list_repo_refs", repo_id, repo_type])
-        return SimpleNamespace(tags=[SimpleNamespace(name=tag) for tag in sorted(self.tags)], branches=[])
-
-    def list_repo_files(self, repo_id, repo_type=None, revision=None):
-        self.calls.append(["list_repo_files", repo_id, repo_type, revision])
-        return sorted(self.main)
-
-    def hf_hub_download(self, repo_id, filename, repo_type=None, revision=None):
-        self.calls.append(["hf_hub_download", repo_id, filename, repo_type, revision])
-        path = self.tmp / f"download-{len(self.calls)}"
-        path.write_bytes(self.tags[revision][filename])
-        return str(path)
-
-    def create_commit(self, repo_id, operations, commit_message, repo_type=None, revision=None):
-        ops = []
-        for op in operations:
-            if type(op).__name__ == "CommitOperationAdd":
-                self.main[op.path_in_repo] = Path(op.path_or_fileobj).read_bytes()
-                ops.append(["add", op.path_in_repo])
-            else:
-                self.main.pop(op.path_in_repo)
-                ops.append(["delete", op.path_in_repo])
-        self.calls.append(["create_commit", repo_id, commit_message, repo_type, revision, ops])
-        self.commits += 1
-        return SimpleNamespace(oid=f"{self.commits:040x}")
-
-    def create_tag(self, repo_id, tag, tag_message=None, revision=None, repo_type=None):
-        self.calls.append(["create_tag", repo_id, tag, tag_message, revision, repo_type])
-        self.tags[tag] = dict(self.main)
-
-
-def test_hf_backend_makes_the_recorded_sequence_of_hub_calls(tmp_path):
-    config = make_config(tmp_path, repo="acme/envs")
+def test_a_release_on_main_without_its_tag_is_tagged_not_committed_again(tmp_path):
+    """The resume path the hf backend needs after a failed tag step, on git: only the tag is created."""
+    config = make_config(tmp_path)
     fill_store(config.store.path)
-    api = FakeHfApi(tmp_path)
-    hub = HfBackend("acme/envs", private=True, api=api)
-    publish(config, "0.1.0", backend="hf", target=hub)
+    first = publish(config, "0.1.0")
     fill_store(config.store.path, generation=2)
-    publish(config, "0.2.0", backend="hf", target=hub)
-    with pytest.raises(PublishError, match="already has v0.2.0"):
-        publish(config, "0.2.0", backend="hf", target=hub)
-    assert_golden("hf_calls.json", api.calls)
-    manifest = json.loads(api.tags["v0.2.0"]["release.json"])
-    assert manifest["previous_version"] == "0.1.0" and manifest["changelog"][1]["version"] == "0.1.0"
+    second = publish(config, "0.2.0")
+    bare = tmp_path / "hub" / "datasets" / "acme" / "envs"
+    git(bare, "tag", "-d", "v0.2.0")  # as if the tag step had failed
+    result = publish(config, "0.2.0")
+    assert result.tag_only and result.commit == second.commit
+    assert git(bare, "rev-list", "--count", "main").strip() == "2"
+    assert git(bare, "rev-parse", "v0.2.0^{commit}").strip() == second.commit
+    assert git(bare, "rev-parse", "v0.1.0^{commit}").strip() == first.commit
+    assert result.manifest == json.loads(git(bare, "show", "v0.2.0:release.json"))
 
 
-def test_hf_backend_deletes_files_the_new_release_no_longer_has(tmp_path):
-    api = FakeHfApi(tmp_path)
-    api.repos.add("acme/envs")
-    api.main = {".gitattributes": b"", "README.md": b"old", "data/sft/train-00000-of-00002.parquet": b"x"}
-    folder = tmp_path / "release"
-    (folder / "data" / "sft").mkdir(parents=True)
-    (folder / "README.md").write_text("new")
-    (folder / "data" / "sft" / "train-00000-of-00001.parquet").write_bytes(b"y")
-    HfBackend("acme/envs", api=api).publish(folder, "v1.0.0", "Release 1.0.0")
-    assert sorted(api.main) == [".gitattributes", "README.md", "data/sft/train-00000-of-00001.parquet"]
-    assert api.calls[-2][-1][-1] == ["delete", "data/sft/train-00000-of-00002.parquet"]
-
-
-def test_the_fake_uses_hfapis_real_parameter_names():
-    import inspect
-
-    from huggingface_hub import HfApi
-
-    used = {
-        "repo_exists": {"repo_type"},
-        "create_repo": {"repo_type", "private", "exist_ok"},
-        "list_repo_refs": {"repo_type"},
-        "list_repo_files": {"repo_type", "revision"},
-        "hf_hub_download": {"repo_type", "revision"},
-        "create_commit": {"operations", "commit_message", "repo_type", "revision"},
-        "create_tag": {"tag", "tag_message", "revision", "repo_type"},
-    }
-    for method, names in used.items():
-        assert names <= set(inspect.signature(getattr(HfApi, method)).parameters), method
+def test_git_tag_only_refuses_when_main_moved(tmp_path):
+    config = make_config(tmp_path)
+    fill_store(config.store.path)
+    first = publish(config, "0.1.0")
+    fill_store(config.store.path, generation=2)
+    publish(config, "0.2.0")
+    backend = GitBackend(config.hub.root, "acme/envs")
+    refs = git(backend.path, "show-ref")
+    with pytest.raises(PublishError, match="nothing changed"):
+        backend.tag(first.commit, "v0.3.0", "Release 0.3.0")  # first.commit is no longer main's head
+    assert git(backend.path, "show-ref") == refs
+    assert backend.head().title == "Release 0.2.0"
+    assert backend.read_file(first.commit, "release.json") == backend.read_file("v0.1.0", "release.json")
 
 
 @pytest.mark.parametrize("command", [["publish"], ["export"], ["hub", "serve"]])

@@ -2,7 +2,9 @@
 
 `export_release` writes `<release_root>/<version>/` (data shards, plots, card, manifest) atomically.
 `publish` checks the version is new, exports, then makes one commit and one tag on the backend; with
-`dry_run` it exports into a temporary folder, reports what would be published and writes nothing.
+`dry_run` it exports into a temporary folder, reports what would be published and writes nothing. A release
+whose commit landed but whose tag did not (the Hub has no transaction over both) is finished by publishing the
+same version again: its commit is found at the head of `main` and only tagged.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class PublishResult:
     files: tuple[str, ...]
     manifest: dict
     dry_run: bool
+    tag_only: bool = False  # the release was already on main, untagged: only the tag was (or would be) created
 
 
 def make_backend(config: BuildConfig, backend: str | None = None, repo: str | None = None) -> Backend:
@@ -193,13 +196,16 @@ def publish(
     """Export the store as `version` and publish it; refuses a version the repository already has.
 
     The release folder is `<hub.release_root>/<version>/` (a temporary folder for a dry run, removed after).
-    `target` overrides the backend made from the config (tests pass a recording fake).
+    When the head of `main` already is this release, untagged (an earlier publish's tag step failed), only the
+    tag is created (`tag_only`). `target` overrides the backend made from the config (tests pass one pointed at
+    a local Hub).
 
     Raises:
-        PublishError: the version is invalid or already published, or the backend refused the write.
+        PublishError: the version is invalid or already published, or the backend failed; the message names the
+            step, and the commit when one landed untagged.
     """
     version, repo = parse_version(version), repo or config.hub.repo
-    tag = tag_of(version)
+    tag, message = tag_of(version), f"Release {version}"
     target = target or make_backend(config, backend, repo)
     tags = target.tags()
     if tag in tags:
@@ -210,11 +216,45 @@ def publish(
     try:
         manifest = export_release(config, version, out, repo=repo, previous=previous, stats_path=stats_path)
         files = tuple(release_files(out))
-        commit = None if dry_run else target.publish(out, tag, f"Release {version}")
+        landed = _landed_release(target, message, manifest)
+        if landed is not None:
+            # The release folder becomes exactly what is on main (the export differs only in its created_at).
+            commit, raw = landed
+            (out / MANIFEST).write_bytes(raw)
+            manifest = json.loads(raw)
+            if not dry_run:
+                target.tag(commit, tag, message)
+        else:
+            commit = None if dry_run else target.publish(out, tag, message)
     finally:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
-    return PublishResult(version, tag, target.location(), commit, files, manifest, dry_run)
+    return PublishResult(version, tag, target.location(), commit, files, manifest, dry_run, landed is not None)
+
+
+def _landed_release(target: Backend, message: str, manifest: dict) -> tuple[str, bytes] | None:
+    """The head of `main` and its manifest when they are this very release, committed by an earlier publish whose
+    tag step failed: the head's message is the release's, and its manifest equals the new export's but for the
+    time it was made. Anything else on main (another version, other content, a later commit) is None."""
+    head = target.head()
+    if head is None or head.title != message:
+        return None
+    raw = target.read_file(head.commit, MANIFEST)
+    try:
+        landed = json.loads(raw) if raw is not None else None
+    except ValueError:
+        landed = None
+    if not isinstance(landed, dict):
+        return None
+    ignored = {"created_at"}
+    if {k: v for k, v in landed.items() if k not in ignored} != {k: v for k, v in manifest.items() if k not in ignored}:
+        logger.warning(
+            "main's head %s is an untagged %r with other content; publishing this export on top of it",
+            head.commit, message,
+        )  # fmt: skip
+        return None
+    logger.info("main's head %s is this release, committed by an earlier publish; tagging it", head.commit)
+    return head.commit, raw
 
 
 def export_version(

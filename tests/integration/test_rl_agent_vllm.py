@@ -23,7 +23,7 @@ from builder.records import Scenario
 from builder.run.executor import run_stages
 from builder.run.stage import BatchStage
 from builder.splits import is_rl_environment
-from builder.store import Store
+from tests.fixtures.run_tables import write_stage
 from tests.fixtures.scenarios import bank_scenario, environment, library_scenario
 from tests.llm_stub import StubServer, completion
 
@@ -74,7 +74,7 @@ async def test_rl_scenarios_are_played_by_the_embedded_model_the_pipeline_starts
             ],
             profile="cpu",  # the 135M model's budgets; llm.model (the cpu profile's) is unused: llm.url is set
         )
-        Store(config.store.path).upsert("environments", [bank, library])
+        write_stage(run_dir, "evaluate", [bank, library])
 
         async def fixed(_, ctx):
             return scenarios

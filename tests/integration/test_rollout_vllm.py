@@ -19,7 +19,7 @@ from builder.sandbox.runtime import Sandbox
 from builder.stages.rollout import rollout
 from builder.stages.select import SFT_REASONS, select
 from builder.stats import StageStats
-from builder.store import Store
+from tests.fixtures.run_tables import write_stage
 from tests.fixtures.scenarios import bank_scenario, environment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
@@ -39,7 +39,7 @@ async def test_rollout_and_select_with_the_real_model(tmp_path):
         ],
         profile="cpu",
     )
-    Store(config.store.path).upsert("environments", [environment("bank")])
+    write_stage(tmp_path, "evaluate", [environment("bank")])
     trajectories: list[Trajectory] = []
     with open_llm(config.llm, tmp_path) as llm, Sandbox(config.sandbox) as sandbox:
         ctx = StageContext(config, config_hash(config), tmp_path, StageStats("rollout"), llm=llm,

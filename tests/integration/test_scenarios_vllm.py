@@ -17,7 +17,6 @@ from builder.run.stage import StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.scenarios import REASONS, scenarios
 from builder.stats import StageStats
-from builder.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -70,4 +69,3 @@ async def test_scenarios_with_the_real_model(tmp_path):
     for scenario in kept:
         assert scenario.verification["verified"] and all(scenario.verification["checks_on_final"])
         assert len(scenario.checks) == len(scenario.checklist) and scenario.gold_actions
-    assert len(Store(tmp_path / "store").scenarios()) == len(kept)

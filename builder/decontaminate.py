@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import ConfigError
+from builder.json_values import leaves
 
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -41,14 +42,7 @@ def ngrams(text: str, n: int) -> set[tuple[str, ...]]:
 
 
 def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
+    return (leaf for leaf in leaves(value) if isinstance(leaf, str))
 
 
 def read_benchmark(path: Path) -> list[BenchmarkText]:

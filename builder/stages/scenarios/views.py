@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from builder.json_values import leaves
 from builder.records import Environment
 from builder.stages.evaluate.source import class_header, environment_text, method_nodes, method_source
 from builder.stages.evaluate.source import state_text as whole_records_text
@@ -77,14 +78,8 @@ def state_text(state: dict[str, Any], shrink: int = 0) -> str:
 
 
 def _scalars(value: Any) -> Iterable[str]:
-    if isinstance(value, dict):
-        for item in value.values():
-            yield from _scalars(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _scalars(item)
-    elif isinstance(value, str | int) and not isinstance(value, bool):
-        yield str(value)
+    """The strings and integers inside `value`, as text: what a gold call can name (ids, keys, counts)."""
+    return (str(leaf) for leaf in leaves(value) if isinstance(leaf, str | int) and not isinstance(leaf, bool))
 
 
 def involved_state(state: dict[str, Any], actions: Sequence[dict[str, Any]]) -> dict[str, Any]:

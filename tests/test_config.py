@@ -121,7 +121,7 @@ def test_none_unsets_optional_keys_only():
     assert load_config(None, ["llm.served_model_name=none"]).llm.served_model_name == "none"  # a string key
 
 
-def test_profiles_layer_under_the_config_file_and_overrides(tmp_path, monkeypatch):
+def test_profiles_layer_under_the_config_file_and_overrides(tmp_path):
     assert load_config().evaluate.calls == 100  # the paper's N is the built-in default
     cpu = load_config(profile="cpu")
     assert cpu.evaluate.calls == 12 and cpu.llm.model == "builtin:SmolLM2-135M-Instruct"
@@ -132,12 +132,22 @@ def test_profiles_layer_under_the_config_file_and_overrides(tmp_path, monkeypatc
     layered = load_config(path, ["evaluate.test_states=3"], profile="gpu")
     assert layered.llm.model == "Qwen/Qwen3-8B" and layered.llm.max_concurrency == 8  # the file replaces one key
     assert (layered.evaluate.calls, layered.evaluate.keep_score, layered.evaluate.test_states) == (100, 0.9, 3)
-    monkeypatch.setattr("builder.llm.server.detect_device", lambda: "gpu")
-    assert load_config(profile="auto") == gpu
-    monkeypatch.setattr("builder.llm.server.detect_device", lambda: "cpu")
-    assert load_config(profile="auto") == cpu
     with pytest.raises(ConfigError, match="unknown profile 'tpu'"):
         load_config(profile="tpu")
+
+
+def test_auto_profile_is_the_one_for_what_nvidia_smi_lists(tmp_path, monkeypatch):
+    cpu, gpu = load_config(profile="cpu"), load_config(profile="gpu")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert load_config(profile="auto") == cpu  # no nvidia-smi at all
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5e3b)"\n')
+    smi.chmod(0o755)
+    assert load_config(profile="auto") == gpu
+    smi.write_text('#!/bin/sh\necho "No devices were found"\nexit 6\n')  # a driver, but no GPU
+    assert load_config(profile="auto") == cpu
 
 
 def test_printed_config_reloads_to_the_same_hash_with_any_profile(tmp_path, capsys):

@@ -17,7 +17,6 @@ import logging
 import os
 import platform
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -31,6 +30,7 @@ from typing import Any
 import httpx
 
 from builder.config import LLMConfig
+from builder.hardware import detect_device
 from builder.llm.errors import ServerError
 from builder.llm.openai_backend import server_root
 from builder.llm.weights import EMBEDDED_MODEL, chatml_tools_template, model_config_file, resolve_model
@@ -48,17 +48,6 @@ VLLM_RANGE = f">={'.'.join(map(str, VLLM_MIN))},<{'.'.join(map(str, VLLM_BELOW[:
 _STOP_GRACE_S = 20.0
 # Runs the server and ends its process group if this process dies (even by SIGKILL); see reaper.py.
 _REAPER = Path(__file__).with_name("reaper.py")
-
-
-def detect_device() -> str:
-    """Return "gpu" if `nvidia-smi` lists a GPU, else "cpu" (no torch import: it takes seconds)."""
-    if shutil.which("nvidia-smi") is None:
-        return "cpu"
-    try:
-        result = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return "cpu"
-    return "gpu" if result.returncode == 0 and "GPU" in result.stdout else "cpu"
 
 
 def cpu_dtype(cpuinfo: str | None = None) -> str:

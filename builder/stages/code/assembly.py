@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from builder.envs.lint import lint
-from builder.envs.schema import annotation_schema, inspect_source, tool_methods
+from builder.envs.schema import inspect_source
+from builder.envs.signatures import annotation_schema, tool_methods
 from builder.pyast import parse, symbols
 from builder.records import EnvPlan, OperationPlan
 from builder.sandbox.allowed import ALLOWED_MODULES

@@ -1,0 +1,122 @@
+"""How an environment class declares its tools, read from the AST: which methods are tools, their parameters,
+the JSON schema of a type hint and what a Google docstring says about each parameter.
+
+The contract lint checks these declarations (envs/lint.py) and the schema derivation turns them into OpenAI tool
+schemas (envs/schema.py); both read them here, so neither needs the other.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+from builder.pyast import parse
+
+JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
+SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Return|Raises|Yields|Examples?|Notes?):\s*$")
+ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
+
+
+def tool_methods(cls: ast.ClassDef) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """The public methods of `cls` in definition order (properties, static and class methods are not tools)."""
+    methods = []
+    for node in cls.body:
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or node.name.startswith("_"):
+            continue
+        decorators = {d.id if isinstance(d, ast.Name) else getattr(d, "attr", "") for d in node.decorator_list}
+        if decorators & {"property", "staticmethod", "classmethod", "setter"}:
+            continue
+        methods.append(node)
+    return methods
+
+
+def tool_parameters(method: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[ast.arg, ast.expr | None]]:
+    """The tool parameters of `method` (everything after `self`) in order, each with its default (None: required)."""
+    args = method.args
+    positional = args.posonlyargs + args.args
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    pairs = list(zip(positional, defaults, strict=True))[1:]
+    return pairs + list(zip(args.kwonlyargs, args.kw_defaults, strict=True))
+
+
+def annotation_schema(node: ast.expr) -> dict[str, Any]:
+    """JSON schema of a type annotation; raises ValueError (with advice) for unsupported types."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return annotation_schema(parse(node.value, mode="eval").body)
+    if isinstance(node, ast.Constant) and node.value is None:
+        return {"type": "null"}
+    name = _type_name(node)
+    if name in JSON_TYPES:
+        return {"type": JSON_TYPES[name]}
+    if name == "Any":
+        return {}
+    if name in ("list", "List", "Sequence", "tuple", "Tuple"):
+        return {"type": "array"}
+    if name in ("dict", "Dict", "Mapping"):
+        return {"type": "object"}
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _union([node.left, node.right])
+    if isinstance(node, ast.Subscript):
+        return _subscript_schema(_type_name(node.value), node.slice)
+    raise ValueError(f"type {ast.unparse(node)!r} has no JSON schema; use str, int, float, bool, list, dict")
+
+
+def _subscript_schema(outer: str, inner: ast.expr) -> dict[str, Any]:
+    items = list(inner.elts) if isinstance(inner, ast.Tuple) else [inner]
+    if outer == "Optional":
+        return _union([items[0], ast.Constant(None)])
+    if outer == "Union":
+        return _union(items)
+    if outer == "Literal":
+        values = [ast.literal_eval(item) for item in items]
+        kinds = sorted({JSON_TYPES.get(type(v).__name__, "null") for v in values})
+        return {"type": kinds[0] if len(kinds) == 1 else kinds, "enum": values}
+    if outer in ("list", "List", "Sequence", "set", "Set", "frozenset"):
+        return {"type": "array", "items": annotation_schema(items[0])}
+    if outer in ("tuple", "Tuple"):
+        if len(items) == 2 and isinstance(items[1], ast.Constant) and items[1].value is Ellipsis:
+            return {"type": "array", "items": annotation_schema(items[0])}
+        return {"type": "array", "prefixItems": [annotation_schema(i) for i in items], "minItems": len(items)}
+    if outer in ("dict", "Dict", "Mapping"):
+        return {"type": "object", "additionalProperties": annotation_schema(items[-1])}
+    raise ValueError(f"type {outer}[...] has no JSON schema; use list[...], dict[str, ...], Optional or Literal")
+
+
+def _union(members: list[ast.expr]) -> dict[str, Any]:
+    schemas = [annotation_schema(member) for member in members]
+    if all(set(s) == {"type"} and isinstance(s["type"], str) for s in schemas):
+        return {"type": [s["type"] for s in schemas]}
+    return {"anyOf": schemas}
+
+
+def _type_name(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):  # typing.Optional, t.List, ...
+        return node.attr
+    return ""
+
+
+def parse_docstring(docstring: str) -> tuple[str, dict[str, str]]:
+    """Split a Google-style docstring into (description, {parameter: description})."""
+    lines = docstring.expandtabs().splitlines()
+    summary: list[str] = []
+    params: dict[str, str] = {}
+    section, current, indent = None, None, 0
+    for line in lines:
+        header = SECTION.match(line)
+        if header:
+            section, current = header.group(1), None
+            continue
+        if section is None:
+            summary.append(line.strip())
+        elif section in ("Args", "Arguments", "Parameters") and line.strip():
+            width = len(line) - len(line.lstrip())
+            match = ARG_LINE.match(line)
+            if match and (current is None or width <= indent):
+                current, indent = match.group(1).lstrip("*"), width
+                params[current] = match.group(3).strip()
+            elif current is not None:
+                params[current] = f"{params[current]} {line.strip()}".strip()
+    return " ".join(" ".join(summary).split()), params

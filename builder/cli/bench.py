@@ -1,0 +1,67 @@
+"""`bench sandbox`, `bench llm` and `bench rollout`: measure the runtime, the model client and the rollouts on this
+machine."""
+
+from __future__ import annotations
+
+import argparse
+
+from builder.cli.common import EXIT_OK, add_config_options, config_of
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    bench = commands.add_parser("bench", help="measure the runtime on this machine")
+    bench_commands = bench.add_subparsers(dest="bench_command", metavar="WHAT", required=True)
+    sandbox = bench_commands.add_parser("sandbox", help="tool-call, episode-start and check costs")
+    sandbox.add_argument("--json", action="store_true", help="print one JSON object")
+    add_config_options(sandbox)
+    sandbox.set_defaults(handler=cmd_bench_sandbox)
+
+    llm = bench_commands.add_parser(
+        "llm",
+        help="is the client the bottleneck? (server vs client throughput, client overhead)",
+        description="Measure raw server throughput and full-client-path throughput against one server "
+        "(see docs/llm.md).",
+    )
+    add_config_options(llm)
+    llm.add_argument("--json", action="store_true", help="print one JSON object")
+    llm.add_argument("--requests", type=int, default=64, metavar="N", help="requests per phase (default 64)")
+    llm.set_defaults(handler=cmd_bench_llm)
+
+    rollout = bench_commands.add_parser(
+        "rollout",
+        help="episodes per second and the rollout machinery's share of wall time",
+        description="Run many graded episodes against real sandbox sessions (scripted agent, or --real for the "
+        "configured model, compared with the server's best on the same requests replayed without waiting "
+        "on each other; see docs/rollouts.md).",
+    )
+    add_config_options(rollout)
+    rollout.add_argument("--json", action="store_true", help="print one JSON object")
+    rollout.add_argument("--episodes", type=int, default=200, metavar="N", help="episodes (default 200)")
+    rollout.add_argument(
+        "--latency-ms", type=float, default=20.0, metavar="MS", help="scripted model reply time (default 20)"
+    )
+    rollout.add_argument("--real", action="store_true", help="use the configured model server")
+    rollout.set_defaults(handler=cmd_bench_rollout)
+
+
+def cmd_bench_sandbox(args: argparse.Namespace) -> int:
+    from builder.sandbox.bench import bench_sandbox
+
+    return bench_sandbox(args.json, config_of(args).sandbox)
+
+
+def cmd_bench_llm(args: argparse.Namespace) -> int:
+    from builder.llm.bench import bench_llm
+
+    config = config_of(args)
+    print(bench_llm(config.llm, config.run.runs_root / "bench-llm", as_json=args.json, requests=args.requests))
+    return EXIT_OK
+
+
+def cmd_bench_rollout(args: argparse.Namespace) -> int:
+    from builder.rollout.bench import main
+
+    config = config_of(args)
+    run_dir = config.run.runs_root / "bench-rollout"
+    print(main(config, run_dir, as_json=args.json, episodes=args.episodes, latency_ms=args.latency_ms, real=args.real))
+    return EXIT_OK

@@ -1,0 +1,71 @@
+"""`env check`, `env schema` and `env replay`: one environment file, linted, loaded and called in the sandbox."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from builder.cli.common import add_config_options, config_of
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    env = commands.add_parser("env", help="inspect and run one environment file in the sandbox")
+    env_commands = env.add_subparsers(dest="env_command", metavar="ACTION", required=True)
+    check = env_commands.add_parser("check", help="lint, load and call every tool; exit 1 on problems")
+    check.add_argument("path", type=Path, metavar="ENV.py")
+    check.add_argument("--state", type=Path, metavar="STATE.json", help="initial state (default: __init__'s)")
+    check.add_argument("--json", action="store_true", help="print one JSON report")
+    _add_now_option(check)
+    add_config_options(check)
+    check.set_defaults(handler=cmd_env_check)
+    schema = env_commands.add_parser("schema", help="print the tools as an OpenAI `tools` JSON list")
+    schema.add_argument("path", type=Path, metavar="ENV.py")
+    schema.set_defaults(handler=cmd_env_schema)
+    replay = env_commands.add_parser("replay", help="run a list of calls from a state, then optional checks")
+    replay.add_argument("path", type=Path, metavar="ENV.py")
+    replay.add_argument("--state", type=Path, required=True, metavar="STATE.json")
+    replay.add_argument("--calls", type=Path, required=True, metavar="CALLS.json")
+    replay.add_argument("--checks", type=Path, metavar="CHECKS.py", help="file of check_*(initial, final) functions")
+    replay.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_now_option(replay)
+    add_config_options(replay)
+    replay.set_defaults(handler=cmd_env_replay)
+
+
+def _add_now_option(parser: argparse.ArgumentParser) -> None:
+    from builder.sandbox.world import DEFAULT_NOW
+
+    parser.add_argument(
+        "--now", type=_now_argument, default=DEFAULT_NOW, metavar="DATE-TIME",
+        help=f"the sandbox clock's date-time, ISO 8601 local time (default {DEFAULT_NOW}; a scenario's `now`)",
+    )  # fmt: skip
+
+
+def _now_argument(text: str) -> str:
+    from builder.sandbox.world import parse_now
+
+    try:
+        parse_now(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def cmd_env_check(args: argparse.Namespace) -> int:
+    from builder.envs.commands import env_check
+
+    sandbox_config = config_of(args).sandbox
+    return env_check(args.path, args.state, args.json, sandbox_config, now=args.now)
+
+
+def cmd_env_schema(args: argparse.Namespace) -> int:
+    from builder.envs.commands import env_schema
+
+    return env_schema(args.path)
+
+
+def cmd_env_replay(args: argparse.Namespace) -> int:
+    from builder.envs.commands import env_replay
+
+    sandbox_config = config_of(args).sandbox
+    return env_replay(args.path, args.state, args.calls, args.checks, args.json, sandbox_config, now=args.now)

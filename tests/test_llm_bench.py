@@ -24,7 +24,8 @@ def test_bench_measures_both_phases(tmp_path: Path) -> None:
     assert len(stub.requests) == 2 + 12 + 12  # warm-up, raw phase, client phase
     assert result.server_tok_s > 0 and result.client_tok_s > 0
     assert result.ratio == result.client_tok_s / result.server_tok_s
-    assert 0 <= result.overhead_p50_ms <= result.overhead_p99_ms < 1000
+    # Figures, not a timing target (a loaded machine may take any time): ordered and finite.
+    assert 0 <= result.overhead_p50_ms <= result.overhead_p99_ms < float("inf")
     assert (result.server_concurrency, result.client_concurrency) == (8, 4)
     assert "ratio client/server" in result.to_text()
 

@@ -23,17 +23,7 @@ from pydantic import BaseModel
 from builder.config import BuildConfig, LLMConfig
 from builder.llm import CallRecord, ChatRequest, LLMClient, Reply, open_llm
 from builder.llm.connect import RL_AGENT_SERVER_LOG, rl_agent_config, served_model_id
-from builder.records import (
-    ChatMessage,
-    Environment,
-    EnvPlan,
-    Sampling,
-    Scenario,
-    SeedTask,
-    Selection,
-    Topic,
-    Trajectory,
-)
+from builder.records import ChatMessage, Environment, EnvPlan, Scenario, SeedTask, Selection, Topic, Trajectory
 from builder.run.executor import Interrupted, run_stages
 from builder.run.stage import BatchStage, ItemStage, Stage
 from builder.sandbox.runtime import Sandbox
@@ -125,21 +115,9 @@ class LazyModel:
         if self._client is not None:
             await self._client.aclose()
 
-    async def structured(
-        self,
-        messages: Sequence[ChatMessage | dict[str, Any]],
-        output_type: type[T],
-        *,
-        sampling: Sampling | None = None,
-        sample_index: int = 0,
-        attempt: int = 0,
-        retries: int | None = None,
-    ) -> T:
-        """`LLMClient.structured`: validated pydantic output, or `StructuredOutputError` with the raw text."""
-        client = self._started()
-        return await client.structured(
-            messages, output_type, sampling=sampling, sample_index=sample_index, attempt=attempt, retries=retries
-        )
+    async def structured(self, messages: Sequence[ChatMessage], output_type: type[T], **options: Any) -> T:
+        """`LLMClient.structured` (the same options): validated pydantic output, or `StructuredOutputError`."""
+        return await self._started().structured(messages, output_type, **options)
 
 
 @contextmanager

@@ -145,15 +145,12 @@ class ChatModel(Protocol):
 
 
 @runtime_checkable
-class StageModel(Protocol):
-    """What a stage calls (`StageContext.llm`, `.rl_agent`): `LLMClient`, and the pipeline's `LazyModel` that
-    starts one on its first call. Tests give stages an `LLMClient` around a `ScriptedModel` (`client_for`)."""
+class StageModel(ChatModel, Protocol):
+    """What a stage calls (`StageContext.llm`, `.rl_agent`): a `ChatModel` with an identity and structured output.
+    `LLMClient` is one, and so is the pipeline's `LazyModel`, which starts one on its first call; tests give
+    stages an `LLMClient` around a `ScriptedModel` (`client_for`)."""
 
     model_id: str  # the served model's name, recorded in provenance and part of every cache key
-
-    async def chat(self, request: ChatRequest) -> Reply:
-        """One request (see `LLMClient.chat`)."""
-        ...
 
     async def structured(
         self,

@@ -175,16 +175,17 @@ async def _build(env: Environment, ctx: StageContext, slot: int, example: dict[s
             raw = json.dumps({"task": draft.task.task, "checks": draft.checks, "gold": draft.gold}, ensure_ascii=False)
             raise Rejected(_reject_slot(ctx, env, slot, evidence.reason, evidence.detail, raw[:20000]))
         repairs.append(evidence.reason)
+        # Repair round r is attempt r + 1 of the piece it repairs (its first writing is attempt 0): fresh samples.
         if evidence.reason in ("already_solved", "task_underspecified"):
             draft = await _task(env, ctx, state, now, feedback=_task_feedback(draft, evidence))
             await _fill(env, ctx, state, draft)
             blame_gold_next = True
         elif evidence.reason == "check_broken" or (evidence.reason == "gold_fails_checks" and not blame_gold_next):
-            await _repair_checks(env, ctx, state, draft, evidence, attempt=round_)
+            await _repair_checks(env, ctx, state, draft, evidence, attempt=round_ + 1)
             blame_gold_next = True
         else:
             draft.gold, draft.gold_messages = await _gold(
-                env, ctx, state, draft, _gold_feedback(draft, evidence), attempt=round_
+                env, ctx, state, draft, _gold_feedback(draft, evidence), attempt=round_ + 1
             )
             blame_gold_next = evidence.reason != "gold_fails_checks"
     raise AssertionError("unreachable: the last round returns or rejects")

@@ -233,7 +233,7 @@ async def _repaired_check(
     env: Environment, ctx: StageContext, draft: Draft, index: int, problem: str, attempt: int
 ) -> str:
     """Check `index` rewritten with why it was refused: the request that wrote the checks, the checks as they
-    are now and the feedback (`repair_messages`); `attempt` is the repair round (a fresh sample each)."""
+    are now and the feedback (`repair_messages`), as attempt `attempt` of the checks (a fresh sample each)."""
     item = draft.task.checklist[index]
     feedback = (
         f"Check {index + 1} ({item!r}) was refused: {problem}\n"
@@ -250,7 +250,7 @@ async def _gold(
     env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft, feedback: str = "", attempt: int = 0
 ) -> tuple[list[dict[str, Any]], list[ChatMessage]]:
     """The gold sequence and the request that wrote it; with `feedback` (why the current gold was refused), its
-    repair: that request, the current gold and the feedback (`repair_messages`), as repair round `attempt`."""
+    repair: that request, the current gold and the feedback (`repair_messages`), as attempt `attempt` of it."""
     sampling = _sampling(ctx, CODE_SAMPLING_TEMPERATURE)
     if not feedback:
 

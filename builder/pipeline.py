@@ -13,15 +13,17 @@ from __future__ import annotations
 import functools
 import logging
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from builder.config import BuildConfig, LLMConfig
 from builder.llm import CallRecord, ChatRequest, LLMClient, Reply, open_llm
 from builder.llm.connect import RL_AGENT_SERVER_LOG, rl_agent_config, served_model_id
-from builder.records import Environment, EnvPlan, Scenario, SeedTask, Selection, Topic, Trajectory
+from builder.records import ChatMessage, Environment, EnvPlan, Scenario, SeedTask, Selection, Topic, Trajectory
 from builder.run.executor import Interrupted, run_stages
 from builder.run.stage import BatchStage, ItemStage, Stage
 from builder.sandbox.runtime import Sandbox
@@ -37,6 +39,8 @@ from builder.stages.select import select
 from builder.stats import StageStats
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T", bound=BaseModel)
 
 STAGES: tuple[Stage, ...] = (
     BatchStage("collect", collect, input=None, output=SeedTask),
@@ -55,7 +59,7 @@ STAGES: tuple[Stage, ...] = (
 
 class LazyModel:
     """A model of the run (the synthesis model, or the RL agent), started (managed vLLM server or its URL) on
-    its first call.
+    its first call: a `StageModel`, as the `LLMClient` it starts.
 
     Stages run one after another, so calls are counted in the stats of the stage that is running: `for_stage`
     points the counting there and returns this same object.
@@ -111,9 +115,9 @@ class LazyModel:
         if self._client is not None:
             await self._client.aclose()
 
-    async def structured(self, *args: Any, **kwargs: Any) -> Any:
-        """`LLMClient.structured`: validated pydantic output, or `StructuredOutputError` with the raw text."""
-        return await self._started().structured(*args, **kwargs)
+    async def structured(self, messages: Sequence[ChatMessage], output_type: type[T], **options: Any) -> T:
+        """`LLMClient.structured` (the same options): validated pydantic output, or `StructuredOutputError`."""
+        return await self._started().structured(messages, output_type, **options)
 
 
 @contextmanager

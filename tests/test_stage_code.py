@@ -437,11 +437,10 @@ async def test_regenerate_rewrites_only_the_failing_piece_with_its_error_fed_bac
     assert fixed != CODE["return_book"]
     model = scripted({"return_book": [fixed]})
     errors = {"return_book": [PieceError("tool_raised", "return_book({'loan_id': 'x'}) raised KeyError: 'x'")]}
-    made = await regenerate(
-        context(tmp_path, model), env, the_plan, split_module(env.code, the_plan), errors, first_attempt=4
-    )
+    made = await regenerate(context(tmp_path, model), env, the_plan, split_module(env.code, the_plan), errors, repair=1)
     assert made.assembly is not None and made.requests == 1 and made.errors == {}
     (request,) = model.requests
+    # Repair 1 of the module: past the code stage's own 1 + code.repair_attempts (3) samples.
     assert request.sample_index == 4 and request.messages[2].content.startswith("def return_book(self")
     assert "[tool_raised]" in request.messages[3].content and "KeyError" in request.messages[3].content
     assert "(fixed)" in made.assembly.source and made.assembly.source.replace(" (fixed)", "") == env.code

@@ -350,7 +350,12 @@ async def test_repair_is_bounded_and_ends_in_a_rejection(tmp_path, sandbox):
     ctx = context(tmp_path, model, sandbox, "scenarios.repair_attempts=2")
     (rejection,) = await scenarios(environment("bank"), ctx)
     assert rejection.reason == "gold_call_failed" and "wire_money" in rejection.raw_output
-    assert len(requests_of(model, "GoldSolution")) == 3  # the first sequence and two repairs
+    first, *repairs = requests_of(model, "GoldSolution")
+    assert len(repairs) == 2  # the first sequence and two repairs
+    # Each repair: the request, the current gold and the feedback (never every earlier one), a fresh sample.
+    assert [len(r.messages) for r in repairs] == [4, 4] and all(r.messages[:2] == first.messages for r in repairs)
+    assert repairs[0].messages == repairs[1].messages  # the same gold refused the same way ...
+    assert len({r.sample_index for r in (first, *repairs)}) == 3  # ... is still asked as a new sample
     assert Store(tmp_path / "store").scenarios() == []
 
 

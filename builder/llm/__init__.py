@@ -2,7 +2,7 @@
 response cache, usage accounting and a scripted model for tests. See docs/llm.md."""
 
 from builder.llm.accounting import UsageTotals, estimate_gpu_hours
-from builder.llm.base import CallRecord, ChatModel, ChatRequest, Reply, TokenUsage
+from builder.llm.base import CallRecord, ChatModel, ChatRequest, Reply, StageModel, TokenUsage
 from builder.llm.cache import ResponseCache
 from builder.llm.client import LLMClient
 from builder.llm.connect import open_llm
@@ -39,6 +39,7 @@ __all__ = [
     "ResponseCache",
     "ScriptedModel",
     "ServerError",
+    "StageModel",
     "StructuredOutputError",
     "TokenUsage",
     "TransientLLMError",

@@ -1,4 +1,5 @@
-"""The one model interface every stage uses: `ChatRequest` in, `Reply` out, through `ChatModel.chat`.
+"""The one model interface every stage uses: `ChatRequest` in, `Reply` out, through `ChatModel.chat`, and
+`StageModel`, what a stage is given (`chat`, `structured`, `model_id`).
 
 Messages and tool calls reuse the record structs of `builder.records`, so a reply's message can be appended to
 a trajectory as is. `CallRecord` is what the client reports to an observer after every call (usage
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,6 +19,8 @@ from builder.records import ChatMessage, Sampling, ToolCall
 
 # Bump when the meaning of a cached reply changes, so old cache rows are never reused.
 CACHE_KEY_VERSION = 1
+
+T = TypeVar("T", bound=BaseModel)
 
 
 class _Frozen(BaseModel):
@@ -27,7 +31,8 @@ class ChatRequest(_Frozen):
     """One chat-completion request, independent of the backend that serves it.
 
     `tool_choice` is "auto", "required", "none", or the name of one tool in `tools` to force that tool.
-    `sample_index` tells apart repeated samples of the same request (it is part of the cache key, never sent).
+    `sample_index` tells apart repeated samples of the same request (it is part of the cache key, never sent);
+    `resampled` gives a request's further samples.
     `extra` holds server-specific body fields (e.g. vLLM's `ignore_eos`, `top_k`, `chat_template_kwargs`), sent
     as is. An assistant message's `reasoning_content` is never sent (see `openai_backend.request_body`).
     """
@@ -46,6 +51,21 @@ class ChatRequest(_Frozen):
         earlier turns' reasoning itself, and a template that does not know the field could render it as text."""
         exclude = {"reasoning_content"}
         return [message.model_dump(mode="json", exclude_none=True, exclude=exclude) for message in self.messages]
+
+    def resampled(self, offset: int, messages: Sequence[ChatMessage] | None = None) -> ChatRequest:
+        """This request's sample number `offset` after its own (0: the request itself), with `messages` instead
+        of its own if given (a re-ask's conversation): `sample_index` and, when the sampling has a seed, the seed
+        moved on by `offset`.
+
+        Both, because a re-ask must be a fresh sample even when its messages repeat: the same sample index would
+        be answered from the response cache, and the same seed by a seeded server, with the very reply refused.
+        """
+        seed = self.sampling.seed
+        sampling = self.sampling if seed is None else self.sampling.model_copy(update={"seed": seed + offset})
+        update: dict[str, Any] = {"sample_index": self.sample_index + offset, "sampling": sampling}
+        if messages is not None:
+            update["messages"] = tuple(messages)
+        return self.model_copy(update=update)
 
     def cache_key(self, model_id: str) -> str:
         """sha256 over the model identity and everything in the request that can change the reply."""
@@ -121,4 +141,26 @@ class ChatModel(Protocol):
             TransientLLMError: a retryable failure (connection, timeout, 5xx).
             LLMRequestError: a failure retrying cannot fix (4xx).
         """
+        ...
+
+
+@runtime_checkable
+class StageModel(ChatModel, Protocol):
+    """What a stage calls (`StageContext.llm`, `.rl_agent`): a `ChatModel` with an identity and structured output.
+    `LLMClient` is one, and so is the pipeline's `LazyModel`, which starts one on its first call; tests give
+    stages an `LLMClient` around a `ScriptedModel` (`client_for`)."""
+
+    model_id: str  # the served model's name, recorded in provenance and part of every cache key
+
+    async def structured(
+        self,
+        messages: Sequence[ChatMessage | dict[str, Any]],
+        output_type: type[T],
+        *,
+        sampling: Sampling | None = None,
+        sample_index: int = 0,
+        attempt: int = 0,
+        retries: int | None = None,
+    ) -> T:
+        """A validated `output_type`, re-asked on invalid output (see `LLMClient.structured`)."""
         ...

@@ -3,7 +3,7 @@
 It wraps any `ChatModel` backend (the OpenAI-compatible one in production, the scripted one in tests), so all
 of its logic is tested without a server. It is also the one place every request passes, so it fits completion
 budgets into the model's context and switches thinking on or off. `structured` asks for a pydantic model and
-re-asks with the validation error fed back.
+re-asks with the validation error fed back (`builder.llm.reask`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from builder.llm.base import TOOL_CHOICE_KEYWORDS, CallRecord, ChatModel, ChatRe
 from builder.llm.cache import ResponseCache
 from builder.llm.errors import LLMError, LLMRequestError, PromptTooLongError, StructuredOutputError, TransientLLMError
 from builder.llm.parsing import parse_structured, response_format, split_reasoning, tool_names, with_strict
+from builder.llm.reask import NoUsableReply, Refusal, reask
 from builder.records import ChatMessage, Sampling
 
 logger = logging.getLogger(__name__)
@@ -155,46 +156,45 @@ class LLMClient:
         *,
         sampling: Sampling | None = None,
         sample_index: int = 0,
+        attempt: int = 0,
         retries: int | None = None,
     ) -> T:
         """Ask for JSON matching `output_type` (strict `response_format`) and return the validated object.
 
-        On invalid output the reply and the validation error are appended to the conversation and the model is
-        asked again, up to `retries` times (default: the client's `structured_retries`).
+        On invalid output the model is asked again (`builder.llm.reask`), shown the prompt, its latest reply and
+        the validation error, up to `retries` times (default: the client's `structured_retries`). Each request is
+        a fresh sample: a call that is attempt `attempt` of the caller's own repair loop sends samples
+        `sample_index + attempt * (retries + 1)` onwards, so the caller's attempts never share a sample.
 
         Raises:
             StructuredOutputError: no reply validated; carries the last raw text and every error.
             LLMRequestError: a request failed (see `chat`).
         """
         asked = [ChatMessage.model_validate(message) for message in messages]
-        conversation = asked
-        fmt = response_format(output_type)
         limit = self.structured_retries if retries is None else retries
+        first = ChatRequest(
+            messages=tuple(asked),
+            response_format=response_format(output_type),
+            sampling=sampling or Sampling(),
+            sample_index=sample_index,
+        )
         errors: list[str] = []
-        raw_text = ""
-        for _ in range(limit + 1):
-            request = ChatRequest(
-                messages=tuple(conversation),
-                response_format=fmt,
-                sampling=sampling or Sampling(),
-                # A fresh sample per re-ask: a model that repeats its reply would otherwise send the very same
-                # request again, which the response cache (or a seeded server) answers the very same way.
-                sample_index=sample_index + len(errors),
-            )
-            reply = await self.chat(request)
+
+        async def ask_once(conversation: list[ChatMessage], sample: int) -> T | Refusal:
+            reply = await self.chat(first.resampled(sample, conversation))
             raw_text = reply.content or ""
             try:
                 return parse_structured(raw_text, output_type)
             except ValueError as error:
                 errors.append(str(error))
-            # Only the latest reply goes back: every failed reply kept would soon outgrow the context.
-            conversation = [
-                *asked,
-                ChatMessage(role="assistant", content=raw_text),
-                ChatMessage(role="user", content=_feedback(errors[-1], reply.finish_reason)),
-            ]
-        message = f"no valid {output_type.__name__} after {len(errors)} replies; last error: {errors[-1]}"
-        raise StructuredOutputError(message, raw_text=raw_text, errors=errors, attempts=len(errors))
+            return Refusal("invalid_output", errors[-1], _feedback(errors[-1], reply.finish_reason), shown=raw_text)
+
+        try:
+            return await reask(asked, ask_once, attempts=limit + 1, attempt=attempt)
+        except NoUsableReply as failed:
+            message = f"no valid {output_type.__name__} after {len(errors)} replies; last error: {errors[-1]}"
+            raw_text = failed.refusal.raw_output or ""
+            raise StructuredOutputError(message, raw_text=raw_text, errors=errors, attempts=len(errors)) from None
 
     async def aclose(self) -> None:
         """Close the backend's connections, if it has any; call at the end of each event loop that used it."""

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from builder import __version__
 from builder.config import BuildConfig
 from builder.errors import RunError
+from builder.llm.base import StageModel
 from builder.records import Provenance, Record, Rejection, Sampling
 from builder.run.folder import RunFolder
 from builder.stats import StageStats
@@ -26,8 +27,8 @@ class StageContext:
     config_hash: str
     run_dir: Path
     stats: StageStats
-    llm: Any = None  # the model (`chat`, `structured`, `model_id`), when the pipeline has one
-    rl_agent: Any = None  # the RL agent's model (rollout.rl_agent_model), when the pipeline has one
+    llm: StageModel | None = None  # the model, when the pipeline has one
+    rl_agent: StageModel | None = None  # the RL agent's model (rollout.rl_agent_model), when the pipeline has one
     open_sandbox: Callable[[], Any] | None = None  # returns the shared `Sandbox`, starting it on first use
     _earlier: dict[str, dict[str, Record]] = field(default_factory=dict, repr=False)
 

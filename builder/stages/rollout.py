@@ -20,13 +20,13 @@ import functools
 import logging
 from dataclasses import dataclass
 from string import Template
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from builder.config import BuildConfig, LLMConfig, RolloutConfig
 from builder.envs.lint import ContractError
 from builder.envs.session import Session, SessionError
 from builder.errors import ConfigError, RunError
-from builder.llm import LLMClient, OpenAIChatModel
+from builder.llm import LLMClient, OpenAIChatModel, StageModel
 from builder.llm.connect import client_for, rl_agent_config
 from builder.prompts import prompt, prompt_version
 from builder.records import Environment, Record, Sampling, Scenario, Trajectory
@@ -55,7 +55,7 @@ def _served_model(llm: LLMConfig, name: str) -> LLMClient:
     return client_for(llm, backend, model_id=f"{name}@{llm.url}")
 
 
-def user_model(ctx: StageContext) -> Any:
+def user_model(ctx: StageContext) -> StageModel:
     """The user simulator's model: the agent's client, or `rollout.user_model` on the `llm.url` server.
 
     Raises:
@@ -74,7 +74,7 @@ class Player:
     """Who plays the agent in a scenario: the model, the split it plays for, and the conversation limit that
     fits the model's context."""
 
-    model: Any  # `chat` and `model_id`: the synthesis model (ctx.llm) or the RL agent (ctx.rl_agent)
+    model: StageModel  # the synthesis model (ctx.llm) or the RL agent (ctx.rl_agent)
     split: str  # "train" or "rl"
     max_tokens: int
 

@@ -4,9 +4,10 @@ One request writes the class with its constructor (the state piece); one request
 operation's method, all concurrently. The pieces are cleaned (`pieces`), assembled into one module, linted,
 checked against the return contract, and their derived tool schemas compared with the plan (`assembly`).
 Each failing piece — and only it — is regenerated with its exact errors fed back, at most `code.repair_attempts`
-times. The generated code is never run in this process: with `code.load_check` the assembled module is loaded
-in a sandbox worker (import, constructor, state snapshot), and a failure goes back to the state piece.
-`regenerate` runs the same loop for a later stage on a finished module (evaluate, when a tool fails its probe).
+times (`builder.llm.reask.reask_each`). The generated code is never run in this process: with `code.load_check`
+the assembled module is loaded in a sandbox worker (import, constructor, state snapshot), and a failure goes back
+to the state piece. `regenerate` runs the same loop for a later stage on a finished module (evaluate, when a tool
+fails its probe).
 
 Rejection reasons: `code_unparsable` (a piece never parsed or never defined its method), `code_load_failed`
 (the module never loaded in the sandbox), `code_state_mismatch` (the constructor never set the planned state),
@@ -24,6 +25,7 @@ from builder.envs.lint import ContractError
 from builder.envs.schema import inspect_source
 from builder.envs.session import Session, SessionError
 from builder.llm import ChatRequest, LLMRequestError
+from builder.llm.reask import NoUsableReply, Refusal, reask_each
 from builder.prompts import prompt, prompt_version
 from builder.records import ChatMessage, Environment, EnvPlan, OperationPlan, Record, Sampling
 from builder.run.stage import Rejected, StageContext
@@ -69,18 +71,17 @@ class _Synthesis:
         else:
             self.errors[key] = made
 
-    def conversation(self, key: str) -> list[ChatMessage]:
-        """The piece's request, plus its last reply and that reply's errors when it is being regenerated.
-
-        Only the last attempt is shown, so the context stays bounded however many repairs are allowed.
-        """
-        if key not in self.errors:
-            return list(self.requests[key])
+    def refusal(self, key: str) -> Refusal:
+        """Why piece `key` is asked again: its errors, with its last reply shown back (`reask_each` shows only
+        the last attempt, so the context stays bounded however many repairs are allowed)."""
+        found = {key: self.errors[key]}
         listed = "\n".join(f"- {error}" for error in self.errors[key])
         what = "class with its constructor" if key == STATE else f"method {key}"
         feedback = f"That code has these problems:\n{listed}\nWrite the whole corrected {what} again, code only."
-        reply = ChatMessage(role="assistant", content=self.raw[key])
-        return [*self.requests[key], reply, ChatMessage(role="user", content=feedback)]
+        return Refusal(_reason(found), _detail(found), feedback, shown=self.raw[key])
+
+    def refusals(self) -> dict[str, Refusal]:
+        return {key: self.refusal(key) for key in sorted(self.errors)}
 
     def summary(self, assembly: Assembly) -> dict:
         """What `Environment.synthesis` records: requests, regenerations, fixes and added imports."""
@@ -96,7 +97,7 @@ async def code(plan: EnvPlan, ctx: StageContext) -> list[Record]:
     """A candidate Environment whose module passes the lint and whose tools match the plan, or a rejection."""
     sampling = _sampling(ctx)
     work = _Synthesis(plan, _requests(plan))
-    assembly = await _synthesize(ctx, plan, work, list(work.requests), sampling, first_attempt=0)
+    assembly = await _synthesize(ctx, plan, work, sampling, attempt=0)
     if assembly is not None:
         return [_environment(ctx, plan, assembly.source, sampling, work.summary(assembly))]
     errors = work.errors
@@ -115,17 +116,17 @@ class Regenerated:
 
 async def regenerate(
     ctx: StageContext, subject: Record, plan: EnvPlan, pieces: dict[str, Piece],
-    errors: dict[str, list[PieceError]], first_attempt: int,
+    errors: dict[str, list[PieceError]], repair: int,
 ) -> Regenerated:  # fmt: skip
     """Regenerate the pieces named in `errors` of a finished module (the others stay as they are), each with its
     current code and errors fed back, through the same bounded loop as `code`: lint, contract, schemas, load.
 
-    `subject` is what an `llm_request` rejection names; `first_attempt` numbers the requests' samples, so a caller
-    repairing the same piece again gets fresh samples rather than cached replies.
+    `subject` is what an `llm_request` rejection names; `repair` numbers this repair of the module (from 1; the
+    code stage's own writing is 0), so its requests are fresh samples rather than cached replies.
     """
     work = _Synthesis(plan, _requests(plan), raw={key: piece.body for key, piece in pieces.items()})
     work.pieces, work.errors = dict(pieces), {key: list(found) for key, found in errors.items()}
-    assembly = await _synthesize(ctx, subject, work, sorted(errors), _sampling(ctx), first_attempt=first_attempt)
+    assembly = await _synthesize(ctx, subject, work, _sampling(ctx), attempt=repair)
     raw = _raw(work.raw, work.errors or errors)
     return Regenerated(assembly, {} if assembly else work.errors, sum(work.generated.values()), raw)
 
@@ -140,38 +141,46 @@ def _requests(plan: EnvPlan) -> dict[str, list[ChatMessage]]:
 
 
 async def _synthesize(
-    ctx: StageContext, subject: Record, work: _Synthesis, todo: list[str], sampling: Sampling, first_attempt: int
+    ctx: StageContext, subject: Record, work: _Synthesis, sampling: Sampling, attempt: int
 ) -> Assembly | None:
-    """Write the pieces in `todo`, then regenerate the failing ones with their errors fed back, at most
-    `code.repair_attempts` times: the module once every check passes, or None (`work.errors` says why)."""
+    """Write every piece (or, with errors already in `work`, the failing ones), then regenerate the failing ones
+    with their errors fed back (`reask_each`, as `attempt` of the module's repairs), at most `code.repair_attempts`
+    times: the module once every check passes, or None (`work.errors` says why)."""
     plan = work.plan
-    for attempt in range(first_attempt, first_attempt + ctx.config.code.repair_attempts + 1):
+    assembled: list[Assembly] = []
+
+    async def write(key: str, conversation: list[ChatMessage], sample: int) -> Piece | Refusal:
         # Plain text, not JSON with a `code` field: code inside a JSON string must escape every quote, backslash
         # and newline, which models get wrong more often than fences, and the JSON wrapper would add no check
         # that `ast` and the lint do not already do. Fences and prose are stripped deterministically.
-        replies = await asyncio.gather(
-            *(_write(ctx, subject, work.conversation(key), sampling, attempt) for key in todo)
-        )
-        for key, (text, truncated) in zip(todo, replies, strict=True):
-            work.take(key, text, truncated)
-        if not work.errors:
-            assembly = assemble(plan, work.pieces[STATE], [work.pieces[op.name] for op in plan.operations])
-            work.errors = module_errors(assembly, plan)
-            if not work.errors and ctx.config.code.load_check:
-                work.errors = await asyncio.to_thread(load_errors, ctx.sandbox, assembly.source, plan)
-            if not work.errors:
-                return assembly
-        todo = sorted(work.errors)
-    return None
+        text, truncated = await _write(ctx, subject, conversation, sampling, sample)
+        work.take(key, text, truncated)
+        return work.refusal(key) if key in work.errors else work.pieces[key]
+
+    async def judge(_written: dict[str, Piece]) -> dict[str, Refusal]:
+        """The pieces together: assembled, linted, their schemas compared and the module loaded."""
+        assembly = assemble(plan, work.pieces[STATE], [work.pieces[op.name] for op in plan.operations])
+        work.errors = module_errors(assembly, plan)
+        if not work.errors and ctx.config.code.load_check:
+            work.errors = await asyncio.to_thread(load_errors, ctx.sandbox, assembly.source, plan)
+        assembled[:] = [] if work.errors else [assembly]
+        return work.refusals()
+
+    attempts = ctx.config.code.repair_attempts + 1
+    try:
+        await reask_each(work.requests, write, attempts=attempts, attempt=attempt, judge=judge, refused=work.refusals())
+    except NoUsableReply:
+        return None
+    return assembled[0]
 
 
 async def _write(
-    ctx: StageContext, subject: Record, messages: list[ChatMessage], sampling: Sampling, attempt: int
+    ctx: StageContext, subject: Record, messages: list[ChatMessage], sampling: Sampling, sample: int
 ) -> tuple[str, bool]:
-    """The model's text and whether it hit the token limit. Each attempt is a fresh sample (`sample_index`), so
-    a piece whose reply came back unchanged is not answered from the cache with the same reply again."""
+    """The model's text and whether it hit the token limit; `sample` makes each attempt a fresh sample, so a
+    piece whose reply came back unchanged is not answered from the cache with the same reply again."""
     try:
-        reply = await ctx.llm.chat(ChatRequest(messages=tuple(messages), sampling=sampling, sample_index=attempt))
+        reply = await ctx.llm.chat(ChatRequest(messages=tuple(messages), sampling=sampling).resampled(sample))
     except LLMRequestError as error:
         if error.retryable:
             raise  # the server is gone: stop the run, a rerun resumes

@@ -40,13 +40,14 @@ from builder.prompts import prompt_version
 from builder.records import Environment, Record
 from builder.run.stage import Rejected, StageContext
 from builder.sandbox.world import DEFAULT_NOW
+from builder.stages._llm import shrinking
 from builder.stages.evaluate.agents import Agents, InvalidReply
 from builder.stages.evaluate.exercise import (
     StateRun,
     TestState,
     _all,
     exercise_all,
-    shrinking,
+    state_sizes,
 )
 from builder.stages.evaluate.gates import passing_gates
 from builder.stages.evaluate.source import (
@@ -124,7 +125,7 @@ async def make_test_states(
             return agents.ask_json(messages, output_type, "state", sample_index=index, accept=loads)
 
         try:
-            draft = await shrinking(ask, ctx, "evaluate_state")
+            draft = await shrinking(ctx, "evaluate_state", state_sizes(config), ask)
         except InvalidReply as invalid:
             return invalid
         return TestState(index, " ".join(draft.purpose.split()), draft.state.model_dump(), draft.now)

@@ -1,8 +1,9 @@
 """The model roles of the evaluate stage: test-state writer, tester agent and checker agent.
 
-Each builds its messages from a prompt file plus the facts of the round, asks the model with bounded retries
-(the error fed back each time), and counts the tokens it spends, so every environment's evidence says what its
-verdict cost. An unusable reply raises `InvalidReply` with the raw text; the stage decides what that means.
+Each builds its messages from a prompt file plus the facts of the round, asks the model with bounded re-asks
+(`builder.llm.reask`: the latest reply's error fed back each time), and counts the tokens it spends, so every
+environment's evidence says what its verdict cost. An unusable reply raises `InvalidReply` with the raw text; the
+stage decides what that means.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field
 
 from builder.config import EvaluateConfig
-from builder.llm import ChatRequest, Reply
+from builder.llm import ChatRequest, Reply, StageModel
 from builder.llm.parsing import parse_structured, response_format
+from builder.llm.reask import NoUsableReply, Refusal, reask
 from builder.prompts import prompt
 from builder.records import ChatMessage, Environment, Sampling
 from builder.stages.evaluate.source import environment_text, state_text
@@ -76,7 +78,7 @@ class Meter:
 class Agents:
     """The model, the stage's config and the meter of one environment's evaluation."""
 
-    llm: Any
+    llm: StageModel
     config: EvaluateConfig
     retries: int
     seed: int
@@ -97,18 +99,16 @@ class Agents:
     ) -> T:
         """Structured output validated by `output_type` and then by `accept` (an error message or None).
 
-        Up to `retries` re-asks, each with the reply and its error fed back. Raises InvalidReply.
+        Up to `retries` re-asks (`reask`), each showing the prompt, the latest reply and its error, each a fresh
+        sample of `sample_index`. Raises InvalidReply (`<role>_invalid`).
         """
-        conversation = list(messages)
-        fmt = response_format(output_type)
-        raw, error = "", ""
-        for _ in range(self.retries + 1):
-            request = ChatRequest(
-                messages=tuple(conversation), response_format=fmt, sampling=self.sampling(role),
-                sample_index=sample_index,
-            )  # fmt: skip
-            reply = await self.llm.chat(request)
-            self.meter.add(reply)
+        first = ChatRequest(
+            messages=tuple(messages), response_format=response_format(output_type), sampling=self.sampling(role),
+            sample_index=sample_index,
+        )  # fmt: skip
+
+        async def ask_once(conversation: list[ChatMessage], sample: int) -> T | Refusal:
+            reply = await self._chat(first.resampled(sample, conversation))
             raw = reply.content or ""
             try:
                 value = parse_structured(raw, output_type)
@@ -117,12 +117,25 @@ class Agents:
                 error = str(invalid)
             if not error:
                 return value
-            conversation += [
-                ChatMessage(role="assistant", content=raw),
-                ChatMessage(role="user", content=f"That answer cannot be used: {error}. Answer again with only "
-                            "a JSON object that fixes this."),
-            ]  # fmt: skip
-        raise InvalidReply(f"{role}_invalid", error[:2000], raw)
+            feedback = f"That answer cannot be used: {error}. Answer again with only a JSON object that fixes this."
+            return Refusal(f"{role}_invalid", error, feedback, shown=raw)
+
+        return await self._reasked(messages, ask_once)
+
+    async def _chat(self, request: ChatRequest) -> Reply:
+        reply = await self.llm.chat(request)
+        self.meter.add(reply)
+        return reply
+
+    async def _reasked(
+        self, messages: Sequence[ChatMessage], ask_once: Callable[[list[ChatMessage], int], Awaitable[Any]]
+    ) -> Any:
+        """`reask` with `retries` re-asks; no usable reply is an InvalidReply with the last refusal's code."""
+        try:
+            return await reask(messages, ask_once, attempts=self.retries + 1)
+        except NoUsableReply as failed:
+            last = failed.refusal
+            raise InvalidReply(last.reason, last.detail[:2000], last.raw_output or "") from None
 
     # ------------------------------------------------------------------------------------------ test states
 
@@ -154,7 +167,7 @@ class Agents:
         tool, case = slot
         goal = _CASE_GOALS[case]
         task = f"Your task this round: call `{tool}` with a {case.upper()} case: {goal}"
-        conversation = [
+        asked = [
             ChatMessage(role="system", content=prompt("evaluate_tester")),
             ChatMessage(
                 role="user",
@@ -163,15 +176,15 @@ class Agents:
             ),
         ]
         choice = tool if self.config.tester_tool_choice == "named" else "required"
-        raw, kind, detail = "", "no_tool_call", ""
-        for _ in range(self.retries + 1):
-            request = ChatRequest(
-                messages=tuple(conversation), tools=tuple(tools), tool_choice=choice, parallel_tool_calls=False,
-                sampling=self.sampling("tester"),
-            )  # fmt: skip
-            reply = await self.llm.chat(request)
-            self.meter.add(reply)
+        first = ChatRequest(
+            messages=tuple(asked), tools=tuple(tools), tool_choice=choice, parallel_tool_calls=False,
+            sampling=self.sampling("tester"),
+        )  # fmt: skip
+
+        async def ask_once(conversation: list[ChatMessage], sample: int) -> tuple[str, dict[str, Any], str] | Refusal:
+            reply = await self._chat(first.resampled(sample, conversation))
             raw = _raw_text(reply)
+            kind, detail = "no_tool_call", "the reply called no tool"
             if reply.tool_calls:
                 call = reply.tool_calls[0].function
                 try:
@@ -182,10 +195,10 @@ class Agents:
                     if isinstance(arguments, dict):
                         return call.name, arguments, raw
                     kind, detail = "bad_arguments", "the arguments must be a JSON object"
-            else:
-                kind, detail = "no_tool_call", "the reply called no tool"
-            conversation.append(ChatMessage(role="user", content=f"Your last reply was unusable: {detail}. {task}"))
-        raise InvalidReply(kind, detail, raw)
+            # The call is not shown back: a tool call without its result would break the chat template.
+            return Refusal(kind, detail, f"Your last reply was unusable: {detail}. {task}", raw=raw)
+
+        return await self._reasked(asked, ask_once)
 
     # ---------------------------------------------------------------------------------------------- checker
 

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Collection, Coroutine
+from collections.abc import Collection, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
+from builder.config import EvaluateConfig
 from builder.envs.schema import EnvInterface
 from builder.envs.session import Session, SessionError, ToolResult, diff_states
-from builder.llm import PromptTooLongError
 from builder.records import Environment
 from builder.run.stage import StageContext
+from builder.stages._llm import shrinking
 from builder.stages.evaluate.agents import Agents, CaseType, CheckerVerdict, InvalidReply
 from builder.stages.evaluate.source import (
     admits_wrong_value,
@@ -82,19 +83,13 @@ def negatable_tools(tools: Collection[dict[str, Any]]) -> frozenset[str]:
     return frozenset(t["function"]["name"] for t in tools if admits_wrong_value(t["function"]["parameters"]))
 
 
-async def shrinking(ask: Callable[[int], Awaitable[T]], ctx: StageContext, prompt_name: str) -> T:
-    """`ask(state_chars)` with `evaluate.max_state_chars`; while the prompt alone is too long for the model's
-    context, again with half the state (fewer whole records), each shrink counted in the stage report."""
-    state_chars = ctx.config.evaluate.max_state_chars
-    while True:
-        try:
-            return await ask(state_chars)
-        except PromptTooLongError:
-            if state_chars <= MIN_STATE_CHARS:
-                raise
-            state_chars = max(MIN_STATE_CHARS, state_chars // 2)
-            shrunk = ctx.stats.report.setdefault("prompt_shrunk", {})
-            shrunk[prompt_name] = shrunk.get(prompt_name, 0) + 1
+def state_sizes(config: EvaluateConfig) -> list[int]:
+    """The state characters a prompt is built with, in turn while it is too long for the model's context
+    (`shrinking`): `evaluate.max_state_chars`, halved (fewer whole records) down to MIN_STATE_CHARS."""
+    sizes = [config.max_state_chars]
+    while sizes[-1] > MIN_STATE_CHARS:
+        sizes.append(max(MIN_STATE_CHARS, sizes[-1] // 2))
+    return sizes
 
 
 async def exercise_all(
@@ -140,7 +135,7 @@ async def exercise(
                 before = await asyncio.to_thread(session.snapshot)
             propose = partial(_propose, agents, env, interface, slot, state, run, before, config.history_calls)
             try:
-                name, arguments, raw = await shrinking(propose, ctx, "evaluate_tester")
+                name, arguments, raw = await shrinking(ctx, "evaluate_tester", state_sizes(config), propose)
             except InvalidReply as invalid:
                 run.invalid.append({**where, "kind": invalid.kind, "detail": invalid.detail, "raw": invalid.raw})
                 continue
@@ -166,7 +161,7 @@ async def exercise(
                 continue
             check = partial(_check, agents, env, call, result, before, after, changes, now=state.now)
             try:
-                verdict = await shrinking(check, ctx, "evaluate_checker")
+                verdict = await shrinking(ctx, "evaluate_checker", state_sizes(config), check)
             except InvalidReply as invalid:
                 run.invalid.append({**where, "kind": invalid.kind, "detail": invalid.detail, "raw": invalid.raw})
                 continue

@@ -87,9 +87,8 @@ async def passing_gates(env: Environment, ctx: StageContext) -> tuple[Environmen
         if plan is None or set(pieces) != {STATE, *(op.name for op in plan.operations)} or set(errors) - set(pieces):
             break  # not coded from a plan of this run (or its methods are not the plan's): nothing to regenerate
         _count(ctx, "rounds")
-        # Sample numbers past those the code stage used, so no cached reply comes back.
-        first = (len(repairs) + 1) * (ctx.config.code.repair_attempts + 1)
-        made = await regenerate(ctx, env, plan, pieces, errors, first_attempt=first)
+        # Repair 1, 2, ...: its samples follow those the code stage used, so no cached reply comes back.
+        made = await regenerate(ctx, env, plan, pieces, errors, repair=len(repairs) + 1)
         repair: dict[str, Any] = {
             "round": len(repairs) + 1,
             "from": current.id,

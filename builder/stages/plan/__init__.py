@@ -3,8 +3,9 @@
 Two small structured requests instead of one large one (the CPU smoke model is 135M parameters): first the
 state (class name, entities with typed attributes and keys, rules), then the operations given that state. Each
 half is cleaned deterministically, validated (`builder.stages.plan.rules`) and, while invalid, asked again with
-the errors fed back, at most `plan.repair_attempts` times. Rejection reasons: `plan_malformed` (no reply ever
-matched the JSON schema), `plan_invalid` (still invalid after every repair), `llm_request`.
+the errors fed back (`builder.stages._llm.repaired`), at most `plan.repair_attempts` times. Rejection reasons:
+`plan_malformed` (no reply ever matched the JSON schema), `plan_invalid` (still invalid after every repair),
+`llm_request`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
+from builder.llm.reask import Refusal
 from builder.prompts import prompt, prompt_version
 from builder.records import ChatMessage, EntityPlan, EnvPlan, Record, Sampling, Topic
-from builder.run.stage import Rejected, StageContext
-from builder.stages._llm import ask, system_user
+from builder.run.stage import StageContext
+from builder.stages._llm import ask, repaired, system_user
 from builder.stages.plan.rules import (
     OperationsDraft,
     StateDraft,
@@ -85,33 +87,27 @@ async def _repaired(
     part: str,
     sampling: Sampling,
 ) -> D:
-    """A cleaned draft with no validation errors; each invalid draft is shown back with its errors.
+    """A cleaned draft with no validation errors; each invalid draft is shown back with its errors (`repaired`).
 
     Raises:
         Rejected: `plan_malformed` (from `ask`) or `plan_invalid` after `plan.repair_attempts` repairs, with the
             last draft as the raw output.
     """
-    conversation = list(messages)
-    for attempt in range(ctx.config.plan.repair_attempts + 1):
-        # Each repair is a fresh sample: a model that repeats its draft must not get the identical request (and
-        # the cached identical answer) again.
+
+    async def ask_once(conversation: list[ChatMessage], attempt: int) -> D | Refusal:
         answer = await ask(
-            ctx, topic, conversation, output_type, sampling=sampling, invalid_reason="plan_malformed",
-            sample_index=attempt * (ctx.config.llm.structured_retries + 1),
-        )  # fmt: skip
+            ctx, topic, conversation, output_type, sampling=sampling, invalid_reason="plan_malformed", attempt=attempt
+        )
         draft = clean(answer)
         errors = check(draft)
         if not errors:
             return draft
         # The cleaned draft goes back, so the error messages' names and positions match what the model sees.
-        # Only the latest draft: a conversation holding every attempt outgrew a 4096-token context.
-        conversation = [
-            *messages,
-            ChatMessage(role="assistant", content=draft.model_dump_json()),
-            ChatMessage(role="user", content=repair_request(errors)),
-        ]
-    detail = f"{part}: " + "; ".join(errors)
-    raise Rejected(ctx.reject(topic, "plan_invalid", detail[:2000], raw_output=answer.model_dump_json()))
+        detail = f"{part}: " + "; ".join(errors)
+        shown, raw = draft.model_dump_json(), answer.model_dump_json()
+        return Refusal("plan_invalid", detail, repair_request(errors), shown=shown, raw=raw)
+
+    return await repaired(ctx, topic, messages, ask_once, attempts=ctx.config.plan.repair_attempts + 1)
 
 
 def repair_request(errors: list[str]) -> str:

@@ -17,8 +17,9 @@ checklist item, and a gold action sequence. Nothing is trusted until the sandbox
    failed on any state tried are kept but reported as vacuous.
 
 A failing piece is regenerated with the evidence fed back (`scenarios.repair_attempts` times for the state, and
-as many rounds for task, checks and gold); then the slot becomes a rejection with the reason code of the last
-failure. A verified scenario is emitted once per mode in `scenarios.modes` (the runner upserts them into the store).
+as many rounds for task, checks and gold; a repair is the piece's request, the current piece and the feedback);
+then the slot becomes a rejection with the reason code of the last failure. A verified scenario is emitted once per
+mode in `scenarios.modes` (the runner upserts them into the store).
 
 Each request is shown what it needs, not the whole module (`views`): the interface (class header and
 tool schemas) and the state for the state, task and gold; the state schema, the records the gold names and the
@@ -174,28 +175,33 @@ async def _build(env: Environment, ctx: StageContext, slot: int, example: dict[s
             raw = json.dumps({"task": draft.task.task, "checks": draft.checks, "gold": draft.gold}, ensure_ascii=False)
             raise Rejected(_reject_slot(ctx, env, slot, evidence.reason, evidence.detail, raw[:20000]))
         repairs.append(evidence.reason)
+        # Repair round r is attempt r + 1 of the piece it repairs (its first writing is attempt 0): fresh samples.
         if evidence.reason in ("already_solved", "task_underspecified"):
             draft = await _task(env, ctx, state, now, feedback=_task_feedback(draft, evidence))
             await _fill(env, ctx, state, draft)
             blame_gold_next = True
         elif evidence.reason == "check_broken" or (evidence.reason == "gold_fails_checks" and not blame_gold_next):
-            await _repair_checks(env, ctx, state, draft, evidence)
+            await _repair_checks(env, ctx, state, draft, evidence, attempt=round_ + 1)
             blame_gold_next = True
         else:
-            draft.gold, draft.gold_messages = await _gold(env, ctx, state, draft, _gold_feedback(draft, evidence))
+            draft.gold, draft.gold_messages = await _gold(
+                env, ctx, state, draft, _gold_feedback(draft, evidence), attempt=round_ + 1
+            )
             blame_gold_next = evidence.reason != "gold_fails_checks"
     raise AssertionError("unreachable: the last round returns or rejects")
 
 
 async def _repair_checks(
-    env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft, evidence: Evidence
+    env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft, evidence: Evidence, attempt: int
 ) -> None:
     changes = diff_states(state, evidence.final_state) if evidence.final_state is not None else []
     after_gold = f" The gold sequence changed: {json.dumps(changes)[:1500]}" if changes else ""
     problems = {i: evidence.check_problems[i] + after_gold for i in sorted(evidence.check_problems)}
-    repaired = await asyncio.gather(*(_repaired_check(env, ctx, draft, i, problem) for i, problem in problems.items()))
-    for i, (code, messages) in zip(problems, repaired, strict=True):
-        draft.checks[i], draft.check_messages[i] = code, messages
+    repaired = await asyncio.gather(
+        *(_repaired_check(env, ctx, draft, i, problem, attempt) for i, problem in problems.items())
+    )
+    for i, code in zip(problems, repaired, strict=True):
+        draft.checks[i] = code
 
 
 def _task_feedback(draft: Draft, evidence: Evidence) -> str:

@@ -1,5 +1,6 @@
 """The scenario stage's model requests: the initial state, the task draft, one check function per checklist item
-(all in one request) and the gold action sequence, each validated and re-asked with feedback on a bad reply."""
+(all in one request) and the gold action sequence, each validated and re-asked with feedback on a bad reply: the
+state by `repaired`, the others in the stage's repair rounds (the request, the current piece and the feedback)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, Field, create_model
 
 from builder.envs.state_schema import generated_state_schema
+from builder.llm.reask import Refusal, repair_messages
 from builder.prompts import prompt
 from builder.records import (
     ChatMessage,
@@ -19,8 +21,8 @@ from builder.records import (
     Sampling,
     scenario_seed,
 )
-from builder.run.stage import Rejected, StageContext
-from builder.stages._llm import ask, system_user
+from builder.run.stage import StageContext
+from builder.stages._llm import ask, repaired, shrinking, system_user
 from builder.stages.evaluate.source import now_text
 from builder.stages.scenarios.state import (
     attribute_problems,
@@ -87,14 +89,15 @@ def checks_model(count: int) -> type[CheckCodes]:
 
 @dataclass
 class Draft:
-    """The pieces of one scenario under construction, with the conversations that produced them (for repairs).
-    Mutable on purpose: repairs replace pieces in place; only verified drafts become (frozen) `Scenario`s."""
+    """The pieces of one scenario under construction, with the requests that produced them (a repair is such a
+    request, the current piece and the feedback). Mutable on purpose: repairs replace pieces in place; only
+    verified drafts become (frozen) `Scenario`s."""
 
     task: TaskDraft
     task_messages: list[ChatMessage]
     now: str  # the scenario's date-time, chosen with the state
     checks: list[str] = field(default_factory=list)
-    check_messages: list[list[ChatMessage]] = field(default_factory=list)
+    check_messages: list[ChatMessage] = field(default_factory=list)
     gold: list[dict[str, Any]] = field(default_factory=list)
     gold_messages: list[ChatMessage] = field(default_factory=list)
 
@@ -115,33 +118,24 @@ async def _ask_fitting(
     *,
     sampling: Sampling,
     invalid_reason: str,
-    sample_index: int = 0,
 ) -> tuple[T, list[ChatMessage]]:
-    """`ask` with the messages `build(shrink)`; a prompt too long for the context is built one level smaller and
-    asked again (counted in `ctx.stats.report["prompt_shrunk"][kind]`). Returns the answer and the messages that
-    fitted, for repairs to extend."""
-    for shrink in range(SHRINK_LEVELS):
+    """`ask` with the messages `build(shrink)`, built one level smaller while too long for the context
+    (`shrinking`, counted under `kind`). Returns the answer and the messages that fitted, for repairs."""
+
+    async def at(shrink: int) -> tuple[T, list[ChatMessage]]:
         messages = build(shrink)
-        try:
-            reply = await ask(
-                ctx, env, messages, output_type, sampling=sampling, invalid_reason=invalid_reason,
-                sample_index=sample_index,
-            )  # fmt: skip
-        except Rejected as verdict:
-            if verdict.rejection.reason != "prompt_too_long" or shrink == SHRINK_LEVELS - 1:
-                raise
-            shrunk = ctx.stats.report.setdefault("prompt_shrunk", {})
-            shrunk[kind] = shrunk.get(kind, 0) + 1
-        else:
-            return reply, messages
-    raise AssertionError("unreachable: the last level returns or raises")
+        answer = await ask(ctx, env, messages, output_type, sampling=sampling, invalid_reason=invalid_reason)
+        return answer, messages
+
+    return await shrinking(ctx, kind, range(SHRINK_LEVELS), at)
 
 
 async def _initial_state(
     env: Environment, ctx: StageContext, slot: int, example: dict[str, Any]
 ) -> tuple[dict[str, Any], str, int]:
     """A generated state that passed the load and realism gates, as the environment holds it; the scenario's `now`
-    (the model's "today" for the state); and the repairs."""
+    (the model's "today" for the state); and the repairs it took (`repaired`, the whole loop built smaller while
+    a request is too long for the context)."""
     config = ctx.config.scenarios
     schema = generated_state_schema(env.state_schema, example)
     model = state_model(schema)
@@ -155,21 +149,10 @@ async def _initial_state(
         )
         return system_user(prompt("scenario_state"), user)
 
-    asked: list[ChatMessage] = []
-    messages = asked
-    reason, problems = "", []
-    for attempt in range(config.repair_attempts + 1):
-        sample_index = attempt * (ctx.config.llm.structured_retries + 1)
-        if not asked:
-            reply, asked = await _ask_fitting(
-                ctx, env, "scenario_state", request, model, sampling=_sampling(ctx), invalid_reason="state_invalid",
-                sample_index=sample_index,
-            )  # fmt: skip
-        else:
-            reply = await ask(
-                ctx, env, messages, model, sampling=_sampling(ctx), invalid_reason="state_invalid",
-                sample_index=sample_index,
-            )  # fmt: skip
+    async def ask_once(conversation: list[ChatMessage], attempt: int) -> tuple[dict[str, Any], str, int] | Refusal:
+        reply = await ask(
+            ctx, env, conversation, model, sampling=_sampling(ctx), invalid_reason="state_invalid", attempt=attempt
+        )
         now, state = reply.root["now"], reply.root["state"]
         loaded, problems = await asyncio.to_thread(
             load_state, ctx.sandbox, env.code, state, now=now, seed=scenario_seed(env.id, now)
@@ -180,15 +163,15 @@ async def _initial_state(
         if loaded is not None and not problems:
             problems, reason = attribute_problems(state, example) + reference_problems(loaded), "state_inconsistent"
         if loaded is not None and not problems:
-            return loaded, now, attempt
+            return loaded, now, attempt  # the loop's first attempt is 0: `attempt` counts the repairs
         feedback = "This state was refused:\n- " + "\n- ".join(problems) + "\nReply with the corrected full state."
-        # Only the latest state goes back (a state is large; every attempt kept would outgrow the context).
-        messages = [
-            *asked,
-            ChatMessage(role="assistant", content=json.dumps(reply.root)),
-            ChatMessage(role="user", content=feedback),
-        ]
-    raise Rejected(ctx.reject(env, reason, "; ".join(problems)[:2000], raw_output=json.dumps(reply.root)[:20000]))
+        shown = json.dumps(reply.root)
+        return Refusal(reason, "; ".join(problems), feedback, shown=shown, raw=shown[:20000])
+
+    async def at(shrink: int) -> tuple[dict[str, Any], str, int]:
+        return await repaired(ctx, env, request(shrink), ask_once, attempts=config.repair_attempts + 1)
+
+    return await shrinking(ctx, "scenario_state", range(SHRINK_LEVELS), at)
 
 
 async def _task(env: Environment, ctx: StageContext, state: dict[str, Any], now: str, feedback: str = "") -> Draft:
@@ -221,7 +204,7 @@ async def _checks(
     env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft
 ) -> tuple[list[str], list[ChatMessage]]:
     """The code of every check of the checklist, in one request written after the gold (whose state-changing
-    methods it is shown), and the conversation that wrote them (for repairs)."""
+    methods it is shown), and the request that wrote them (for repairs)."""
     schema = generated_state_schema(env.state_schema, state)
     involved = involved_state(state, draft.gold)
     checklist = draft.task.checklist
@@ -243,28 +226,31 @@ async def _checks(
         ctx, env, "scenario_check", request, checks_model(len(checklist)),
         sampling=_sampling(ctx, CODE_SAMPLING_TEMPERATURE), invalid_reason="check_invalid",
     )  # fmt: skip
-    written = ChatMessage(role="assistant", content=json.dumps({"checks": reply.checks}, ensure_ascii=False))
-    return list(reply.checks), [*messages, written]
+    return list(reply.checks), messages
 
 
 async def _repaired_check(
-    env: Environment, ctx: StageContext, draft: Draft, index: int, problem: str
-) -> tuple[str, list[ChatMessage]]:
-    """Check `index` rewritten with why it was refused, continuing the conversation that wrote it."""
+    env: Environment, ctx: StageContext, draft: Draft, index: int, problem: str, attempt: int
+) -> str:
+    """Check `index` rewritten with why it was refused: the request that wrote the checks, the checks as they
+    are now and the feedback (`repair_messages`), as attempt `attempt` of the checks (a fresh sample each)."""
     item = draft.task.checklist[index]
     feedback = (
         f"Check {index + 1} ({item!r}) was refused: {problem}\n"
         'Reply with a JSON object {"code": "..."} holding only the corrected function for that item.'
     )
-    messages = [*draft.check_messages[index], ChatMessage(role="user", content=feedback)]
+    written = json.dumps({"checks": draft.checks}, ensure_ascii=False)
+    messages = repair_messages(draft.check_messages, written, feedback)
     sampling = _sampling(ctx, CODE_SAMPLING_TEMPERATURE)
-    reply = await ask(ctx, env, messages, CheckCode, sampling=sampling, invalid_reason="check_invalid")
-    return reply.code, [*messages, ChatMessage(role="assistant", content=json.dumps({"code": reply.code}))]
+    reply = await ask(ctx, env, messages, CheckCode, sampling=sampling, invalid_reason="check_invalid", attempt=attempt)
+    return reply.code
 
 
 async def _gold(
-    env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft, feedback: str = ""
+    env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft, feedback: str = "", attempt: int = 0
 ) -> tuple[list[dict[str, Any]], list[ChatMessage]]:
+    """The gold sequence and the request that wrote it; with `feedback` (why the current gold was refused), its
+    repair: that request, the current gold and the feedback (`repair_messages`), as attempt `attempt` of it."""
     sampling = _sampling(ctx, CODE_SAMPLING_TEMPERATURE)
     if not feedback:
 
@@ -280,18 +266,16 @@ async def _gold(
             ctx, env, "scenario_gold", request, GoldSolution, sampling=sampling, invalid_reason="gold_invalid"
         )
     else:
+        messages = draft.gold_messages
         previous = json.dumps({"actions": draft.gold}, ensure_ascii=False)
-        messages = [
-            *draft.gold_messages,
-            ChatMessage(role="assistant", content=previous),
-            ChatMessage(role="user", content=f"{feedback}\nReply with the corrected full sequence."),
-        ]
-        reply = await ask(ctx, env, messages, GoldSolution, sampling=sampling, invalid_reason="gold_invalid")
+        repair = repair_messages(messages, previous, f"{feedback}\nReply with the corrected full sequence.")
+        reply = await ask(
+            ctx, env, repair, GoldSolution, sampling=sampling, invalid_reason="gold_invalid", attempt=attempt
+        )
     return [action.model_dump() for action in reply.actions], messages
 
 
 async def _fill(env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft) -> None:
     """Generate the gold sequence of `draft`, then its checks (they are shown what the gold calls)."""
     draft.gold, draft.gold_messages = await _gold(env, ctx, state, draft)
-    draft.checks, messages = await _checks(env, ctx, state, draft)
-    draft.check_messages = [messages for _ in draft.checks]
+    draft.checks, draft.check_messages = await _checks(env, ctx, state, draft)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, create_model
 from builder.envs.state_schema import generated_state_schema
 from builder.prompts import prompt
 from builder.records import (
+    Action,
     ChatMessage,
     Environment,
     Sampling,
@@ -95,7 +96,7 @@ class Draft:
     now: str  # the scenario's date-time, chosen with the state
     checks: list[str] = field(default_factory=list)
     check_messages: list[list[ChatMessage]] = field(default_factory=list)
-    gold: list[dict[str, Any]] = field(default_factory=list)
+    gold: list[Action] = field(default_factory=list)
     gold_messages: list[ChatMessage] = field(default_factory=list)
 
 
@@ -227,7 +228,7 @@ async def _checks(
     checklist = draft.task.checklist
 
     def request(shrink: int) -> list[ChatMessage]:
-        methods = writer_sources(env.code, [action["name"] for action in draft.gold], shrink)
+        methods = writer_sources(env.code, [action.name for action in draft.gold], shrink)
         user = (
             f"# Environment {env.name} ({env.domain})\n{env.description}\n\n## State schema\n"
             f"{json.dumps(schema)}\n\n## Initial state (the records the task involves; others exist)\n"
@@ -264,7 +265,7 @@ async def _repaired_check(
 
 async def _gold(
     env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft, feedback: str = ""
-) -> tuple[list[dict[str, Any]], list[ChatMessage]]:
+) -> tuple[list[Action], list[ChatMessage]]:
     sampling = _sampling(ctx, CODE_SAMPLING_TEMPERATURE)
     if not feedback:
 
@@ -280,14 +281,14 @@ async def _gold(
             ctx, env, "scenario_gold", request, GoldSolution, sampling=sampling, invalid_reason="gold_invalid"
         )
     else:
-        previous = json.dumps({"actions": draft.gold}, ensure_ascii=False)
+        previous = json.dumps({"actions": [action.model_dump() for action in draft.gold]}, ensure_ascii=False)
         messages = [
             *draft.gold_messages,
             ChatMessage(role="assistant", content=previous),
             ChatMessage(role="user", content=f"{feedback}\nReply with the corrected full sequence."),
         ]
         reply = await ask(ctx, env, messages, GoldSolution, sampling=sampling, invalid_reason="gold_invalid")
-    return [action.model_dump() for action in reply.actions], messages
+    return [Action(name=action.name, arguments=action.arguments) for action in reply.actions], messages
 
 
 async def _fill(env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft) -> None:

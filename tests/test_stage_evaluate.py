@@ -33,7 +33,7 @@ from builder.stages.plan import plan
 from builder.stages.scenarios.state import reference_problems
 from builder.stats import StageStats
 from builder.store import Store
-from builder.tables import from_frame
+from builder.tables import from_frame, to_row
 from tests.fixtures.run_tables import pipeline_stage
 
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"
@@ -137,6 +137,16 @@ async def test_good_environment_is_accepted_with_evidence(tmp_path, sandbox):
     assert transfer.judge == "checker" and "acc-7.balance" in transfer.changes
     assert evidence.usage["requests"] == 2 + 12 + 12  # states, tester calls, checker verdicts
     assert evidence.provenance.prompt_versions[0].startswith("evaluate_state@")
+    stored = json.loads(to_row(accepted)["evaluation"])  # the keys, in the order the untyped evidence had them
+    assert list(stored) == [
+        "score", "keep_score", "calls_required", "counts", "tool_coverage", "tools", "test_states",
+        "failed_test_states", "calls", "invalid_replies", "usage", "provenance",
+    ]  # fmt: skip
+    assert list(stored["calls"][0]) == [
+        "state", "round", "tool", "case", "arguments", "result", "error_kind", "error", "changes", "verdict",
+        "reason", "judge",
+    ]  # fmt: skip
+    assert stored["counts"]["pass"] == 12 and list(stored["test_states"][0]) == ["purpose", "now", "state"]
     # Tester requests force the scheduled tool; checker requests carry the method source and the diff.
     tester = [r for r in model.requests if kind(r) == "tester"]
     assert {r.tool_choice for r in tester} == set(GOOD_ARGS)

@@ -27,6 +27,7 @@ from builder.stages.scenarios.state import (
 from builder.stages.scenarios.verify import lint_check
 from builder.stats import StageStats
 from builder.store import Store
+from builder.tables import to_row
 from tests.fixtures.run_tables import pipeline_stage
 
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"
@@ -183,6 +184,13 @@ async def test_good_scenario_is_kept_in_both_modes_with_its_evidence(tmp_path, s
     )
     assert evidence.vacuous_checks == () and evidence.repairs == ()
     assert {"path": "accounts.acc-2.frozen", "before": False, "after": True} in evidence.gold_state_changes
+    stored = json.loads(to_row(plain)["verification"])  # the keys, in the order the untyped evidence had them
+    assert list(stored) == [
+        "verified", "scenario_group", "gold", "state_changing_calls", "gold_state_changes", "checks_on_initial",
+        "checks_on_final", "negative_control", "vacuous_checks", "model_difficulty", "state_repairs", "repairs",
+    ]  # fmt: skip
+    assert list(stored["gold"][0]) == ["name", "ok", "state_changed", "result"]
+    assert stored["negative_control"][0] == {"removed": 2, "name": "transfer", "failing_checks": [0, 1]}
     assert [(call.name, call.ok, call.state_changed) for call in evidence.gold] == [
         ("list_accounts", True, False), ("get_account", True, False),
         ("transfer", True, True), ("freeze_account", True, True),

@@ -2,9 +2,10 @@
 
 A record's `id` is a content hash of the fields that define it (`ID_FIELDS`), so the same work is never done
 twice and every row can be traced: trajectory → scenario → environment → plan → topic → seed task. Free-form
-JSON (states, tool arguments, tool schemas) is typed `JSON` here and stored as a JSON string in Parquet; chat
-messages use the fixed struct that TRL and other trainers read as is. Bump `SCHEMA_VERSION` when a stored
-column changes meaning or shape.
+JSON (states, tool arguments) is typed `JSON` here, tool schemas `ToolSchemas` and the stages' evidence by the
+models of `builder.evidence`; all of these are stored as JSON strings in Parquet. Chat messages use the fixed
+struct that TRL and other trainers read as is. Bump `SCHEMA_VERSION` when a stored column changes meaning or
+shape.
 """
 
 from __future__ import annotations
@@ -14,19 +15,23 @@ import json
 from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
+from pydantic import BaseModel, BeforeValidator, Field, computed_field, field_validator
 
 from builder import __version__
+from builder.evidence import Evaluation, Synthesis, Verification
+from builder.frozen import JSON, STORED_AS_JSON, Frozen
 from builder.sandbox.world import DEFAULT_NOW, derive_seed, parse_now
 
 SCHEMA_VERSION = 3  # 2: ChatMessage.reasoning_content, Scenario.now; 3: the selections table (was .selected)
 
-# Free-form JSON data; stored as a JSON string column. (A marker, so the table layer can tell it from structs.)
-JSON = Annotated[Any, "json"]
+
+def _decoded(value: Any) -> Any:
+    """Tool schemas given as JSON text (as some older rows held them), decoded."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+# OpenAI function schemas, always decoded; stored as a JSON string column.
+ToolSchemas = Annotated[tuple[dict[str, Any], ...], BeforeValidator(_decoded), STORED_AS_JSON]
 
 
 class Sampling(Frozen):
@@ -216,22 +221,29 @@ class Environment(Record):
     description: str
     domain: str
     code: str
-    tools: JSON = Field(description="OpenAI function schemas of the tools, in method order.")
+    tools: ToolSchemas = Field(description="OpenAI function schemas of the tools, in method order.")
     state_schema: JSON = Field(description="JSON schema of the state attributes.")
     status: Literal["candidate", "accepted", "rejected"] = "candidate"
     reason: str | None = Field(None, description="Stable reason code when rejected.")
     scores: JSON = Field(default_factory=dict, description="Quality scores by name, e.g. dual_agent.")
-    evaluation: JSON = Field(default_factory=dict, description="Evidence behind the verdict.")
-    synthesis: JSON = Field(
-        default_factory=dict, description="How the code was written: requests, regenerated pieces, automatic fixes."
+    evaluation: Annotated[Evaluation | None, STORED_AS_JSON] = Field(
+        None, description="Evidence behind the verdict (None: not evaluated yet)."
     )
+    synthesis: Annotated[Synthesis | None, STORED_AS_JSON] = Field(
+        None, description="How the code was written: requests, regenerated pieces, automatic fixes, repairs."
+    )
+
+    @field_validator("evaluation", "synthesis", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if value == {} else value  # rows of older builders stored "no evidence" as {}
 
 
 class Action(Frozen):
     """One tool call of a gold solution."""
 
     name: str
-    arguments: JSON
+    arguments: Annotated[dict[str, Any], STORED_AS_JSON]
 
 
 class UserScript(Frozen):
@@ -272,7 +284,9 @@ class Scenario(Record):
     checks: tuple[str, ...] = Field(description="One `check(initial_state, final_state) -> bool` per item.")
     gold_actions: tuple[Action, ...]
     difficulty: Literal["easy", "medium", "hard"]
-    verification: JSON = Field(default_factory=dict, description="Evidence that the checks and gold agree.")
+    verification: Annotated[Verification, STORED_AS_JSON] = Field(
+        description="Evidence that the checks and gold agree."
+    )
 
     @field_validator("now")
     @classmethod
@@ -299,7 +313,7 @@ class Trajectory(Record):
     sampling: Sampling
     sample_index: int
     messages: tuple[ChatMessage, ...]
-    tools: JSON
+    tools: ToolSchemas
     reward: float
     solved: bool
     checks_passed: tuple[bool, ...]

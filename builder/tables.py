@@ -1,8 +1,9 @@
 """Records ↔ Parquet rows without loss.
 
 The column layout follows from each record's annotations: scalars stay scalars, tuples become lists, nested
-models become structs (so chat messages keep the fixed struct trainers read), and `JSON` fields become JSON
-strings (portable, and no struct inference over heterogeneous keys).
+models become structs (so chat messages keep the fixed struct trainers read), and fields marked
+`STORED_AS_JSON` (`JSON`, tool schemas, the evidence models) become JSON strings (portable, and no struct
+inference over heterogeneous keys); a marked model is validated from the decoded JSON like any other input.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import polars as pl
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from builder.records import JSON, Record
+from builder.frozen import JSON, STORED_AS_JSON
+from builder.records import Record
 
 R = TypeVar("R", bound=Record)
 
@@ -26,7 +28,7 @@ _SCALARS: dict[type, pl.DataType] = {str: pl.String(), int: pl.Int64(), float: p
 
 
 def _is_json(annotation: Any) -> bool:
-    return typing.get_origin(annotation) is typing.Annotated and "json" in typing.get_args(annotation)[1:]
+    return typing.get_origin(annotation) is typing.Annotated and STORED_AS_JSON in typing.get_args(annotation)[1:]
 
 
 def _strip_optional(annotation: Any) -> Any:
@@ -59,7 +61,7 @@ def _dtype(annotation: Any) -> pl.DataType:
 
 def _annotation(field: FieldInfo) -> Any:
     """The field's annotation; pydantic moves top-level `Annotated` metadata aside, so put the JSON mark back."""
-    return JSON if "json" in field.metadata else field.annotation
+    return JSON if STORED_AS_JSON in field.metadata else field.annotation
 
 
 def _fields(model: type[BaseModel]) -> dict[str, pl.DataType]:

@@ -115,8 +115,8 @@ def test_seeds_to_release_candidate_and_resumed_runs_change_nothing(tmp_path, mo
     assert {env.name for env in envs} == {"library_loans", "equipment_lending"}
     for env in envs:
         assert env.scores == {"dual_agent": 1.0, "tool_coverage": 1.0}
-        assert env.evaluation["counts"]["judged"] == 8 and env.evaluation["counts"]["pass"] == 8
-        assert {call["case"] for call in env.evaluation["calls"]} == {"positive", "negative"}
+        assert env.evaluation.counts.judged == 8 and env.evaluation.counts.pass_ == 8
+        assert {call.case for call in env.evaluation.calls} == {"positive", "negative"}
     rl_envs = {env.id for env in envs if is_rl_environment(env.id, RL_FRACTION)}
     assert len(rl_envs) == 1, "the fixture environments no longer split at RL_FRACTION; pick another fraction"
 
@@ -127,9 +127,9 @@ def test_seeds_to_release_candidate_and_resumed_runs_change_nothing(tmp_path, mo
     )
     for scenario in scenarios:
         evidence = scenario.verification
-        assert evidence["verified"] and evidence["checks_on_final"] == [True, True]
-        assert evidence["checks_on_initial"] == [False, False] and evidence["vacuous_checks"] == []
-        assert [call["ok"] for call in evidence["gold"]] == [True, True, True]
+        assert evidence.verified and evidence.checks_on_final == (True, True)
+        assert evidence.checks_on_initial == (False, False) and evidence.vacuous_checks == ()
+        assert [call.ok for call in evidence.gold] == [True, True, True]
         assert [a.model_dump() for a in scenario.gold_actions] == GOLD
         assert scenario.checks == tuple(CHECKS[item] for item in TASK["checklist"])
         assert (scenario.user is not None) == (scenario.mode == "conversational")

@@ -2,6 +2,7 @@ import polars as pl
 import pytest
 from pydantic import ValidationError
 
+from builder.evidence import Synthesis
 from builder.records import (
     SCHEMA_VERSION,
     Action,
@@ -24,6 +25,7 @@ from builder.records import (
     UserScript,
 )
 from builder.tables import from_frame, from_row, schema, to_frame, to_row
+from tests.fixtures.scenarios import verification
 
 
 def make_examples(provenance: Provenance) -> list:
@@ -57,7 +59,9 @@ def make_examples(provenance: Provenance) -> list:
         tools=[{"type": "function", "function": {"name": "borrow", "parameters": {"type": "object"}}}],
         state_schema={"members": {"type": "object"}},
         scores={"dual_agent": 0.9},
+        synthesis=Synthesis(requests=3, regenerated={"borrow": 1}, fixes={"borrow": ("stripped_fences",)}),
     )
+    gold = (Action(name="borrow", arguments={"member_id": "m1", "isbn": "123"}),)
     scenario = Scenario(
         provenance=provenance,
         env_id=env.id,
@@ -67,8 +71,9 @@ def make_examples(provenance: Provenance) -> list:
         user=UserScript(profile="Ada", known_up_front="her id", reveal_when_asked="isbn", ending="thanks"),
         checklist=("m1 has a loan of 123",),
         checks=("def check(initial_state, final_state):\n    return True\n",),
-        gold_actions=(Action(name="borrow", arguments={"member_id": "m1", "isbn": "123"}),),
+        gold_actions=gold,
         difficulty="easy",
+        verification=verification(gold, 1),
     )
     trajectory = Trajectory(
         provenance=provenance,

@@ -21,6 +21,7 @@ from builder.rollout.user_sim import UserSimulator
 from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW, derive_seed, describe_now, parse_now
 from builder.stages.rollout import system_prompt
+from tests.fixtures.scenarios import verification
 
 FAST = SandboxConfig(call_timeout_s=0.5, kill_grace_s=0.5, memory_mb=256)
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"
@@ -207,7 +208,7 @@ def scenario(now: str, mode: str = "non_conversational") -> Scenario:
         task="Order a kettle for ada.", user={"profile": "p", "known_up_front": "k", "reveal_when_asked": "r",
                                               "ending": "e"} if mode == "conversational" else None,
         checklist=("Has an order?",), checks=("def check(initial_state, final_state):\n    return True\n",),
-        gold_actions=(), difficulty="easy",
+        gold_actions=(), difficulty="easy", verification=verification((), 1),
     )  # fmt: skip
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from builder.llm import ScriptedModel
 from builder.prompts import prompt
-from builder.records import Sampling
+from builder.records import Action, Sampling
 from builder.rollout.user_sim import STOP, UserSimulator
 from builder.stages.scenarios.sufficiency import COMPOSITION_WORDS, unsupported_arguments
 from tests.fixtures.scenarios import bank_scenario
@@ -26,8 +26,8 @@ TOOLS = [
          tags={"type": "array", "items": {"type": "string"}}, limit={"type": "integer", "default": 10}),
     tool("set_unit", unit={"type": "string", "description": "One of 'ward-a' or 'ward-b'."}),
 ]  # fmt: skip
-BOOK = {"name": "book_visit", "arguments": {"patient_id": "P-1042", "kind": "checkup", "urgent": True,
-                                            "fee_cents": 4500, "day": "2024-07-15"}}  # fmt: skip
+BOOK = Action(name="book_visit", arguments={"patient_id": "P-1042", "kind": "checkup", "urgent": True,
+                                              "fee_cents": 4500, "day": "2024-07-15"})  # fmt: skip
 SAID = "Book a checkup for Maria Lopez on 2024-07-15; the fee is $45."
 
 
@@ -38,7 +38,7 @@ def test_an_id_the_task_never_gives_is_refused():
 
 def test_an_id_in_the_task_or_from_an_earlier_lookup_is_accepted():
     assert unsupported_arguments([BOOK], [None], SAID + " My patient id is P-1042.", TOOLS) == []
-    lookup = {"name": "find_patient", "arguments": {"name": "Maria Lopez"}}
+    lookup = Action(name="find_patient", arguments={"name": "Maria Lopez"})
     found = {"success": True, "patients": [{"patient_id": "P-1042", "name": "Maria Lopez"}]}
     assert unsupported_arguments([lookup, BOOK], [found, None], SAID, TOOLS) == []
     keyed = {"P-1042": {"name": "Maria Lopez"}}  # ids as dict keys count too
@@ -50,13 +50,13 @@ def test_an_id_in_the_task_or_from_an_earlier_lookup_is_accepted():
 
 
 def test_enum_values_defaults_booleans_and_descriptions_are_free():
-    call = {"name": "book_visit", "arguments": {**BOOK["arguments"], "patient_id": "", "kind": "follow_up"}}
+    call = Action(name="book_visit", arguments={**BOOK.arguments, "patient_id": "", "kind": "follow_up"})
     assert unsupported_arguments([call], [None], SAID, TOOLS) == []  # "follow_up" is not said: the enum lists it
-    unit = {"name": "set_unit", "arguments": {"unit": "ward-b"}}
+    unit = Action(name="set_unit", arguments={"unit": "ward-b"})
     assert unsupported_arguments([unit], [None], "Move me.", TOOLS) == []
-    page = {"name": "send_note", "arguments": {"patient_id": None, "body": "", "tags": [], "limit": 10}}
+    page = Action(name="send_note", arguments={"patient_id": None, "body": "", "tags": [], "limit": 10})
     assert unsupported_arguments([page], [None], "", TOOLS) == []
-    assert unsupported_arguments([{**page, "arguments": {"limit": 25}}], [None], "", TOOLS) == [
+    assert unsupported_arguments([Action(name=page.name, arguments={"limit": 25})], [None], "", TOOLS) == [
         "call 1 send_note: limit = 25"
     ]
 
@@ -76,7 +76,7 @@ def test_enum_values_defaults_booleans_and_descriptions_are_free():
     ],
 )
 def test_numbers_match_whatever_their_formatting(said, value, ok):
-    call = {"name": "book_visit", "arguments": {"fee_cents": value}}
+    call = Action(name="book_visit", arguments={"fee_cents": value})
     assert (unsupported_arguments([call], [None], said, TOOLS) == []) is ok
 
 
@@ -93,18 +93,18 @@ def test_numbers_match_whatever_their_formatting(said, value, ok):
     ],
 )
 def test_strings_match_as_tokens_dates_and_words(said, value, ok):
-    call = {"name": "book_visit", "arguments": {"day": value}}
+    call = Action(name="book_visit", arguments={"day": value})
     assert (unsupported_arguments([call], [None], said, TOOLS) == []) is ok
 
 
 def test_composed_text_is_free_and_lists_are_checked_element_wise():
     body = "Your checkup is booked, see you soon"
     assert len(body.split()) >= COMPOSITION_WORDS
-    note = {"name": "send_note", "arguments": {"patient_id": "P-1042", "body": body, "tags": ["checkup", "vip"]}}
+    note = Action(name="send_note", arguments={"patient_id": "P-1042", "body": body, "tags": ["checkup", "vip"]})
     assert unsupported_arguments([note], [None], "Note for P-1042, tag it checkup.", TOOLS) == [
         "call 1 send_note: tags[1] = 'vip'"
     ]
-    short = {"name": "send_note", "arguments": {"body": "Booked X-9"}}  # short strings are identifiers
+    short = Action(name="send_note", arguments={"body": "Booked X-9"})  # short strings are identifiers
     assert unsupported_arguments([short], [None], "", TOOLS) == ["call 1 send_note: body = 'Booked X-9'"]
 
 
@@ -153,6 +153,6 @@ async def test_user_sim_ends_exactly_when_the_reply_holds_the_marker(reply, stop
     ],
 )
 def test_days_named_relative_to_now_are_the_users(said, value, ok):
-    call = {"name": "book_visit", "arguments": {"day": value}}
+    call = Action(name="book_visit", arguments={"day": value})
     assert (unsupported_arguments([call], [None], said, TOOLS, now="2025-10-06T09:00:00") == []) is ok
     assert unsupported_arguments([call], [None], said, TOOLS) != []  # without a now, a weekday names no date

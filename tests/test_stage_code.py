@@ -114,9 +114,9 @@ async def test_plan_becomes_a_candidate_environment_that_passes_the_lint(tmp_pat
     assert env.provenance.model == "m"
     assert len(model.requests) == 5  # one state piece and one method per operation
     assert {r.sampling.max_tokens for r in model.requests} == {3072}  # code.max_tokens, not capped by llm.max_tokens
-    assert env.synthesis["added_imports"] == ["from typing import Optional", "import datetime"]
-    assert env.synthesis["fixes"]["list_member_loans"] == ["stripped_fences"]
-    assert env.synthesis["regenerated"] == {}
+    assert env.synthesis.added_imports == ("from typing import Optional", "import datetime")
+    assert env.synthesis.fixes["list_member_loans"] == ("stripped_fences",)
+    assert env.synthesis.regenerated == {}
     # The method request carries the exact header the plan implies.
     borrow = requests_for(model, "borrow_book")[0].messages[1].content
     assert signature(the_plan.operations[2]) in borrow
@@ -133,7 +133,7 @@ async def test_code_that_does_not_parse_is_regenerated_with_the_error(tmp_path):
     assert again[1].messages[-2].content == broken.strip()
     assert "[syntax]" in again[1].messages[-1].content
     assert [r.sample_index for r in again] == [0, 1]  # a fresh sample: never the cached reply to the same request
-    assert env.synthesis["regenerated"] == {"get_book": 1}
+    assert env.synthesis.regenerated == {"get_book": 1}
 
 
 async def test_contract_violations_are_mapped_to_their_piece_with_the_line(tmp_path):
@@ -372,7 +372,7 @@ async def test_the_module_is_loaded_in_the_sandbox_and_a_failing_constructor_is_
     (env,) = await code(library_plan(), context(tmp_path, model, sandbox=sandbox))
     feedback = requests_for(model, "__init__")[1].messages[-1].content
     assert "[load_failed]" in feedback and "ZeroDivisionError" in feedback
-    assert "1 / 0" not in env.code and env.synthesis["regenerated"] == {"__init__": 1}
+    assert "1 / 0" not in env.code and env.synthesis.regenerated == {"__init__": 1}
 
 
 async def test_a_module_that_never_loads_is_rejected(tmp_path, sandbox):

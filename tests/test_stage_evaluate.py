@@ -33,7 +33,7 @@ from builder.stages.plan import plan
 from builder.stages.scenarios.state import reference_problems
 from builder.stats import StageStats
 from builder.store import Store
-from builder.tables import from_frame
+from builder.tables import from_frame, to_row
 from tests.fixtures.run_tables import pipeline_stage
 
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"
@@ -128,15 +128,25 @@ async def test_good_environment_is_accepted_with_evidence(tmp_path, sandbox):
     assert accepted.provenance == env.provenance  # the code's provenance; the verdict's is in the evidence
     evidence = accepted.evaluation
     assert accepted.scores == {"dual_agent": 1.0, "tool_coverage": 1.0}
-    assert evidence["counts"]["judged"] == 12 and len(evidence["calls"]) == 12
-    assert len(evidence["test_states"]) == 2 and evidence["test_states"][0]["state"] == BANK_STATE
+    assert evidence.counts.judged == 12 and len(evidence.calls) == 12
+    assert len(evidence.test_states) == 2 and evidence.test_states[0].state == BANK_STATE
     # The harness schedules coverage: every tool positive first, then negative.
-    assert {name: counts["positive"] for name, counts in evidence["tools"].items()} == dict.fromkeys(GOOD_ARGS, 2)
-    assert sum(counts.get("negative", 0) for counts in evidence["tools"].values()) == 4
-    transfer = next(c for c in evidence["calls"] if c["tool"] == "transfer")
-    assert transfer["judge"] == "checker" and "acc-7.balance" in transfer["changes"]
-    assert evidence["usage"]["requests"] == 2 + 12 + 12  # states, tester calls, checker verdicts
-    assert evidence["provenance"]["prompt_versions"][0].startswith("evaluate_state@")
+    assert {name: counts["positive"] for name, counts in evidence.tools.items()} == dict.fromkeys(GOOD_ARGS, 2)
+    assert sum(counts.get("negative", 0) for counts in evidence.tools.values()) == 4
+    transfer = next(c for c in evidence.calls if c.tool == "transfer")
+    assert transfer.judge == "checker" and "acc-7.balance" in transfer.changes
+    assert evidence.usage["requests"] == 2 + 12 + 12  # states, tester calls, checker verdicts
+    assert evidence.provenance.prompt_versions[0].startswith("evaluate_state@")
+    stored = json.loads(to_row(accepted)["evaluation"])  # the keys, in the order the untyped evidence had them
+    assert list(stored) == [
+        "score", "keep_score", "calls_required", "counts", "tool_coverage", "tools", "test_states",
+        "failed_test_states", "calls", "invalid_replies", "usage", "provenance",
+    ]  # fmt: skip
+    assert list(stored["calls"][0]) == [
+        "state", "round", "tool", "case", "arguments", "result", "error_kind", "error", "changes", "verdict",
+        "reason", "judge",
+    ]  # fmt: skip
+    assert stored["counts"]["pass"] == 12 and list(stored["test_states"][0]) == ["purpose", "now", "state"]
     # Tester requests force the scheduled tool; checker requests carry the method source and the diff.
     tester = [r for r in model.requests if kind(r) == "tester"]
     assert {r.tool_choice for r in tester} == set(GOOD_ARGS)
@@ -146,7 +156,7 @@ async def test_good_environment_is_accepted_with_evidence(tmp_path, sandbox):
         r for r in model.requests if kind(r) == "CheckerVerdict" and "`freeze_account`" in r.messages[1].content
     )
     assert "reports failure and the state is unchanged" in refused.messages[1].content
-    assert accepted.id == env.id and accepted.evaluation["score"] == 1.0
+    assert accepted.id == env.id and accepted.evaluation.score == 1.0
 
 
 def test_schedule_covers_every_tool_positive_then_negative():
@@ -217,7 +227,7 @@ async def test_checker_that_always_fails_gives_low_score_with_verdicts_kept(tmp_
 async def test_warnings_count_as_not_failed(tmp_path, sandbox):
     warn = {"analysis": "vague", "verdict": "warning", "reason": "vague error message"}
     (accepted,) = await evaluate(environment("bank"), context(tmp_path, scripted(checker=warn), sandbox))
-    assert accepted.scores["dual_agent"] == 1.0 and accepted.evaluation["counts"]["warning"] == 12
+    assert accepted.scores["dual_agent"] == 1.0 and accepted.evaluation.counts.warning == 12
 
 
 async def test_unknown_tools_are_the_testers_error_not_counted_but_bounded(tmp_path, sandbox):
@@ -231,9 +241,9 @@ async def test_unknown_tools_are_the_testers_error_not_counted_but_bounded(tmp_p
     )
     (accepted,) = await evaluate(environment("bank"), ctx)
     evidence = accepted.evaluation
-    assert evidence["score"] == 1.0 and evidence["counts"]["judged"] == 4
-    assert evidence["counts"]["invalid_replies"] == 4  # one per scheduled slot, within 2 per state
-    assert {item["kind"] for item in evidence["invalid_replies"]} == {"unknown_tool"}
+    assert evidence.score == 1.0 and evidence.counts.judged == 4
+    assert evidence.counts.invalid_replies == 4  # one per scheduled slot, within 2 per state
+    assert {item.kind for item in evidence.invalid_replies} == {"unknown_tool"}
 
     model = scripted(tester=tool_reply(("delete_everything", {})))
     ctx = context(tmp_path, model, sandbox, "evaluate.max_invalid_replies=3")
@@ -309,8 +319,8 @@ async def test_one_bad_state_leaves_all_calls_to_the_good_one(tmp_path, sandbox)
     ctx = context(tmp_path, scripted(state=state), sandbox, "evaluate.calls=3", "llm.structured_retries=0")
     (accepted,) = await evaluate(environment("bank"), ctx)
     evidence = accepted.evaluation
-    assert len(evidence["test_states"]) == 1 and {c["state"] for c in evidence["calls"]} == {0}
-    assert evidence["failed_test_states"][0]["index"] == 1 and evidence["counts"]["judged"] == 3
+    assert len(evidence.test_states) == 1 and {c.state for c in evidence.calls} == {0}
+    assert evidence.failed_test_states[0].index == 1 and evidence.counts.judged == 3
 
 
 async def test_crashes_the_tester_finds_are_failures_without_asking_the_checker(tmp_path, sandbox):
@@ -329,15 +339,15 @@ async def test_crashes_the_tester_finds_are_failures_without_asking_the_checker(
     model = scripted(tester=tester)
     (accepted,) = await evaluate(environment("bank", code), context(tmp_path, model, sandbox))
     evidence = accepted.evaluation
-    (crash,) = [c for c in evidence["calls"] if c["verdict"] == "fail"]
-    assert (crash["tool"], crash["case"], crash["judge"], crash["error_kind"]) == (
+    (crash,) = [c for c in evidence.calls if c.verdict == "fail"]
+    assert (crash.tool, crash.case, crash.judge, crash.error_kind) == (
         "get_account",
         "negative",
         "runtime",
         "raised",
     )
-    assert "KeyError" in crash["reason"]
-    assert evidence["score"] == round(11 / 12, 4) and evidence["counts"]["failed_by_runtime"] == 1
+    assert "KeyError" in crash.reason
+    assert evidence.score == round(11 / 12, 4) and evidence.counts.failed_by_runtime == 1
     assert sum(kind(r) == "CheckerVerdict" for r in model.requests) == 11
 
 
@@ -346,7 +356,7 @@ async def test_required_tool_choice_lets_the_tester_pick_and_marks_unscheduled_c
     ctx = context(tmp_path, model, sandbox, "evaluate.tester_tool_choice=required", "evaluate.calls=4")
     (accepted,) = await evaluate(environment("bank"), ctx)
     assert {r.tool_choice for r in model.requests if kind(r) == "tester"} == {"required"}
-    cases = [call["case"] for call in accepted.evaluation["calls"]]
+    cases = [call.case for call in accepted.evaluation.calls]
     assert cases.count("unscheduled") == 3 and accepted.scores["tool_coverage"] == 0.25
 
 
@@ -447,7 +457,7 @@ async def test_topic_to_accepted_environment_through_plan_code_and_evaluate(tmp_
     assert (stats["code"].kept, stats["evaluate"].kept) == (1, 1), stats["evaluate"].dropped
     (stored,) = Store(tmp_path / "store").environments("accepted")
     assert stored.class_name == "LibraryLoansEnv" and stored.scores == {"dual_agent": 1.0, "tool_coverage": 1.0}
-    assert stored.evaluation["test_states"][0]["state"] == LIBRARY_STATE  # follows the code stage's state schema
+    assert stored.evaluation.test_states[0].state == LIBRARY_STATE  # follows the code stage's state schema
     assert stored.synthesis  # the code stage's evidence survives evaluation
 
 
@@ -514,11 +524,11 @@ async def test_a_tool_that_fails_the_probe_is_repaired_through_code_and_accepted
     assert stored.id != written.id and stored.plan_id == written.plan_id and stored.tools == written.tools
     assert "datetime.date.fromisoformat(due.strip())\n    now" in written.code.replace("        ", "    ")
     assert 'got {due!r}"}' in stored.code and "uuid.uuid4()" in stored.code and "datetime.now()" in stored.code
-    (repair,) = stored.synthesis["repairs"]
-    assert (repair["round"], repair["from"], repair["to"], repair["requests"]) == (1, written.id, stored.id, 1)
-    (problem,) = repair["problems"]["borrow_book"]
+    (repair,) = stored.synthesis.repairs
+    assert (repair.round, repair.from_, repair.to, repair.requests) == (1, written.id, stored.id, 1)
+    (problem,) = repair.problems["borrow_book"]
     assert problem.startswith("[tool_raised]") and "ValueError" in problem
-    assert stored.synthesis["requests"] == written.synthesis["requests"]  # the code stage's evidence survives
+    assert stored.synthesis.requests == written.synthesis.requests  # the code stage's evidence survives
     # The one repair request regenerates only borrow_book: its code and the failing call with the error fed back.
     (request,) = repairs
     assert "def borrow_book(self" in request.messages[2].content
@@ -686,7 +696,7 @@ async def test_test_states_with_empty_references_pass_and_dangling_ones_are_fed_
     ctx = context(tmp_path, model, sandbox, "evaluate.test_states=1", "evaluate.calls=4")
     env = environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA)
     (accepted,) = await evaluate(env, ctx)
-    assert accepted.evaluation["test_states"][0]["state"] == ledger_state()  # '' and None kept as they are
+    assert accepted.evaluation.test_states[0].state == ledger_state()  # '' and None kept as they are
     states = [r for r in model.requests if kind(r) == "TestState"]
     assert len(states) == 2 and "payments['p3'].transfer_id = 't9' is not a known transfer" in (
         states[1].messages[-1].content
@@ -697,7 +707,7 @@ async def test_no_negative_case_for_a_tool_whose_only_parameter_is_an_optional_f
     model = scripted(state={"purpose": "ledger", "state": ledger_state()}, tester=ledger_tester)
     ctx = context(tmp_path, model, sandbox, "evaluate.test_states=1", "evaluate.calls=6")
     (accepted,) = await evaluate(environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA), ctx)
-    tools = accepted.evaluation["tools"]
+    tools = accepted.evaluation.tools
     assert (tools["audit"]["positive"], tools["audit"].get("negative", 0)) == (3, 0)
     assert (tools["get_payment"]["positive"], tools["get_payment"]["negative"]) == (2, 1)
     audits = [r for r in model.requests if kind(r) == "tester" and r.tool_choice == "audit"]
@@ -786,7 +796,7 @@ async def test_prompts_too_long_for_the_context_shrink_the_state_and_are_counted
     overrides = ("evaluate.test_states=1", "evaluate.calls=2", "evaluate.max_state_chars=12000")
     ctx = context(tmp_path, model, sandbox, *overrides)
     (accepted,) = await evaluate(environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA), ctx)
-    assert accepted.evaluation["counts"]["judged"] == 2
+    assert accepted.evaluation.counts.judged == 2
     # 12000 -> 6000 -> 3000 -> 1500 characters of state: three shrinks for the first call, as many for the second.
     assert ctx.stats.report["prompt_shrunk"] == {"evaluate_tester": 6}
 
@@ -806,7 +816,7 @@ async def test_a_test_states_now_is_the_clock_the_tester_and_checker_are_told(tm
     dated = {"purpose": "two customers", "now": "2025-10-06T09:00", "state": BANK_STATE}
     model = scripted(state=dated)
     (accepted,) = await evaluate(environment("bank"), context(tmp_path, model, sandbox))
-    assert [s["now"] for s in accepted.evaluation["test_states"]] == ["2025-10-06T09:00:00"] * 2
+    assert [s.now for s in accepted.evaluation.test_states] == ["2025-10-06T09:00:00"] * 2
     told = "Now: 2025-10-06T09:00:00 (Monday) (the environment's clock reads this date-time)."
     for role in ("tester", "CheckerVerdict"):
         requests = [r for r in model.requests if kind(r) == role]
@@ -818,6 +828,6 @@ async def test_a_test_state_whose_now_is_not_a_date_time_is_asked_again(tmp_path
     model = scripted(state=lambda request: next(replies, {"purpose": "p", "now": "2025-01-02T08:00:00",
                                                           "state": BANK_STATE}))  # fmt: skip
     (accepted,) = await evaluate(environment("bank"), context(tmp_path, model, sandbox, "evaluate.test_states=1"))
-    assert accepted.evaluation["test_states"][0]["now"] == "2025-01-02T08:00:00"
+    assert accepted.evaluation.test_states[0].now == "2025-01-02T08:00:00"
     retry = [r for r in model.requests if kind(r) == "TestState"][1]
     assert "now" in retry.messages[-1].content and retry.messages[-1].role == "user"

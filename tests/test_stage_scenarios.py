@@ -11,6 +11,7 @@ import pytest
 from builder.config import SandboxConfig, load_config
 from builder.envs.schema import inspect_source
 from builder.envs.state_schema import generated_state_schema, infer_schema
+from builder.evidence import Ablation
 from builder.llm import ChatRequest, ScriptedModel
 from builder.llm.connect import client_for
 from builder.records import Environment, Scenario
@@ -26,6 +27,7 @@ from builder.stages.scenarios.state import (
 from builder.stages.scenarios.verify import lint_check
 from builder.stats import StageStats
 from builder.store import Store
+from builder.tables import to_row
 from tests.fixtures.run_tables import pipeline_stage
 
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"
@@ -173,15 +175,26 @@ async def test_good_scenario_is_kept_in_both_modes_with_its_evidence(tmp_path, s
     assert [a.name for a in plain.gold_actions] == [g["name"] for g in GOLD]
     assert plain.checks == tuple(CHECKS[item] for item in TASK["checklist"])
     evidence = plain.verification
-    assert evidence["verified"] and evidence["checks_on_final"] == [True, True, True]
-    assert evidence["checks_on_initial"] == [False, False, False]
-    assert evidence["state_changing_calls"] == [2, 3]
-    assert evidence["negative_control"] == [
-        {"removed": 2, "name": "transfer", "failing_checks": [0, 1]},
-        {"removed": 3, "name": "freeze_account", "failing_checks": [2]},
-    ]
-    assert evidence["vacuous_checks"] == [] and evidence["repairs"] == []
-    assert {"path": "accounts.acc-2.frozen", "before": False, "after": True} in evidence["gold_state_changes"]
+    assert evidence.verified and evidence.checks_on_final == (True, True, True)
+    assert evidence.checks_on_initial == (False, False, False)
+    assert evidence.state_changing_calls == (2, 3)
+    assert evidence.negative_control == (
+        Ablation(removed=2, name="transfer", failing_checks=(0, 1)),
+        Ablation(removed=3, name="freeze_account", failing_checks=(2,)),
+    )
+    assert evidence.vacuous_checks == () and evidence.repairs == ()
+    assert {"path": "accounts.acc-2.frozen", "before": False, "after": True} in evidence.gold_state_changes
+    stored = json.loads(to_row(plain)["verification"])  # the keys, in the order the untyped evidence had them
+    assert list(stored) == [
+        "verified", "scenario_group", "gold", "state_changing_calls", "gold_state_changes", "checks_on_initial",
+        "checks_on_final", "negative_control", "vacuous_checks", "model_difficulty", "state_repairs", "repairs",
+    ]  # fmt: skip
+    assert list(stored["gold"][0]) == ["name", "ok", "state_changed", "result"]
+    assert stored["negative_control"][0] == {"removed": 2, "name": "transfer", "failing_checks": [0, 1]}
+    assert [(call.name, call.ok, call.state_changed) for call in evidence.gold] == [
+        ("list_accounts", True, False), ("get_account", True, False),
+        ("transfer", True, True), ("freeze_account", True, True),
+    ]  # fmt: skip
     assert plain.difficulty == "medium"  # two state changes, four calls
     assert plain.provenance.parent_ids == (environment("bank").id,)
     assert plain.provenance.prompt_version.count("@") == 4
@@ -279,7 +292,7 @@ async def test_gold_calling_a_missing_tool_is_repaired_with_the_error_fed_back(t
     wrong = [{"name": "wire_money", "arguments": {"source": "acc-1"}}, *GOLD]
     model = scripted(gold=[wrong, GOLD])
     plain, _ = await scenarios(environment("bank"), context(tmp_path, model, sandbox))
-    assert plain.verification["repairs"] == ["gold_call_failed"]
+    assert plain.verification.repairs == ("gold_call_failed",)
     assert [a.name for a in plain.gold_actions] == [g["name"] for g in GOLD]
     feedback = requests_of(model, "GoldSolution")[1].messages[-1].content
     assert "unknown tool 'wire_money'" in feedback
@@ -312,8 +325,8 @@ async def test_vacuous_check_is_kept_and_reported(tmp_path, sandbox):
     task = {**TASK, "checklist": [*TASK["checklist"], always]}
     checks = {**CHECKS, always: "def check(initial_state, final_state):\n    return len(final_state['accounts']) > 0\n"}
     plain, _ = await scenarios(environment("bank"), context(tmp_path, scripted(task=task, checks=checks), sandbox))
-    assert plain.verification["vacuous_checks"] == [3]
-    assert plain.verification["checks_on_initial"] == [False, False, False, True]
+    assert plain.verification.vacuous_checks == (3,)
+    assert plain.verification.checks_on_initial == (False, False, False, True)
 
 
 @pytest.mark.parametrize(
@@ -339,7 +352,7 @@ async def test_broken_check_is_regenerated_with_its_error(tmp_path, sandbox):
     broken = "def check(initial_state, final_state):\n    return 1\n"
     model = scripted(checks={**CHECKS, FROZEN: [broken, CHECKS[FROZEN]]})
     plain, _ = await scenarios(environment("bank"), context(tmp_path, model, sandbox))
-    assert plain.verification["repairs"] == ["check_broken"] and plain.checks[2] == CHECKS[FROZEN]
+    assert plain.verification.repairs == ("check_broken",) and plain.checks[2] == CHECKS[FROZEN]
     repair = [r for r in requests_of(model, "CheckCode") if len(r.messages) > 2]
     assert len(repair) == 1 and "not_bool" in repair[0].messages[-1].content
 
@@ -459,7 +472,7 @@ async def test_check_false_after_gold_repairs_the_gold_first_then_the_check(tmp_
     wrong = "def check(initial_state, final_state):\n    return final_state['accounts']['acc-2']['frozen'] == 'yes'\n"
     model = scripted(checks={**CHECKS, FROZEN: [wrong, CHECKS[FROZEN]]})
     plain, _ = await scenarios(environment("bank"), context(tmp_path, model, sandbox, "scenarios.repair_attempts=2"))
-    assert plain.verification["repairs"] == ["gold_fails_checks", "gold_fails_checks"]
+    assert plain.verification.repairs == ("gold_fails_checks", "gold_fails_checks")
     assert plain.checks[2] == CHECKS[FROZEN]
     assert len(requests_of(model, "GoldSolution")) == 2  # the first repair went to the gold
     (repair,) = [r for r in requests_of(model, "CheckCode") if len(r.messages) > 2]
@@ -525,7 +538,7 @@ async def test_task_whose_gold_needs_an_id_it_never_gives_is_rejected(tmp_path, 
 async def test_underspecified_task_is_replaced_by_a_new_task_with_the_evidence(tmp_path, sandbox):
     model = scripted(task=[UNNAMED, TASK])
     plain, talk = await scenarios(environment("bank"), context(tmp_path, model, sandbox))
-    assert plain.verification["repairs"] == ["task_underspecified"] and plain.task == " ".join(TASK["task"].split())
+    assert plain.verification.repairs == ("task_underspecified",) and plain.task == " ".join(TASK["task"].split())
     first, second = requests_of(model, "TaskDraft")
     feedback = second.messages[-1].content
     assert "not in the task: call 1 list_accounts: owner = 'c1'" in feedback and UNNAMED["task"] in feedback
@@ -596,7 +609,7 @@ async def test_a_prompt_too_long_is_asked_again_smaller_and_counted(tmp_path, sa
 
     ctx = context(tmp_path, ScriptedModel(answer), sandbox)
     plain, _ = await scenarios(environment("bank"), ctx)
-    assert plain.verification["repairs"] == []
+    assert plain.verification.repairs == ()
     assert ctx.stats.report["prompt_shrunk"] == {"scenario_task": 1}
     assert len(sizes) == 2 and len(sizes[1]) < len(sizes[0]) and "acc-11" in sizes[0] and "acc-11" not in sizes[1]
     assert "(some records left out)" in sizes[1]
@@ -720,8 +733,8 @@ async def test_clock_and_uuid_stamping_gold_verifies_at_the_scenarios_now(tmp_pa
                      gold=[gold])  # fmt: skip
     plain, _talk = await scenarios(helpdesk(), context(tmp_path, model, sandbox))
     assert isinstance(plain, Scenario) and plain.now == NOW  # a Thursday: tomorrow is a weekday
-    (ticket,) = plain.verification["gold"][1:2]
-    assert '"opened_at": "2024-03-14T10:30:00"' in ticket["result"] and '"due": "2024-03-15"' in ticket["result"]
+    (ticket,) = plain.verification.gold[1:2]
+    assert '"opened_at": "2024-03-14T10:30:00"' in ticket.result and '"due": "2024-03-15"' in ticket.result
     # The task, check and gold requests were told the scenario's date-time, with its weekday.
     for name in ("TaskDraft", "CheckCodes", "GoldSolution"):
         (request,) = requests_of(model, name)

@@ -12,7 +12,7 @@ from builder.errors import StoreError
 from builder.records import SCHEMA_VERSION, ChatMessage, Environment, Provenance, Sampling, Scenario, Trajectory
 from builder.store import Store
 from builder.tables import to_frame
-from tests.fixtures.scenarios import PROVENANCE, bank_scenario
+from tests.fixtures.scenarios import PROVENANCE, bank_scenario, verification
 
 
 def env(provenance: Provenance, code: str, status: str = "candidate") -> Environment:
@@ -41,6 +41,7 @@ def scenario(provenance: Provenance, env_id: str, task: str) -> Scenario:
         checks=("def check(i, f):\n    return f['count'] == 1\n",),
         gold_actions=(),
         difficulty="easy",
+        verification=verification((), 1),
     )
 
 

@@ -58,8 +58,8 @@ async def test_evaluate_with_the_real_model(tmp_path):
             assert rejection.reason in REASONS, rejection
             assert rejection.raw_output, rejection  # what the model wrote (or the verdicts) that was judged
         else:
-            assert accepted.status == "accepted" and accepted.evaluation["counts"]["judged"] == 2
-            assert {c["verdict"] for c in accepted.evaluation["calls"]} <= {"pass", "warning", "fail"}
+            assert accepted.status == "accepted" and accepted.evaluation.counts.judged == 2
+            assert {c.verdict for c in accepted.evaluation.calls} <= {"pass", "warning", "fail"}
     # The server accepted every request (a refused one is a failed call) and its replies had content.
     assert stats.llm_calls >= 1 and stats.llm_failures == 0, stats
     assert stats.prompt_tokens > 0 and stats.completion_tokens > 0, stats

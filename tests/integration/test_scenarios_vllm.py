@@ -63,9 +63,9 @@ async def test_scenarios_with_the_real_model(tmp_path):
     rejections = [r for r in results if isinstance(r, Rejection)]
     kept = [r for r in results if isinstance(r, Scenario)]
     slots = {r.subject_id for r in rejections}
-    assert len(slots) + len({s.verification["scenario_group"] for s in kept}) == 1  # the slot is accounted for
+    assert len(slots) + len({s.verification.scenario_group for s in kept}) == 1  # the slot is accounted for
     for rejection in rejections:
         assert rejection.reason in CONTENT_REASONS and rejection.stage == "scenarios", rejection
     for scenario in kept:
-        assert scenario.verification["verified"] and all(scenario.verification["checks_on_final"])
+        assert scenario.verification.verified and all(scenario.verification.checks_on_final)
         assert len(scenario.checks) == len(scenario.checklist) and scenario.gold_actions

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from builder.envs.lint import ContractError
 from builder.envs.schema import inspect_source
 from builder.envs.session import Session, SessionError
+from builder.evidence import Synthesis
 from builder.llm import ChatRequest, LLMRequestError
 from builder.llm.reask import NoUsableReply, Refusal, reask_each
 from builder.prompts import prompt, prompt_version
@@ -83,14 +84,14 @@ class _Synthesis:
     def refusals(self) -> dict[str, Refusal]:
         return {key: self.refusal(key) for key in sorted(self.errors)}
 
-    def summary(self, assembly: Assembly) -> dict:
+    def summary(self, assembly: Assembly) -> Synthesis:
         """What `Environment.synthesis` records: requests, regenerations, fixes and added imports."""
-        return {
-            "requests": sum(self.generated.values()),
-            "regenerated": {key: count - 1 for key, count in sorted(self.generated.items()) if count > 1},
-            "fixes": {key: list(piece.fixes) for key, piece in sorted(self.pieces.items()) if piece.fixes},
-            "added_imports": list(assembly.added_imports),
-        }
+        return Synthesis(
+            requests=sum(self.generated.values()),
+            regenerated={key: count - 1 for key, count in sorted(self.generated.items()) if count > 1},
+            fixes={key: tuple(piece.fixes) for key, piece in sorted(self.pieces.items()) if piece.fixes},
+            added_imports=tuple(assembly.added_imports),
+        )
 
 
 async def code(plan: EnvPlan, ctx: StageContext) -> list[Record]:
@@ -252,7 +253,9 @@ def _raw(raw: dict[str, str], errors: dict[str, list[PieceError]]) -> str:
     return text[:RAW_OUTPUT_LIMIT]
 
 
-def _environment(ctx: StageContext, plan: EnvPlan, source: str, sampling: Sampling, synthesis: dict) -> Environment:
+def _environment(
+    ctx: StageContext, plan: EnvPlan, source: str, sampling: Sampling, synthesis: Synthesis
+) -> Environment:
     versions = f"{prompt_version('code_state')}+{prompt_version('code_method')}"
     provenance = ctx.provenance(
         [plan.id, plan.topic_id], model=ctx.llm.model_id, sampling=sampling, prompt_version=versions

@@ -35,6 +35,14 @@ from builder import __version__
 from builder.envs.schema import EnvInterface
 from builder.envs.session import Session, SessionError
 from builder.envs.state_schema import generated_state_schema
+from builder.evidence import (
+    Evaluation,
+    EvaluationCounts,
+    EvaluationProvenance,
+    EvaluationState,
+    FailedTestState,
+    UnusableReply,
+)
 from builder.llm import LLMRequestError, PromptTooLongError
 from builder.prompts import prompt_version
 from builder.records import Environment, Record
@@ -80,21 +88,21 @@ async def evaluate(env: Environment, ctx: StageContext) -> list[Record]:
     except SessionError as error:  # a session broke beyond replay (its state could no longer be read or restored)
         raise Rejected(ctx.reject(env, "session_failed", f"{error.kind}: {error}"[:2000])) from None
     evidence = summarize(env, interface, states, failures, runs, ctx, agents)
-    counts = evidence["counts"]
+    counts = evidence.counts
     logger.info(
         "evaluate: %s (%s) scored %.2f over %d judged calls, %d unusable replies, %d model requests",
-        env.id, env.name, evidence["score"], counts["judged"], counts["invalid_replies"], evidence["usage"]["requests"],
+        env.id, env.name, evidence.score, counts.judged, counts.invalid_replies, evidence.usage["requests"],
     )  # fmt: skip
     incomplete = [run for run in runs if len(run.judged) < run.quota]
     if incomplete:
         raise _gave_up(env, ctx, incomplete, evidence)
-    if evidence["score"] < ctx.config.evaluate.keep_score:
+    if evidence.score < ctx.config.evaluate.keep_score:
         raise Rejected(ctx.reject(env, "low_score", _low_score_detail(evidence), raw_output=_compact(evidence)))
     accepted = env.model_copy(
         update={
             "status": "accepted",
             "reason": None,
-            "scores": {"dual_agent": evidence["score"], "tool_coverage": evidence["tool_coverage"]},
+            "scores": {"dual_agent": evidence.score, "tool_coverage": evidence.tool_coverage},
             "evaluation": evidence,
         }
     )
@@ -157,68 +165,70 @@ def load_error(
 def summarize(
     env: Environment, interface: EnvInterface, states: list[TestState], failures: list[tuple[int, InvalidReply]],
     runs: list[StateRun], ctx: StageContext, agents: Agents,
-) -> dict[str, Any]:  # fmt: skip
+) -> Evaluation:  # fmt: skip
     """The evidence behind the verdict: score, counts, per-tool coverage, every judged call, unusable replies."""
     calls = [call for run in runs for call in run.judged]
-    verdicts = Counter(call["verdict"] for call in calls)
+    verdicts = Counter(call.verdict for call in calls)
     per_tool: dict[str, Counter[str]] = {name: Counter() for name in interface.tool_names}
     for call in calls:
-        per_tool[call["tool"]].update(["calls", call["case"], call["verdict"]])
+        per_tool[call.tool].update(["calls", call.case, call.verdict])
     score = (verdicts["pass"] + verdicts["warning"]) / len(calls) if calls else 0.0
     config = ctx.config.evaluate
-    return {
-        "score": round(score, 4),
-        "keep_score": config.keep_score,
-        "calls_required": config.calls,
-        "counts": {
-            "judged": len(calls),
-            "pass": verdicts["pass"],
-            "warning": verdicts["warning"],
-            "fail": verdicts["fail"],
-            "failed_by_runtime": sum(c["judge"] == "runtime" for c in calls),
-            "invalid_replies": sum(len(run.invalid) for run in runs),
-        },  # fmt: skip
-        "tool_coverage": round(sum(1 for c in per_tool.values() if c["calls"]) / len(per_tool), 4),
-        "tools": {name: dict(counter) for name, counter in per_tool.items()},
-        "test_states": [{"purpose": s.purpose, "now": s.now, "state": s.state} for s in states],
-        "failed_test_states": [{"index": i, "kind": f.kind, "detail": f.detail} for i, f in failures],
-        "calls": calls,
-        "invalid_replies": [{k: v for k, v in item.items() if k != "raw"} for run in runs for item in run.invalid],
-        "usage": agents.meter.as_json(),
-        "provenance": {
-            "model": getattr(ctx.llm, "model_id", None),
-            "prompt_versions": [prompt_version(name) for name in PROMPTS],
-            "sampling": {role: agents.sampling(role).model_dump() for role in ("state", "tester", "checker")},
-            "tester_tool_choice": config.tester_tool_choice,
-            "config_hash": ctx.config_hash,
-            "builder_version": __version__,
-        },
-    }
+    return Evaluation(
+        score=round(score, 4),
+        keep_score=config.keep_score,
+        calls_required=config.calls,
+        counts=EvaluationCounts(
+            judged=len(calls),
+            pass_=verdicts["pass"],
+            warning=verdicts["warning"],
+            fail=verdicts["fail"],
+            failed_by_runtime=sum(c.judge == "runtime" for c in calls),
+            invalid_replies=sum(len(run.invalid) for run in runs),
+        ),
+        tool_coverage=round(sum(1 for c in per_tool.values() if c["calls"]) / len(per_tool), 4),
+        tools={name: dict(counter) for name, counter in per_tool.items()},
+        test_states=tuple(EvaluationState(purpose=s.purpose, now=s.now, state=s.state) for s in states),
+        failed_test_states=tuple(FailedTestState(index=i, kind=f.kind, detail=f.detail) for i, f in failures),
+        calls=tuple(calls),
+        invalid_replies=tuple(
+            UnusableReply(**{k: v for k, v in item.items() if k != "raw"}) for run in runs for item in run.invalid
+        ),
+        usage=agents.meter.as_json(),
+        provenance=EvaluationProvenance(
+            model=getattr(ctx.llm, "model_id", None),
+            prompt_versions=tuple(prompt_version(name) for name in PROMPTS),
+            sampling={role: agents.sampling(role).model_dump() for role in ("state", "tester", "checker")},
+            tester_tool_choice=config.tester_tool_choice,
+            config_hash=ctx.config_hash,
+            builder_version=__version__,
+        ),
+    )
 
 
-def _gave_up(env: Environment, ctx: StageContext, incomplete: list[StateRun], evidence: dict[str, Any]) -> Rejected:
+def _gave_up(env: Environment, ctx: StageContext, incomplete: list[StateRun], evidence: Evaluation) -> Rejected:
     """The check could not judge N calls: blame whichever agent wasted the most replies."""
     invalid = [item for run in incomplete for item in run.invalid]
     checker = sum(item["kind"] == "checker_invalid" for item in invalid)
     reason = "checker_invalid" if checker * 2 > len(invalid) else "tester_invalid"
     kinds = ", ".join(f"{kind}={n}" for kind, n in sorted(Counter(item["kind"] for item in invalid).items()))
-    judged = evidence["counts"]["judged"]
-    detail = f"gave up after {judged} of {evidence['calls_required']} judged calls; unusable replies: {kinds}"
+    judged = evidence.counts.judged
+    detail = f"gave up after {judged} of {evidence.calls_required} judged calls; unusable replies: {kinds}"
     return Rejected(ctx.reject(env, reason, detail, raw_output=invalid[-1]["raw"]))
 
 
-def _low_score_detail(evidence: dict[str, Any]) -> str:
-    counts = evidence["counts"]
-    first = next((c for c in evidence["calls"] if c["verdict"] == "fail"), None)
-    worst = f"; first failure: {first['tool']} ({first['case']}): {first['reason']}" if first else ""
+def _low_score_detail(evidence: Evaluation) -> str:
+    counts = evidence.counts
+    first = next((c for c in evidence.calls if c.verdict == "fail"), None)
+    worst = f"; first failure: {first.tool} ({first.case}): {first.reason}" if first else ""
     return (
-        f"score {evidence['score']:.2f} < {evidence['keep_score']} over {counts['judged']} judged calls "
-        f"({counts['pass']} pass, {counts['warning']} warning, {counts['fail']} fail){worst}"
+        f"score {evidence.score:.2f} < {evidence.keep_score} over {counts.judged} judged calls "
+        f"({counts.pass_} pass, {counts.warning} warning, {counts.fail} fail){worst}"
     )[:2000]
 
 
-def _compact(evidence: dict[str, Any]) -> str:
+def _compact(evidence: Evaluation) -> str:
     """The per-call verdicts of a rejected environment, kept as the rejection's raw output."""
-    keep = ("tool", "case", "arguments", "verdict", "reason", "judge")
-    calls = [{k: call[k] for k in keep} for call in evidence["calls"]]
-    return json.dumps({"score": evidence["score"], "counts": evidence["counts"], "calls": calls}, ensure_ascii=False)
+    keep = {"tool", "case", "arguments", "verdict", "reason", "judge"}
+    compact = evidence.model_dump(mode="json", include={"score": True, "counts": True, "calls": {"__all__": keep}})
+    return json.dumps(compact, ensure_ascii=False)

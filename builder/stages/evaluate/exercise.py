@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from builder.config import EvaluateConfig
 from builder.envs.schema import EnvInterface
 from builder.envs.session import Session, SessionError, ToolResult, diff_states
+from builder.evidence import JudgedCall
 from builder.records import Environment
 from builder.run.stage import StageContext
 from builder.stages._llm import shrinking
@@ -63,7 +64,7 @@ class StateRun:
     """What happened on one test state: judged calls and the replies that could not be used."""
 
     quota: int
-    judged: list[dict[str, Any]] = field(default_factory=list)
+    judged: list[JudgedCall] = field(default_factory=list)
     invalid: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -149,14 +150,14 @@ async def exercise(
             try:
                 after = await asyncio.to_thread(session.snapshot)
             except SessionError as error:
-                run.judged.append({**call, **_ruled(result, [], "fail", f"state_not_json: {error}", "runtime")})
+                run.judged.append(_ruled(call, result, [], "fail", f"state_not_json: {error}", "runtime"))
                 await asyncio.to_thread(session.close)
                 session = await asyncio.to_thread(_session, ctx.sandbox, env.code, state, interface)
                 continue
             changes = diff_states(before, after)
             if not result.ok:  # raised, hung, crashed, non-JSON result: the environment broke its contract
                 run.judged.append(
-                    {**call, **_ruled(result, changes, "fail", f"{result.error_kind}: {result.error}", "runtime")}
+                    _ruled(call, result, changes, "fail", f"{result.error_kind}: {result.error}", "runtime")
                 )
                 continue
             check = partial(_check, agents, env, call, result, before, after, changes, now=state.now)
@@ -165,7 +166,7 @@ async def exercise(
             except InvalidReply as invalid:
                 run.invalid.append({**where, "kind": invalid.kind, "detail": invalid.detail, "raw": invalid.raw})
                 continue
-            run.judged.append({**call, **_ruled(result, changes, verdict.verdict, verdict.reason, "checker")})
+            run.judged.append(_ruled(call, result, changes, verdict.verdict, verdict.reason, "checker"))
     finally:
         await asyncio.to_thread(session.close)
 
@@ -186,16 +187,19 @@ async def _check(
     return await agents.ask_json(agents.checker_messages(facts), CheckerVerdict, "checker")
 
 
-def _ruled(result: ToolResult, changes: list[dict[str, Any]], verdict: str, reason: str, judge: str) -> dict[str, Any]:
-    return {
-        "result": clip_json(result.result, EVIDENCE_CHARS) if result.ok else None,
-        "error_kind": result.error_kind,
-        "error": (result.error or "")[:EVIDENCE_CHARS] or None,
-        "changes": clip_json(changes, EVIDENCE_CHARS) if changes else None,
-        "verdict": verdict,
-        "reason": " ".join(reason.split())[:EVIDENCE_CHARS],
-        "judge": judge,
-    }
+def _ruled(
+    call: dict[str, Any], result: ToolResult, changes: list[dict[str, Any]], verdict: str, reason: str, judge: str
+) -> JudgedCall:
+    return JudgedCall(
+        **call,
+        result=clip_json(result.result, EVIDENCE_CHARS) if result.ok else None,
+        error_kind=result.error_kind,
+        error=(result.error or "")[:EVIDENCE_CHARS] or None,
+        changes=clip_json(changes, EVIDENCE_CHARS) if changes else None,
+        verdict=verdict,
+        reason=" ".join(reason.split())[:EVIDENCE_CHARS],
+        judge=judge,
+    )
 
 
 def _session(sandbox: Any, code: str, state: TestState, interface: EnvInterface) -> Session:
@@ -205,7 +209,7 @@ def _session(sandbox: Any, code: str, state: TestState, interface: EnvInterface)
 def _tester_facts(state: TestState, run: StateRun, current: dict[str, Any], history_calls: int, limit: int) -> str:
     done = len(run.judged)
     recent = run.judged[-history_calls:] if history_calls else []
-    lines = [f"- {c['tool']}({json.dumps(c['arguments'])}) -> {c['result'] or c['error']}" for c in recent]
+    lines = [f"- {c.tool}({json.dumps(c.arguments)}) -> {c.result or c.error}" for c in recent]
     history = "\n".join(lines) or "- none yet"
     # After an unusable tester reply the request must differ (or a cached reply would repeat the mistake), and
     # the tester should learn what was wrong. A checker's failure is not the tester's business.

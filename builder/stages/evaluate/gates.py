@@ -20,6 +20,7 @@ from builder.envs.lint import Problem
 from builder.envs.probe import ToolProblem, probe_environment
 from builder.envs.schema import EnvInterface, inspect_source
 from builder.envs.session import Session
+from builder.evidence import GateRepair, Synthesis
 from builder.records import Environment, EnvPlan
 from builder.run.stage import Rejected, StageContext
 from builder.stages.code import regenerate
@@ -46,8 +47,7 @@ def run_gates(sandbox: Any, env: Environment) -> tuple[list[Problem], EnvInterfa
     if problems:
         return problems, None, {}
     interface = inspect_source(env.code)
-    stored = json.loads(env.tools) if isinstance(env.tools, str) else env.tools
-    if _signatures(stored) != _signatures(interface.tools):
+    if _signatures(env.tools) != _signatures(interface.tools):
         message = "the record's tool schemas are not the ones its code yields; derive them with inspect_source"
         return [Problem(code="tools_mismatch", line=0, message=message)], None, {}
     with Session(sandbox, env.code, interface=interface) as session:
@@ -71,7 +71,8 @@ async def passing_gates(env: Environment, ctx: StageContext) -> tuple[Environmen
     Raises Rejected (`gates_failed`, naming `env`) when a problem is no single tool's, the environment's plan is
     not in this run, or `evaluate.fuzz_repairs` repairs did not make it pass.
     """
-    current, repairs, plan = env, [], None
+    current, plan = env, None
+    repairs: list[GateRepair] = []
     while True:
         problems, interface, default_state = await asyncio.to_thread(run_gates, ctx.sandbox, current)
         if not problems:
@@ -89,27 +90,28 @@ async def passing_gates(env: Environment, ctx: StageContext) -> tuple[Environmen
         _count(ctx, "rounds")
         # Repair 1, 2, ...: its samples follow those the code stage used, so no cached reply comes back.
         made = await regenerate(ctx, env, plan, pieces, errors, repair=len(repairs) + 1)
-        repair: dict[str, Any] = {
-            "round": len(repairs) + 1,
-            "from": current.id,
-            "problems": {tool: [str(error) for error in found] for tool, found in sorted(errors.items())},
-            "requests": made.requests,
-        }
+        repair = GateRepair(
+            round=len(repairs) + 1,
+            from_=current.id,
+            problems={tool: tuple(str(error) for error in found) for tool, found in sorted(errors.items())},
+            requests=made.requests,
+        )
         if made.assembly is None:
-            left = {key: [str(error) for error in found] for key, found in sorted(made.errors.items())}
-            repairs.append({**repair, "failed": left})
+            left = {key: tuple(str(error) for error in found) for key, found in sorted(made.errors.items())}
+            repairs.append(repair.model_copy(update={"failed": left}))
             break
         source = made.assembly.source
-        repaired = current.model_copy(update={"code": source, "tools": list(inspect_source(source).tools)})
-        repairs = [*repairs, {**repair, "to": repaired.id}]
-        current = repaired.model_copy(update={"synthesis": {**env.synthesis, "repairs": repairs}})
+        repaired = current.model_copy(update={"code": source, "tools": tuple(inspect_source(source).tools)})
+        repairs = [*repairs, repair.model_copy(update={"to": repaired.id})]
+        synthesis = (env.synthesis or Synthesis()).model_copy(update={"repairs": tuple(repairs)})
+        current = repaired.model_copy(update={"synthesis": synthesis})
     codes = ", ".join(sorted({p.code for p in problems}))
     detail = f"{codes}: " + "; ".join(map(str, problems))
     if not repairs:
         raise Rejected(ctx.reject(env, "gates_failed", detail[:2000]))
     _count(ctx, "failed")
     detail = f"{codes} after {len(repairs)} repair(s) through the code stage: " + detail.removeprefix(f"{codes}: ")
-    raw = json.dumps(repairs, ensure_ascii=False)
+    raw = json.dumps([repair.model_dump(mode="json") for repair in repairs], ensure_ascii=False)
     raise Rejected(ctx.reject(env, "gates_failed", detail[:2000], raw_output=raw))
 
 

@@ -39,9 +39,9 @@ from typing import Any, Literal
 from builder.envs.lint import ContractError
 from builder.envs.session import SessionError, diff_states
 from builder.errors import BuilderError
+from builder.evidence import Verification
 from builder.prompts import prompt_version
 from builder.records import (
-    Action,
     Environment,
     Record,
     Rejection,
@@ -172,7 +172,8 @@ async def _build(env: Environment, ctx: StageContext, slot: int, example: dict[s
         if evidence.reason is None:
             return _scenarios(env, ctx, state, draft, evidence, state_repairs, repairs)
         if round_ == config.repair_attempts:
-            raw = json.dumps({"task": draft.task.task, "checks": draft.checks, "gold": draft.gold}, ensure_ascii=False)
+            gold = [action.model_dump() for action in draft.gold]
+            raw = json.dumps({"task": draft.task.task, "checks": draft.checks, "gold": gold}, ensure_ascii=False)
             raise Rejected(_reject_slot(ctx, env, slot, evidence.reason, evidence.detail, raw[:20000]))
         repairs.append(evidence.reason)
         # Repair round r is attempt r + 1 of the piece it repairs (its first writing is attempt 0): fresh samples.
@@ -227,7 +228,8 @@ def _gold_feedback(draft: Draft, evidence: Evidence) -> str:
     for index, problem in sorted(evidence.check_problems.items()):
         lines.append(f"- checklist item {draft.task.checklist[index]!r} {problem}")
     if evidence.final_state is not None and evidence.reason == "gold_fails_checks":
-        lines.append(f"Its calls answered: {json.dumps(evidence.gold, ensure_ascii=False)[:1500]}")
+        answered = [call.model_dump(mode="json") for call in evidence.gold]
+        lines.append(f"Its calls answered: {json.dumps(answered, ensure_ascii=False)[:1500]}")
     return "\n".join(lines)
 
 
@@ -252,20 +254,19 @@ def _scenarios(
 ) -> list[Scenario]:
     task = " ".join(draft.task.task.split())
     group = hashlib.sha256(json.dumps([env.id, state, task], sort_keys=True).encode()).hexdigest()[:16]
-    verification = {
-        "verified": True,
-        "scenario_group": group,
-        "gold": list(evidence.gold),
-        "state_changing_calls": list(evidence.state_changing_calls),
-        "gold_state_changes": diff_states(state, evidence.final_state)[:200],
-        "checks_on_initial": list(evidence.checks_on_initial),
-        "checks_on_final": list(evidence.checks_on_final),
-        "negative_control": list(evidence.negative_control),
-        "vacuous_checks": list(evidence.vacuous_checks),
-        "model_difficulty": draft.task.difficulty,
-        "state_repairs": state_repairs,
-        "repairs": list(repairs),
-    }
+    verification = Verification(
+        scenario_group=group,
+        gold=evidence.gold,
+        state_changing_calls=evidence.state_changing_calls,
+        gold_state_changes=tuple(diff_states(state, evidence.final_state)[:200]),
+        checks_on_initial=evidence.checks_on_initial,
+        checks_on_final=evidence.checks_on_final,
+        negative_control=evidence.negative_control,
+        vacuous_checks=evidence.vacuous_checks,
+        model_difficulty=draft.task.difficulty,
+        state_repairs=state_repairs,
+        repairs=tuple(repairs),
+    )
     user = UserScript(
         profile=draft.task.user_profile,
         known_up_front=draft.task.known_up_front,
@@ -285,7 +286,7 @@ def _scenarios(
             user=user if mode == "conversational" else None,
             checklist=tuple(draft.task.checklist),
             checks=tuple(draft.checks),
-            gold_actions=tuple(Action(name=a["name"], arguments=a["arguments"]) for a in draft.gold),
+            gold_actions=tuple(draft.gold),
             difficulty=_difficulty(evidence),
             verification=verification,
         )

@@ -16,6 +16,7 @@ from builder.envs.state_schema import generated_state_schema
 from builder.llm.reask import Refusal, repair_messages
 from builder.prompts import prompt
 from builder.records import (
+    Action,
     ChatMessage,
     Environment,
     Sampling,
@@ -98,7 +99,7 @@ class Draft:
     now: str  # the scenario's date-time, chosen with the state
     checks: list[str] = field(default_factory=list)
     check_messages: list[ChatMessage] = field(default_factory=list)
-    gold: list[dict[str, Any]] = field(default_factory=list)
+    gold: list[Action] = field(default_factory=list)
     gold_messages: list[ChatMessage] = field(default_factory=list)
 
 
@@ -210,7 +211,7 @@ async def _checks(
     checklist = draft.task.checklist
 
     def request(shrink: int) -> list[ChatMessage]:
-        methods = writer_sources(env.code, [action["name"] for action in draft.gold], shrink)
+        methods = writer_sources(env.code, [action.name for action in draft.gold], shrink)
         user = (
             f"# Environment {env.name} ({env.domain})\n{env.description}\n\n## State schema\n"
             f"{json.dumps(schema)}\n\n## Initial state (the records the task involves; others exist)\n"
@@ -248,7 +249,7 @@ async def _repaired_check(
 
 async def _gold(
     env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft, feedback: str = "", attempt: int = 0
-) -> tuple[list[dict[str, Any]], list[ChatMessage]]:
+) -> tuple[list[Action], list[ChatMessage]]:
     """The gold sequence and the request that wrote it; with `feedback` (why the current gold was refused), its
     repair: that request, the current gold and the feedback (`repair_messages`), as attempt `attempt` of it."""
     sampling = _sampling(ctx, CODE_SAMPLING_TEMPERATURE)
@@ -267,12 +268,12 @@ async def _gold(
         )
     else:
         messages = draft.gold_messages
-        previous = json.dumps({"actions": draft.gold}, ensure_ascii=False)
+        previous = json.dumps({"actions": [action.model_dump() for action in draft.gold]}, ensure_ascii=False)
         repair = repair_messages(messages, previous, f"{feedback}\nReply with the corrected full sequence.")
         reply = await ask(
             ctx, env, repair, GoldSolution, sampling=sampling, invalid_reason="gold_invalid", attempt=attempt
         )
-    return [action.model_dump() for action in reply.actions], messages
+    return [Action(name=action.name, arguments=action.arguments) for action in reply.actions], messages
 
 
 async def _fill(env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from builder.records import Action
 from builder.sandbox.world import parse_now
 
 COMPOSITION_WORDS = 4  # strings with this many words or more are composed by the agent, not identifiers
@@ -197,7 +198,7 @@ def _unsupported(value: Any, path: str, schema: dict[str, Any], sources: Sources
 
 
 def unsupported_arguments(
-    actions: Sequence[dict[str, Any]],
+    actions: Sequence[Action],
     results: Sequence[Any],
     text: str,
     tools: Sequence[dict[str, Any]],
@@ -206,7 +207,7 @@ def unsupported_arguments(
     """One message per gold argument value that neither `text`, an earlier result nor the tool schema gives.
 
     Args:
-        actions: the gold calls (`name`, `arguments`).
+        actions: the gold calls.
         results: each call's JSON result, index for index (calls that were not run: None).
         text: what the user says (the task, or the user script of a conversation).
         tools: the environment's OpenAI tool schemas.
@@ -220,15 +221,15 @@ def unsupported_arguments(
     if now is not None:
         sources.add_relative_dates(text, now)
     for index, action in enumerate(actions):
-        schemas = parameters.get(action["name"], {})
-        for name, value in (action.get("arguments") or {}).items():
+        schemas = parameters.get(action.name, {})
+        for name, value in action.arguments.items():
             schema = schemas.get(name) if isinstance(schemas.get(name), dict) else {}
             seen = sources
             if schema.get("description"):  # "kind: 'checking' or 'savings'": the schema names the vocabulary
                 seen = sources.copy()
                 seen.add_text(schema["description"], money=False)
             for path, bad in _unsupported(value, name, schema, seen):
-                problems.append(f"call {index + 1} {action['name']}: {path} = {bad!r}")
+                problems.append(f"call {index + 1} {action.name}: {path} = {bad!r}")
         if index < len(results):
             sources.add_result(results[index])
     return problems[:MAX_PROBLEMS]

@@ -13,13 +13,14 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from builder.envs.checks import CheckResult, checks_from_scenario, run_checks
 from builder.envs.lint import lint
 from builder.envs.probe import generate_arguments
 from builder.envs.session import Session, SessionError, ToolResult
+from builder.evidence import Ablation, GoldResult
+from builder.frozen import Frozen
 from builder.pyast import parse
+from builder.records import Action
 from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED
 from builder.stages.scenarios.sufficiency import unsupported_arguments
@@ -29,26 +30,25 @@ CRASH_KINDS = frozenset({"raised", "timeout", "crashed", "memory", "not_json", "
 RESULT_CHARS = 300  # tool results kept as evidence are cut to this many characters
 
 
-class Evidence(BaseModel):
+class Evidence(Frozen):
     """What verification observed. `reason` is None when the scenario passed every gate.
 
     `check_problems` maps a check's index to what is wrong with it (lint, raised, not a bool, timed out);
     `gold_problems` lists failing gold calls; both feed the repair prompts. `underspecified` maps a mode to the
-    gold argument values its text does not give (the task_underspecified gate).
+    gold argument values its text does not give (the task_underspecified gate). What a kept scenario stores of
+    it is its `Verification`.
     """
-
-    model_config = ConfigDict(frozen=True)
 
     reason: str | None = None
     detail: str = ""
     check_problems: dict[int, str] = {}
     gold_problems: tuple[str, ...] = ()
     underspecified: dict[str, tuple[str, ...]] = {}
-    gold: tuple[dict[str, Any], ...] = ()
+    gold: tuple[GoldResult, ...] = ()
     state_changing_calls: tuple[int, ...] = ()
     checks_on_initial: tuple[bool, ...] = ()
     checks_on_final: tuple[bool, ...] = ()
-    negative_control: tuple[dict[str, Any], ...] = ()
+    negative_control: tuple[Ablation, ...] = ()
     vacuous_checks: tuple[int, ...] = ()
     final_state: dict[str, Any] | None = None
 
@@ -126,7 +126,7 @@ def _refused(result: ToolResult) -> bool:
 
 
 def run_actions(
-    sandbox: Sandbox, code: str, state: dict[str, Any], actions: list[dict[str, Any]],
+    sandbox: Sandbox, code: str, state: dict[str, Any], actions: Sequence[Action],
     *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
 ) -> tuple[list[tuple[ToolResult, bool]], dict[str, Any]]:  # fmt: skip
     """Execute `actions` in a fresh session from `state` at `now` with `seed`: each result with whether it changed
@@ -135,16 +135,16 @@ def run_actions(
     with Session(sandbox, code, state, now=now, seed=seed) as session:
         before = session.snapshot()
         for action in actions:
-            result = session.call(action["name"], action["arguments"])
+            result = session.call(action.name, action.arguments)
             after = session.snapshot()
             outcomes.append((result, after != before))
             before = after
         return outcomes, before
 
 
-def _describe_call(index: int, action: dict[str, Any], result: ToolResult) -> str:
+def _describe_call(index: int, action: Action, result: ToolResult) -> str:
     answer = result.error if not result.ok else json.dumps(result.result, ensure_ascii=False)
-    return f"call {index + 1} {action['name']}({json.dumps(action['arguments'], ensure_ascii=False)}) -> {answer}"[:600]
+    return f"call {index + 1} {action.name}({json.dumps(action.arguments, ensure_ascii=False)}) -> {answer}"[:600]
 
 
 # ----------------------------------------------------------------------------------------------- verify
@@ -154,7 +154,7 @@ def verify(
     sandbox: Sandbox,
     code: str,
     initial_state: dict[str, Any],
-    actions: list[dict[str, Any]],
+    actions: Sequence[Action],
     checks: list[str],
     *,
     min_gold_calls: int = 1,
@@ -182,12 +182,7 @@ def verify(
     except SessionError as error:
         return Evidence(reason="gold_call_failed", detail=str(error), gold_problems=(str(error),))
     gold = tuple(
-        {
-            "name": a["name"],
-            "ok": r.ok and not _refused(r),
-            "state_changed": changed,
-            "result": r.content()[:RESULT_CHARS],
-        }
+        GoldResult(name=a.name, ok=r.ok and not _refused(r), state_changed=changed, result=r.content()[:RESULT_CHARS])
         for a, (r, changed) in zip(actions, outcomes, strict=True)
     )
     changing = tuple(i for i, (_, changed) in enumerate(outcomes) if changed)
@@ -244,20 +239,20 @@ def verify(
     ablations, never_failed = [], {i for i, r in enumerate(on_initial) if r.passed}
     for removed in changing:
         kept = [a for i, a in enumerate(actions) if i != removed]
-        ablation: dict[str, Any] = {"removed": removed, "name": actions[removed]["name"]}
+        name = actions[removed].name
         try:
             _, ablated_state = run_actions(sandbox, code, initial_state, kept, now=now, seed=seed)
         except SessionError as error:  # the episode broke without this call: that is noticed, by every check
-            ablation |= {"failing_checks": list(range(len(specs))), "error": str(error)[:300]}
+            failing, broke = tuple(range(len(specs))), str(error)[:300]
         else:
             results = run_checks(sandbox, specs, initial_state, ablated_state, now=now, seed=seed).checks
-            ablation["failing_checks"] = [i for i, r in enumerate(results) if not r.passed]
-            never_failed -= set(ablation["failing_checks"])
-        ablations.append(ablation)
+            failing, broke = tuple(i for i, r in enumerate(results) if not r.passed), None
+            never_failed -= set(failing)
+        ablations.append(Ablation(removed=removed, name=name, failing_checks=failing, error=broke))
     seen |= {"negative_control": tuple(ablations), "vacuous_checks": tuple(sorted(never_failed))}
-    unnoticed = [a for a in ablations if not a["failing_checks"]]
+    unnoticed = [a for a in ablations if not a.failing_checks]
     if unnoticed:
-        detail = "; ".join(f"without call {a['removed'] + 1} ({a['name']}) every check still passes" for a in unnoticed)
+        detail = "; ".join(f"without call {a.removed + 1} ({a.name}) every check still passes" for a in unnoticed)
         return Evidence(reason="negative_control_failed", detail=detail, gold_problems=(detail,), **seen)
     return Evidence(**seen)
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from builder.json_values import leaves
-from builder.records import Environment
+from builder.records import Action, Environment
 from builder.stages.evaluate.source import class_header, environment_text, method_nodes, method_source
 from builder.stages.evaluate.source import state_text as whole_records_text
 
@@ -82,10 +82,10 @@ def _scalars(value: Any) -> Iterable[str]:
     return (str(leaf) for leaf in leaves(value) if isinstance(leaf, str | int) and not isinstance(leaf, bool))
 
 
-def involved_state(state: dict[str, Any], actions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def involved_state(state: dict[str, Any], actions: Sequence[Action]) -> dict[str, Any]:
     """The records the gold arguments name (by key or by a field value), plus one example of every other
     collection; other attributes as they are. What a check has to read, at a fraction of the state."""
-    named = {value for action in actions for value in _scalars(action.get("arguments") or {})}
+    named = {value for action in actions for value in _scalars(action.arguments)}
     view = {}
     for name, value in state.items():
         pairs = _collection(value)

@@ -1,0 +1,187 @@
+"""The evidence records carry, as frozen models: why an environment was accepted (`Evaluation`), how its code was
+written (`Synthesis`) and why a scenario's checks and gold solution can be trusted (`Verification`).
+
+Each is stored as one JSON string column and dumps (`model_dump(mode="json")`) to the same JSON object, key for
+key and in the same order, as the plain dicts the stages stored before these models existed: rows written then
+read into these models, and the released `evaluation` and `verification` columns keep their shape. Keys that
+were written only when they had something to say stay out of the JSON when empty (`exclude_if`). Names that are
+Python keywords (`pass`, `from`) are attributes with a trailing underscore and keys without.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from builder.frozen import Frozen
+from builder.sandbox.world import DEFAULT_NOW
+
+_KEYWORD_KEYS = ConfigDict(serialize_by_alias=True, validate_by_name=True, validate_by_alias=True)
+
+
+def _none(value: Any) -> bool:
+    return value is None
+
+
+def _empty(value: Any) -> bool:
+    return not value
+
+
+# -------------------------------------------------------------------------------------- evaluate: dual-agent
+
+
+class JudgedCall(Frozen):
+    """One tool call of the dual-agent check: what the tester asked for, what the environment did, the verdict."""
+
+    state: int = Field(description="Index of the test state the call ran on.")
+    round: int = Field(description="The call's round on that state (unusable replies count as rounds too).")
+    tool: str
+    case: Literal["positive", "negative", "unscheduled"] = Field(
+        description="The case the harness scheduled; unscheduled: the tester called another tool."
+    )
+    arguments: dict[str, Any]
+    result: str | None = Field(None, description="The result as JSON, clipped (None: the call failed).")
+    error_kind: str | None = None
+    error: str | None = Field(None, description="The call's error, clipped.")
+    changes: str | None = Field(None, description="The state diff as JSON, clipped (None: the state is unchanged).")
+    verdict: Literal["pass", "warning", "fail"]
+    reason: str
+    judge: Literal["checker", "runtime"] = Field(
+        description="checker: the checker agent ruled; runtime: the call raised, hung, crashed or returned "
+        "non-JSON, a failure without asking the checker."
+    )
+
+
+class EvaluationCounts(Frozen):
+    model_config = _KEYWORD_KEYS
+
+    judged: int
+    pass_: int = Field(alias="pass")
+    warning: int
+    fail: int
+    failed_by_runtime: int = Field(description="Failures ruled by the runtime, not the checker.")
+    invalid_replies: int = Field(description="Tester or checker replies that could not be used (not judged).")
+
+
+class EvaluationState(Frozen):
+    """One test state of the dual-agent check, as the model wrote it."""
+
+    purpose: str
+    now: str = Field(DEFAULT_NOW, description="The sandbox clock of every session on it (older rows: the default).")
+    state: dict[str, Any]
+
+
+class FailedTestState(Frozen):
+    """A test-state slot that produced no valid state, with its last error."""
+
+    index: int
+    kind: str
+    detail: str
+
+
+class UnusableReply(Frozen):
+    """A tester or checker reply that could not be used (the raw reply is left out of the evidence)."""
+
+    state: int
+    round: int
+    kind: str = Field(description="Stable code, e.g. unknown_tool, bad_arguments, checker_invalid.")
+    detail: str
+
+
+class EvaluationProvenance(Frozen):
+    model: str | None
+    prompt_versions: tuple[str, ...]
+    sampling: dict[str, dict[str, int | float | None]] = Field(
+        description="Sampling parameters by role (state, tester, checker)."
+    )
+    tester_tool_choice: str
+    config_hash: str
+    builder_version: str
+
+
+class Evaluation(Frozen):
+    """The evidence behind an environment's acceptance: score, counts, coverage, every judged call."""
+
+    score: float = Field(description="(pass + warning) / judged calls.")
+    keep_score: float
+    calls_required: int
+    counts: EvaluationCounts
+    tool_coverage: float = Field(description="Share of the tools with at least one judged call.")
+    tools: dict[str, dict[str, int]] = Field(
+        description="Per tool: `calls`, and calls by case and by verdict (tallies that are zero left out)."
+    )
+    test_states: tuple[EvaluationState, ...]
+    failed_test_states: tuple[FailedTestState, ...] = ()
+    calls: tuple[JudgedCall, ...]
+    invalid_replies: tuple[UnusableReply, ...] = ()
+    usage: dict[str, int] = Field(description="Model requests and tokens the evaluation spent.")
+    provenance: EvaluationProvenance
+
+
+# --------------------------------------------------------------------------------------------- code stage
+
+
+class GateRepair(Frozen):
+    """One round of the evaluate gates' repair through the code stage: the tools that failed and what came of it."""
+
+    model_config = _KEYWORD_KEYS
+
+    round: int
+    from_: str = Field(alias="from", description="Id of the environment that failed the gates.")
+    problems: dict[str, tuple[str, ...]] = Field(description="The failing tools' errors, by tool.")
+    requests: int
+    failed: dict[str, tuple[str, ...]] | None = Field(
+        None, exclude_if=_none, description="The errors left when the regeneration did not finish, by piece."
+    )
+    to: str | None = Field(None, exclude_if=_none, description="Id of the repaired environment.")
+
+
+class Synthesis(Frozen):
+    """How an environment's code was written: model requests, regenerated pieces, automatic fixes, repairs."""
+
+    requests: int = 0
+    regenerated: dict[str, int] = Field(default_factory=dict, description="Regenerations by piece.")
+    fixes: dict[str, tuple[str, ...]] = Field(default_factory=dict, description="Automatic fix codes by piece.")
+    added_imports: tuple[str, ...] = ()
+    repairs: tuple[GateRepair, ...] = Field((), exclude_if=_empty, description="Repairs of the evaluate gates.")
+
+
+# ------------------------------------------------------------------------------------------------ scenarios
+
+
+class GoldResult(Frozen):
+    """What one gold call did when verification ran the gold sequence."""
+
+    name: str
+    ok: bool = Field(description="It succeeded: no error and no domain refusal.")
+    state_changed: bool
+    result: str = Field(description="Its result text, clipped.")
+
+
+class Ablation(Frozen):
+    """The negative control of one state-changing gold call: the gold sequence without it, graded."""
+
+    removed: int = Field(description="Index of the gold call left out.")
+    name: str
+    failing_checks: tuple[int, ...] = Field(description="Checks that fail without the call (none: it is unneeded).")
+    error: str | None = Field(None, exclude_if=_none, description="The episode broke without the call.")
+
+
+class Verification(Frozen):
+    """The evidence that a scenario's checks and gold solution agree, from its runs in the sandbox."""
+
+    verified: bool = True
+    scenario_group: str = Field(description="Shared by the scenarios of one slot (one per mode).")
+    gold: tuple[GoldResult, ...]
+    state_changing_calls: tuple[int, ...]
+    gold_state_changes: tuple[dict[str, Any], ...] = Field(
+        description="The state diff of the gold sequence: `path`, and `before` and/or `after` (at most 200)."
+    )
+    checks_on_initial: tuple[bool, ...]
+    checks_on_final: tuple[bool, ...]
+    negative_control: tuple[Ablation, ...]
+    vacuous_checks: tuple[int, ...] = Field(description="Checks that no ablation made fail.")
+    model_difficulty: Literal["easy", "medium", "hard"] = Field(description="The model's own rating of the task.")
+    state_repairs: int = Field(description="Regenerations the initial state needed.")
+    repairs: tuple[str, ...] = Field(description="The reason codes of the repair rounds, in order.")

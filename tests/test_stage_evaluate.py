@@ -42,6 +42,7 @@ from builder.stages.scenarios.state import reference_problems
 from builder.stats import StageStats
 from builder.store import Store
 from builder.tables import from_frame
+from tests.fixtures.ledger import attempt
 from tests.fixtures.run_tables import pipeline_stage
 
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"
@@ -174,23 +175,17 @@ async def test_evidence_usage_is_the_ledger_of_the_stage_and_the_client(tmp_path
 
     model = ScriptedModel(answer)
     with ResponseCache(tmp_path / "llm_cache.sqlite") as cache:
-
-        def attempt() -> tuple[StageStats, StageContext]:
-            stats = StageStats("evaluate")
-            llm = client_for(config.llm, model, model_id="m", cache=cache, on_call=stats.add_call)
-            return stats, StageContext(config, "hash", tmp_path, stats, llm=llm, open_sandbox=lambda: sandbox)
-
-        first_stats, first = attempt()
+        first = attempt("evaluate", config, model, cache, tmp_path, sandbox)
         with pytest.raises(LLMRequestError):
             await evaluate(environment("bank"), first)
         server_gone = False
-        stats, resumed = attempt()
+        resumed = attempt("evaluate", config, model, cache, tmp_path, sandbox)
         (accepted,) = await evaluate(environment("bank"), resumed)
     usage = Usage.model_validate(accepted.evaluation["usage"])
-    assert usage == stats.usage == resumed.llm.totals
-    assert usage.cached_calls == first_stats.usage.calls > 0  # what the stopped attempt paid for, replayed
+    assert usage == resumed.stats.usage == resumed.llm.totals
+    assert usage.cached_calls == first.stats.usage.calls > 0  # what the stopped attempt paid for, replayed
     assert usage.regrowths == 12 and usage.calls == 12 * 2 + 2 + 12 - usage.cached_calls  # cut + grown verdicts
-    assert usage.failed_calls == 0 and first_stats.usage.failed_calls >= 1
+    assert usage.failed_calls == 0 and first.stats.usage.failed_calls >= 1
 
 
 def test_schedule_covers_every_tool_positive_then_negative():

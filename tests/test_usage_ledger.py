@@ -19,11 +19,11 @@ from builder.llm.connect import client_for
 from builder.pipeline import LazyModel
 from builder.records import ChatMessage, Sampling, Trajectory, Usage
 from builder.run.folder import INPUT_ID, RunFolder
-from builder.run.stage import StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.rollout import rollout
 from builder.stats import StageStats, load_stats, save_stats
 from builder.tables import to_frame
+from tests.fixtures.ledger import attempt
 from tests.fixtures.run_tables import write_stage
 from tests.fixtures.scenarios import bank_scenario, environment
 
@@ -128,23 +128,17 @@ async def test_a_trajectory_counts_the_sequence_as_the_stage_and_the_client_do(t
 
     model = ScriptedModel(answer, prompt_tokens=lambda request: 100)
     with ResponseCache(tmp_path / "llm_cache.sqlite") as cache:
-
-        def attempt() -> tuple[StageStats, StageContext]:
-            stats = StageStats("rollout")
-            llm = client_for(config.llm, model, model_id="agent", cache=cache, on_call=stats.add_call)
-            return stats, StageContext(config, "hash", tmp_path, stats, llm=llm, open_sandbox=lambda: sandbox)
-
-        first_stats, first = attempt()
+        first = attempt("rollout", config, model, cache, tmp_path, sandbox, model_id="agent")
         with pytest.raises(LLMRequestError):
             await rollout(bank_scenario(), first)
-        assert first_stats.usage == Usage(calls=1, failed_calls=1, prompt_tokens=100, completion_tokens=10)
+        assert first.stats.usage == Usage(calls=1, failed_calls=1, prompt_tokens=100, completion_tokens=10)
         server_gone = False
-        stats, resumed = attempt()
+        resumed = attempt("rollout", config, model, cache, tmp_path, sandbox, model_id="agent")
         (trajectory,) = await rollout(bank_scenario(), resumed)
     assert (trajectory.end_reason, trajectory.num_turns) == ("llm_error", 3)
-    assert trajectory.usage == stats.usage == resumed.llm.totals == SEQUENCE
+    assert trajectory.usage == resumed.stats.usage == resumed.llm.totals == SEQUENCE
     # Over both attempts the run paid for each answer once: the cache hit repeats no cost.
-    assert (first_stats.usage + stats.usage).calls == len(model.requests) - 2  # the two failures got no answer
+    assert (first.stats.usage + resumed.stats.usage).calls == len(model.requests) - 2  # two got no answer
 
 
 def test_stats_json_of_an_older_builder_loads_into_the_ledger(tmp_path) -> None:

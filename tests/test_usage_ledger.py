@@ -31,8 +31,11 @@ SEQUENCE = Usage(calls=3, cached_calls=1, failed_calls=1, regrowths=1, prompt_to
 BUDGET = 1000  # the requests' completion budget; a cut reply is answered whole at twice that
 ANSWERED, CUT, WHOLE = TokenUsage(prompt_tokens=100, completion_tokens=10), TokenUsage(prompt_tokens=100,
     completion_tokens=50), TokenUsage(prompt_tokens=100, completion_tokens=80)  # fmt: skip
-REFUSED = LLMRequestError("HTTP 400: the request is wrong", status_code=400)
 LLM = ["llm.max_model_len=32768", "llm.thinking=off", "llm.max_retries=0", "llm.max_budget_growths=1"]
+
+
+def refusal() -> LLMRequestError:
+    return LLMRequestError("HTTP 400: the request is wrong", status_code=400)
 
 
 def sized(reply: Reply, usage: TokenUsage, finish_reason: str | None = None) -> Reply:
@@ -56,7 +59,7 @@ async def test_the_sequence_gives_the_same_figures_in_stats_totals_and_costs(tmp
     def answer(request: ChatRequest) -> Reply | BaseException:
         text = request.messages[-1].content
         if text == "refused":
-            return REFUSED
+            return refusal()
         if text == "long":
             return cut_or_whole(request, Reply(content="a long answer"))
         return sized(Reply(content="ok"), ANSWERED)
@@ -91,7 +94,7 @@ async def test_a_failed_regrowth_costs_the_cut_reply_and_the_failure() -> None:
     config = load_config(None, LLM)
 
     def answer(request: ChatRequest) -> Reply | BaseException:
-        return REFUSED if request.sampling.max_tokens > BUDGET else sized(Reply(content="cut"), CUT, "length")
+        return refusal() if request.sampling.max_tokens > BUDGET else sized(Reply(content="cut"), CUT, "length")
 
     stats, model = StageStats("code"), ScriptedModel(answer, prompt_tokens=lambda request: 100)
     llm = client_for(config.llm, model, model_id="m", on_call=stats.add_call)
@@ -124,7 +127,7 @@ async def test_a_trajectory_counts_the_sequence_as_the_stage_and_the_client_do(t
             return LLMRequestError("connection refused", retryable=True) if server_gone else sized(transfer, ANSWERED)
         if turn == 2:
             return cut_or_whole(request, tool_reply(("get_account", {"account_id": "acc-2"})))
-        return REFUSED
+        return refusal()
 
     model = ScriptedModel(answer, prompt_tokens=lambda request: 100)
     with ResponseCache(tmp_path / "llm_cache.sqlite") as cache:

@@ -98,14 +98,7 @@ class LazyModel:
 
     def _count(self, record: CallRecord) -> None:
         if self._stats is not None:
-            self._stats.add_llm_call(
-                record.prompt_tokens,
-                record.completion_tokens,
-                cached=record.cached,
-                ok=record.ok,
-                latency_s=record.latency_s,
-                regrowth=record.regrowth > 0,
-            )
+            self._stats.add_call(record)
 
     async def chat(self, request: ChatRequest) -> Reply:
         return await self._started().chat(request)

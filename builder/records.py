@@ -21,8 +21,11 @@ from builder import __version__
 from builder.evidence import Evaluation, Synthesis, Verification
 from builder.frozen import JSON, STORED_AS_JSON, Frozen
 from builder.sandbox.world import DEFAULT_NOW, derive_seed, parse_now
+from builder.usage import Usage
 
-SCHEMA_VERSION = 3  # 2: ChatMessage.reasoning_content, Scenario.now; 3: the selections table (was .selected)
+# 2: ChatMessage.reasoning_content, Scenario.now; 3: the selections table (was .selected); 4: `Usage` by the one
+# ledger rule (cached_calls, failed_calls and regrowths added; cache hits no longer count calls and tokens)
+SCHEMA_VERSION = 4
 
 
 def _decoded(value: Any) -> Any:
@@ -52,14 +55,6 @@ class Provenance(Frozen):
     sampling: Sampling | None = None
     prompt_version: str | None = None
     parent_ids: tuple[str, ...] = ()
-
-
-class Usage(Frozen):
-    """Model calls and tokens spent producing a record."""
-
-    calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
 
 
 class Record(Frozen):

@@ -1,7 +1,8 @@
-"""Per-stage statistics: inputs, kept, dropped by reason, model calls and tokens, wall time.
+"""Per-stage statistics: inputs, kept, dropped by reason, model usage, wall time.
 
 Counts of kept and dropped come from the stage tables (the truth after any number of resumes); model usage and
-wall time accumulate over every attempt, since a resumed run really did spend them.
+wall time accumulate over every attempt, since a resumed run really did spend them. Usage follows the one ledger
+rule of `usage.Usage`, so a cache hit of a resumed attempt adds no cost twice.
 """
 
 from __future__ import annotations
@@ -11,7 +12,19 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from builder.llm.base import CallRecord
+from builder.usage import Usage
+
 DERIVED = ("tokens_per_kept", "yield", "per_kept")  # keys of `to_json` computed from the counters, not state
+# stats.json before the one ledger: flat counters, where `llm_calls` also counted the failed requests.
+_FLAT_USAGE = {
+    "llm_calls": "calls",
+    "llm_cache_hits": "cached_calls",
+    "llm_failures": "failed_calls",
+    "llm_regrowths": "regrowths",
+    "prompt_tokens": "prompt_tokens",
+    "completion_tokens": "completion_tokens",
+}
 
 
 @dataclass
@@ -23,13 +36,8 @@ class StageStats:
     resumed: int = 0
     kept: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
-    llm_calls: int = 0
-    llm_cache_hits: int = 0
-    llm_failures: int = 0
-    llm_latency_s: float = 0.0
-    llm_regrowths: int = 0  # calls that asked again with a grown budget after a reply was cut (see LLMClient)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    usage: Usage = Usage()
+    llm_latency_s: float = 0.0  # wall time of the requests sent to the server (cache hits take none)
     wall_s: float = 0.0
     report: dict = field(default_factory=dict)  # a stage's own summary (e.g. select's rates and decontamination)
 
@@ -37,46 +45,31 @@ class StageStats:
     def dropped_total(self) -> int:
         return sum(self.dropped.values())
 
-    def add_llm_call(
-        self,
-        prompt_tokens: int,
-        completion_tokens: int,
-        *,
-        cached: bool = False,
-        ok: bool = True,
-        latency_s: float = 0,
-        regrowth: bool = False,
-    ) -> None:
-        """Count one model call; cached calls cost no tokens, so they are counted apart. `regrowth`: the call
-        repeated a cut request with a larger completion budget."""
-        if cached:
-            self.llm_cache_hits += 1
-            return
-        self.llm_calls += 1
-        self.llm_failures += not ok
-        self.llm_regrowths += regrowth
-        self.llm_latency_s += latency_s
-        self.prompt_tokens += prompt_tokens
-        self.completion_tokens += completion_tokens
+    def add_call(self, record: CallRecord) -> None:
+        """Count one request the client reports; usable directly as its `on_call` observer."""
+        self.usage += record.usage
+        if not record.cached:
+            self.llm_latency_s += record.latency_s
 
     @property
     def tokens_per_kept(self) -> float | None:
         """Model tokens (prompt + completion) spent per kept output: the cost of one accepted record."""
-        return (self.prompt_tokens + self.completion_tokens) / self.kept if self.kept else None
+        return self.usage.tokens / self.kept if self.kept else None
 
     def to_json(self) -> dict:
         """The counters plus derived figures: `tokens_per_kept`, `yield` (kept / (kept + dropped)) and `per_kept`
         (model calls, tokens and wall seconds per kept record; None while nothing is kept)."""
         data = asdict(self)
         data["dropped"] = dict(sorted(self.dropped.items()))
+        data["usage"] = self.usage.model_dump()
         data["tokens_per_kept"] = self.tokens_per_kept
         decided = self.kept + self.dropped_total
         data["yield"] = round(self.kept / decided, 4) if decided else None
         data["per_kept"] = (
             {
-                "llm_calls": round(self.llm_calls / self.kept, 2),
-                "prompt_tokens": round(self.prompt_tokens / self.kept, 1),
-                "completion_tokens": round(self.completion_tokens / self.kept, 1),
+                "calls": round(self.usage.calls / self.kept, 2),
+                "prompt_tokens": round(self.usage.prompt_tokens / self.kept, 1),
+                "completion_tokens": round(self.usage.completion_tokens / self.kept, 1),
                 "wall_s": round(self.wall_s / self.kept, 3),
             }
             if self.kept
@@ -86,7 +79,12 @@ class StageStats:
 
     @classmethod
     def from_json(cls, data: dict) -> StageStats:
+        """A stage's entry of stats.json, also as builders before the one ledger wrote it (flat counters)."""
         data = {key: value for key, value in data.items() if key not in DERIVED}
+        flat = {_FLAT_USAGE[key]: data.pop(key) for key in list(data) if key in _FLAT_USAGE}
+        if flat:
+            flat["calls"] = flat.get("calls", 0) - flat.get("failed_calls", 0)
+        data["usage"] = Usage.model_validate(data.get("usage", flat))
         data["dropped"] = Counter(data.get("dropped", {}))
         return cls(**data)
 
@@ -108,7 +106,9 @@ def save_stats(path: Path, stages: dict[str, StageStats], extra: dict | None = N
 
 def render_table(stages: dict[str, StageStats]) -> str:
     """A plain-text table, one row per stage, for the end of a run and `builder stats`."""
-    header = ("stage", "in", "kept", "dropped", "llm calls", "cache hits", "tokens in/out", "wall s", "drop reasons")
+    header = (
+        "stage", "in", "kept", "dropped", "llm calls", "cached", "failed", "tokens in/out", "wall s", "drop reasons",
+    )  # fmt: skip
     rows = [header]
     for stats in stages.values():
         reasons = ", ".join(f"{reason}={count}" for reason, count in sorted(stats.dropped.items()))
@@ -118,9 +118,10 @@ def render_table(stages: dict[str, StageStats]) -> str:
                 str(stats.inputs),
                 str(stats.kept),
                 str(stats.dropped_total),
-                str(stats.llm_calls),
-                str(stats.llm_cache_hits),
-                f"{stats.prompt_tokens}/{stats.completion_tokens}",
+                str(stats.usage.calls),
+                str(stats.usage.cached_calls),
+                str(stats.usage.failed_calls),
+                f"{stats.usage.prompt_tokens}/{stats.usage.completion_tokens}",
                 f"{stats.wall_s:.1f}",
                 reasons or "-",
             )

@@ -185,21 +185,25 @@ class Store:
 
 def _upgraded(record_type: type[Record], frame: pl.DataFrame, expected: pl.Schema) -> pl.DataFrame:
     """`frame` as an older builder wrote it, brought to `expected` where nothing can be lost: columns added since
-    whose field defaults to None (e.g. `Scenario.now`) are filled with nulls, and struct fields added since
-    (e.g. `reasoning_content` in `messages`) with nulls inside. Anything else that differs is left as it is, for
+    whose field defaults to None (e.g. `Scenario.now`) and struct fields added since (e.g. `reasoning_content` in
+    `messages`, `cached_calls` in `usage`) take their defaults. Anything else that differs is left as it is, for
     the caller to report."""
+    if frame.schema == expected:
+        return frame
     fields = record_type.model_fields
     missing = [name for name in expected if name not in frame.columns]
     if not all(name in fields and fields[name].default is None for name in missing):
         return frame
-    frame = frame.with_columns(pl.lit(None, dtype=expected[name]).alias(name) for name in missing)
     for name, dtype in frame.schema.items():
-        if name in expected and dtype != expected[name]:
-            if not _widens(dtype, expected[name]):
-                return frame
-            # By value, not `cast`: polars casts a struct nested in a list by field position.
-            frame = frame.with_columns(pl.Series(name, frame[name].to_list(), dtype=expected[name]))
-    return frame.select([name for name in expected if name in frame.columns])
+        if name in expected and dtype != expected[name] and not _widens(dtype, expected[name]):
+            return frame
+    # Through the records, not `cast`: polars casts a struct nested in a list by field position, and fills a
+    # struct field it lacks with null where the record has a default (a count an older builder did not keep: 0).
+    try:
+        records = from_frame(record_type, frame.select([name for name in expected if name in frame.columns]))
+    except ValueError:  # a row that no longer validates: damage, for the caller to report
+        return frame
+    return to_frame(record_type, records)
 
 
 def _widens(old: pl.DataType, new: pl.DataType) -> bool:

@@ -17,6 +17,7 @@ from builder.publish.columns import COLUMN_DOCS
 from builder.publish.export import CONFIG_SPLITS, build_tables, features_of, is_rl_environment, write_tables
 from builder.publish.publish import export_release
 from builder.publish.release import PublishError
+from builder.usage import Usage
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from release_store import fill_store  # noqa: E402
@@ -182,7 +183,8 @@ def test_card_has_every_section_and_its_plots_exist(release_config, tmp_path):
 def test_card_shows_the_run_stats_when_given(release_config, tmp_path):
     from builder.stats import StageStats, save_stats
 
-    stats = StageStats(stage="evaluate", inputs=10, kept=7, prompt_tokens=1000, completion_tokens=200, llm_calls=5)
+    usage = Usage(calls=5, cached_calls=3, failed_calls=1, prompt_tokens=1000, completion_tokens=200)
+    stats = StageStats(stage="evaluate", inputs=10, kept=7, usage=usage)
     stats.dropped.update({"gold_fails": 2, "timeout": 1})
     save_stats(tmp_path / "stats.json", {"evaluate": stats})
     out = tmp_path / "release" / "0.1.0"
@@ -190,6 +192,7 @@ def test_card_shows_the_run_stats_when_given(release_config, tmp_path):
     card = (out / "README.md").read_text()
     assert "| evaluate | 10 | 7 | 3 | gold_fails: 2, timeout: 1 |" in card
     assert "5 model calls: 1,000 prompt and 200 completion tokens" in card
+    assert "3 more were answered from its response cache and cost nothing, and 1 failed" in card
 
 
 def test_empty_splits_are_left_out_of_the_card_and_the_rest_loads(release_config, tmp_path):

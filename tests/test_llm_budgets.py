@@ -253,8 +253,8 @@ async def test_regrowths_are_counted_in_the_stage_stats() -> None:
     lazy = LazyModel(config.llm, lambda on_call: client_for(config.llm, model, model_id="m", on_call=on_call))
     stats = StageStats("code")
     await lazy.for_stage(stats).chat(ChatRequest(messages=USER, sampling=Sampling(max_tokens=2000)))
-    assert stats.llm_calls == 2 and stats.llm_regrowths == 1
-    assert stats.to_json()["llm_regrowths"] == 1 and StageStats.from_json(stats.to_json()).llm_regrowths == 1
+    assert stats.usage.calls == 2 and stats.usage.regrowths == 1
+    assert stats.to_json()["usage"]["regrowths"] == 1 and StageStats.from_json(stats.to_json()).usage.regrowths == 1
 
 
 # --------------------------------------------------------------------------------------- <think> in content

@@ -20,7 +20,6 @@ from builder.llm import (
     ScriptedModel,
     StructuredOutputError,
     TransientLLMError,
-    UsageTotals,
     check_tool_calls,
     estimate_gpu_hours,
     function_tool,
@@ -29,6 +28,7 @@ from builder.llm import (
 )
 from builder.llm.client import backoff_delay
 from builder.records import ChatMessage, Sampling
+from builder.usage import Usage
 
 
 class Verdict(BaseModel):
@@ -171,13 +171,18 @@ async def test_cache_hit_on_rerun_and_sample_index_separates(tmp_path: Path) -> 
         first = await client.chat(ChatRequest(messages=USER))
         again = await client.chat(ChatRequest(messages=USER))
         other = await client.chat(ChatRequest(messages=USER, sample_index=1))
-        assert first == again and other != first
+        assert first.model_copy(update={"cost": again.cost}) == again and other.content != first.content
+        # The hit replays the reply (its usage: what the conversation holds) but costs nothing in this run.
+        assert first.cost == Usage(calls=1, prompt_tokens=first.usage.prompt_tokens,
+                                   completion_tokens=first.usage.completion_tokens)  # fmt: skip
+        assert again.usage == first.usage and again.cost == Usage(cached_calls=1)
+        assert client.totals == first.cost + again.cost + other.cost
         assert len(model.requests) == 2
         assert [r.cached for r in records] == [False, True, False]
         assert cache.stats() == {"cache_hits": 1, "cache_misses": 2}
     with ResponseCache(tmp_path / "cache.sqlite") as reopened:  # a new run reuses the file
         client, records, _ = make_client(model, cache=reopened)
-        assert await client.chat(ChatRequest(messages=USER)) == first
+        assert (await client.chat(ChatRequest(messages=USER))).content == first.content
         assert records[0].cached and records[0].attempts == 0
 
 
@@ -277,19 +282,21 @@ def test_client_works_across_event_loops() -> None:
         asyncio.run(three_calls())
 
 
-def test_usage_totals_and_gpu_hours() -> None:
-    totals = UsageTotals()
-    totals.add(CallRecord(model="m", key="k", prompt_tokens=10, completion_tokens=20, latency_s=1.0))
-    totals.add(CallRecord(model="m", key="k", prompt_tokens=10, completion_tokens=20, cached=True))
-    totals.add(CallRecord(model="m", key="k", ok=False, error="x"))
-    assert totals.as_dict() == {
-        "calls": 3,
+def test_call_records_in_the_ledger_and_gpu_hours() -> None:
+    answered = CallRecord(model="m", key="k", prompt_tokens=10, completion_tokens=20, latency_s=1.0)
+    cached = CallRecord(model="m", key="k", prompt_tokens=10, completion_tokens=20, cached=True)
+    regrown = CallRecord(model="m", key="k", prompt_tokens=10, completion_tokens=40, regrowth=1)
+    failed = CallRecord(model="m", key="k", ok=False, error="x", regrowth=2)
+    total = sum((record.usage for record in (answered, cached, regrown, failed)), Usage())
+    assert total.model_dump() == {
+        "calls": 2,  # answered by the server: the cache hit and the failure are counted apart
         "cached_calls": 1,
         "failed_calls": 1,
-        "prompt_tokens": 10,
-        "completion_tokens": 20,
-        "latency_s": 1.0,
+        "regrowths": 2,
+        "prompt_tokens": 20,  # the cache hit's tokens were spent by the attempt that asked first
+        "completion_tokens": 60,
     }
+    assert total.tokens == 80 and Usage() + total == total
     assert estimate_gpu_hours(3_600_000, 1000.0) == 1.0
     assert estimate_gpu_hours(3_600_000, 1000.0, num_gpus=2) == 2.0
     with pytest.raises(ValueError):

@@ -20,6 +20,7 @@ from builder.pipeline import STAGES
 from builder.publish.export import CONFIG_SPLITS, is_rl_environment
 from builder.stats import load_stats
 from builder.store import Store
+from builder.usage import Usage
 from tests.fixtures.teacher import CHECKS, GOLD, SEEDS, TASK, teacher
 
 # The two environments' ids are hashes of their code, fixed by the fixtures; at this fraction one falls into
@@ -98,15 +99,19 @@ def test_seeds_to_release_candidate_and_resumed_runs_change_nothing(tmp_path, mo
     for name, stage in stats.items():
         assert stage.kept > 0 and stage.to_json()["yield"] > 0, (name, stage.to_json())
     assert dict(stats["collect"].dropped) == {"media": 1}
+    # No rollout replayed another's reply from the cache, so each trajectory's usage is the calls it paid for.
+    usage = [Usage.model_validate(row) for row in pl.read_parquet(root / "run" / "rollout.parquet")["usage"]]
+    assert all(item.calls > 0 and item.cached_calls == 0 for item in usage)
+    assert sum(usage, Usage()) == stats["rollout"].usage
     assert dict(stats["mine"].dropped) == {"not_stateful": 1}
     assert [stats[name].kept for name in ("mine", "dedupe", "plan", "code", "evaluate")] == [2, 2, 2, 2, 2]
     assert stats["scenarios"].kept == 4  # one verified scenario per environment, in both modes
     assert stats["rollout"].kept == 8  # two samples of each
     assert dict(stats["select"].dropped) == {"not_solved": 2}  # the train environment's wrong-due-date samples
     for name in ("mine", "plan", "code", "evaluate", "scenarios", "rollout"):
-        assert stats[name].llm_calls > 0 and stats[name].prompt_tokens > 0, name
-    assert stats["collect"].llm_calls == stats["dedupe"].llm_calls == stats["select"].llm_calls == 0
-    assert sum(stage.llm_calls for stage in stats.values()) == len(model.requests)
+        assert stats[name].usage.calls > 0 and stats[name].usage.prompt_tokens > 0, name
+    assert stats["collect"].usage.calls == stats["dedupe"].usage.calls == stats["select"].usage.calls == 0
+    assert sum(stage.usage.calls for stage in stats.values()) == len(model.requests)
 
     # The store: accepted environments with the dual-agent evidence, one in each split.
     store = Store(root / "store")
@@ -183,8 +188,8 @@ def test_seeds_to_release_candidate_and_resumed_runs_change_nothing(tmp_path, mo
     assert run(tmp_path, "main") == 0
     assert len(model.requests) == calls
     again = load_stats(root / "run" / "stats.json")
-    assert {name: (s.llm_calls, s.llm_cache_hits) for name, s in again.items()} == {
-        name: (s.llm_calls, s.llm_cache_hits) for name, s in stats.items()
+    assert {name: (s.usage.calls, s.usage.cached_calls) for name, s in again.items()} == {
+        name: (s.usage.calls, s.usage.cached_calls) for name, s in stats.items()
     }
     assert_same(run_outputs(root), before)
     assert json.loads((release / "release.json").read_text())["data_sha256"] == manifest["data_sha256"]

@@ -271,7 +271,7 @@ async def test_ask_json_shows_only_the_latest_reply_and_asks_each_attempt_as_a_n
     assert [r.sampling.seed for r in model.requests] == [SEED, SEED + 1, SEED + 2, SEED + 3]
     last = model.requests[-1].messages
     assert last[:2] == tuple(messages) and '"22:00"' in last[2].content and "opens at 22:00" in last[3].content
-    assert team.meter.requests == 4
+    assert team.usage.calls == 4
 
 
 async def test_ask_json_gives_up_with_the_last_raw_reply():

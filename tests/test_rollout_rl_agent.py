@@ -300,7 +300,7 @@ async def test_pipeline_uses_the_rl_agent_url_for_rl_environments(tmp_path):
     by_env = dict(trajectories.group_by("env_id").agg(pl.col("model").unique().sort()).iter_rows())
     assert by_env == {environment("bank").id: ["local"], environment("library").id: ["policy-1.7b"]}
     assert stats["rollout"].report["by_model"]["policy-1.7b"]["rl"]["pass_rate"] == 0.5
-    assert stats["rollout"].llm_calls == len(teacher.requests) + len(policy.requests)
+    assert stats["rollout"].usage.calls == len(teacher.requests) + len(policy.requests)
     assert not (tmp_path / "run" / RL_AGENT_SERVER_LOG).exists()
 
 

@@ -66,7 +66,7 @@ async def test_stages_write_kept_and_rejected_tables(tmp_path, monkeypatch):
     assert stats["topics"].inputs == 20
     assert stats["topics"].kept == 15
     assert dict(stats["topics"].dropped) == {"too_round": 4, "exception:ValueError": 1}
-    assert stats["topics"].llm_calls == 20 and stats["topics"].prompt_tokens == 200
+    assert stats["topics"].usage.calls == 20 and stats["topics"].usage.prompt_tokens == 200
     saved = json.loads((run / "stats.json").read_text())
     assert saved["stages"]["topics"]["dropped"] == {"exception:ValueError": 1, "too_round": 4}
     assert saved["stages"]["topics"]["wall_s"] > 0
@@ -94,7 +94,7 @@ async def test_rerun_skips_everything_done(tmp_path, monkeypatch):
     stats = await run_stages(toy_pipeline.STAGES, BuildConfig(), tmp_path / "run")
     assert calls_per_input(tmp_path / "calls") == before  # no input processed twice
     assert stats["topics"].resumed == 20 and stats["topics"].kept == 15
-    assert stats["topics"].llm_calls == 20  # usage accumulates over attempts, nothing new was spent
+    assert stats["topics"].usage.calls == 20  # usage accumulates over attempts, nothing new was spent
     assert (tmp_path / "run" / "topics.parquet").read_bytes() == first  # byte-identical
 
 
@@ -186,7 +186,7 @@ def test_signal_stops_cleanly_and_resumes(tmp_path, signum):
     assert process.returncode == 128 + signum, err
     assert "rerun the same command to resume" in err
     stats = json.loads((run / "stats.json").read_text())
-    assert stats["stages"]["topics"]["llm_calls"] >= 3  # work done before the stop is accounted
+    assert stats["stages"]["topics"]["usage"]["calls"] >= 3  # work done before the stop is accounted
     process = start(run, calls, delay=0.0)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
@@ -200,7 +200,8 @@ async def test_run_totals_and_gpu_hour_estimate(tmp_path, monkeypatch):
     config = load_config(None, ["llm.server_tok_s=50"])
     await run_stages(toy_pipeline.STAGES, config, tmp_path / "run")
     saved = json.loads((tmp_path / "run" / "stats.json").read_text())
-    assert saved["completion_tokens"] == 100 and saved["prompt_tokens"] == 200 and saved["llm_calls"] == 20
+    assert saved["usage"]["completion_tokens"] == 100 and saved["usage"]["prompt_tokens"] == 200
+    assert saved["usage"]["calls"] == 20
     assert saved["gpu_hours_estimate"] == pytest.approx(100 / 50 / 3600)
     without = tmp_path / "run2"
     await run_stages(toy_pipeline.STAGES, BuildConfig(), without)

@@ -11,7 +11,15 @@ from builder.envs.lint import Problem
 from builder.envs.probe import ToolProblem
 from builder.envs.schema import inspect_source
 from builder.envs.state_schema import generated_state_schema
-from builder.llm import ChatRequest, LLMRequestError, PromptTooLongError, ScriptedModel, tool_reply
+from builder.llm import (
+    ChatRequest,
+    LLMRequestError,
+    PromptTooLongError,
+    ResponseCache,
+    ScriptedModel,
+    text_reply,
+    tool_reply,
+)
 from builder.llm.connect import client_for
 from builder.records import Environment, EnvPlan, Rejection, Topic
 from builder.run.executor import run_stages
@@ -34,6 +42,8 @@ from builder.stages.scenarios.state import reference_problems
 from builder.stats import StageStats
 from builder.store import Store
 from builder.tables import from_frame, to_row
+from builder.usage import Usage
+from tests.fixtures.ledger import attempt
 from tests.fixtures.run_tables import pipeline_stage
 
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"
@@ -135,7 +145,7 @@ async def test_good_environment_is_accepted_with_evidence(tmp_path, sandbox):
     assert sum(counts.get("negative", 0) for counts in evidence.tools.values()) == 4
     transfer = next(c for c in evidence.calls if c.tool == "transfer")
     assert transfer.judge == "checker" and "acc-7.balance" in transfer.changes
-    assert evidence.usage["requests"] == 2 + 12 + 12  # states, tester calls, checker verdicts
+    assert evidence.usage["calls"] == 2 + 12 + 12  # states, tester calls, checker verdicts
     assert evidence.provenance.prompt_versions[0].startswith("evaluate_state@")
     stored = json.loads(to_row(accepted)["evaluation"])  # the keys, in the order the untyped evidence had them
     assert list(stored) == [
@@ -157,6 +167,36 @@ async def test_good_environment_is_accepted_with_evidence(tmp_path, sandbox):
     )
     assert "reports failure and the state is unchanged" in refused.messages[1].content
     assert accepted.id == env.id and accepted.evaluation.score == 1.0
+
+
+async def test_evidence_usage_is_the_ledger_of_the_stage_and_the_client(tmp_path, sandbox):
+    """An attempt stopped when the server went away at the first verdict, then the resumed attempt: the states and
+    tester calls asked before come from the cache, and every verdict is cut once and asked again grown."""
+    llm = ["llm.max_model_len=32768", "llm.thinking=off", "llm.max_retries=0", "llm.max_budget_growths=1"]
+    config = load_config(None, [f"store.path={tmp_path / 'store'}", *llm], profile="cpu")
+    budget, base, server_gone = config.evaluate.checker_max_tokens, scripted(), True
+
+    def answer(request: ChatRequest):
+        if kind(request) == "CheckerVerdict":
+            if server_gone:
+                return LLMRequestError("connection refused", retryable=True)
+            if request.sampling.max_tokens <= budget:
+                return text_reply('{"analysis": "as docu', finish_reason="length")
+        return base.script(request)
+
+    model = ScriptedModel(answer)
+    with ResponseCache(tmp_path / "llm_cache.sqlite") as cache:
+        first = attempt("evaluate", config, model, cache, tmp_path, sandbox)
+        with pytest.raises(LLMRequestError):
+            await evaluate(environment("bank"), first)
+        server_gone = False
+        resumed = attempt("evaluate", config, model, cache, tmp_path, sandbox)
+        (accepted,) = await evaluate(environment("bank"), resumed)
+    usage = Usage.model_validate(accepted.evaluation.usage)
+    assert usage == resumed.stats.usage == resumed.llm.totals
+    assert usage.cached_calls == first.stats.usage.calls > 0  # what the stopped attempt paid for, replayed
+    assert usage.regrowths == 12 and usage.calls == 12 * 2 + 2 + 12 - usage.cached_calls  # cut + grown verdicts
+    assert usage.failed_calls == 0 and first.stats.usage.failed_calls >= 1
 
 
 def test_schedule_covers_every_tool_positive_then_negative():

@@ -173,8 +173,8 @@ async def test_pipeline_collect_mine_dedupe_with_scripted_model(tmp_path):
     stats = await run_stages(STAGES, config, tmp_path / "run", llm=lazy.for_stage, until="dedupe")
     assert stats["collect"].kept == 3 and dict(stats["collect"].dropped) == {"media": 1}
     assert stats["mine"].kept == 2 and dict(stats["mine"].dropped) == {"not_stateful": 1}
-    assert stats["mine"].llm_calls == 5 and stats["mine"].prompt_tokens > 0
-    assert stats["collect"].llm_calls == 0
+    assert stats["mine"].usage.calls == 5 and stats["mine"].usage.prompt_tokens > 0
+    assert stats["collect"].usage.calls == 0
     assert sorted(pl.read_parquet(tmp_path / "run" / "dedupe.parquet")["name"]) == ["hotel_booking", "library_loans"]
     # A rerun answers from nothing: the stage tables say everything is done.
     calls = len(model.requests)

@@ -395,21 +395,23 @@ async def test_stage_in_the_runner_counts_yield_cost_and_duplicates(tmp_path, sa
         stages, config, tmp_path / "run",
         llm=lambda stage_stats: client_for(
             config.llm, model, model_id="m",
-            on_call=lambda call: stage_stats.add_llm_call(call.prompt_tokens, call.completion_tokens),
+            on_call=stage_stats.add_call,
         ),
         sandbox=lambda: sandbox,
     )  # fmt: skip
     # The scripted model answers both slots alike: the second is the same scenario, so it is a duplicate.
     assert stats["scenarios"].kept == 2 and dict(stats["scenarios"].dropped) == {"duplicate": 1, "not_accepted": 1}
     saved = json.loads((tmp_path / "run" / "stats.json").read_text())["stages"]["scenarios"]
-    assert saved["yield"] == 0.5 and saved["per_kept"]["llm_calls"] > 0
+    assert saved["yield"] == 0.5 and saved["per_kept"]["calls"] > 0
     # One verified slot (emitted in two modes): the whole stage's cost is that slot's cost.
     report = saved["report"]
     assert report["verified_slots"] == 1
     assert (
-        report["per_verified_slot"]["prompt_tokens"] == saved["prompt_tokens"] == 2 * saved["per_kept"]["prompt_tokens"]
+        report["per_verified_slot"]["prompt_tokens"]
+        == saved["usage"]["prompt_tokens"]
+        == 2 * saved["per_kept"]["prompt_tokens"]
     )
-    assert report["per_verified_slot"]["llm_calls"] == saved["llm_calls"]
+    assert report["per_verified_slot"]["calls"] == saved["usage"]["calls"]
     rejected = pl.read_parquet(tmp_path / "run" / "scenarios.rejected.parquet")
     assert sorted(rejected["reason"]) == ["duplicate", "not_accepted"]
     assert len(Store(tmp_path / "store").scenarios()) == 2

@@ -12,6 +12,7 @@ from builder.errors import StoreError
 from builder.records import SCHEMA_VERSION, ChatMessage, Environment, Provenance, Sampling, Scenario, Trajectory
 from builder.store import Store
 from builder.tables import to_frame
+from builder.usage import Usage
 from tests.fixtures.scenarios import PROVENANCE, bank_scenario, verification
 
 
@@ -200,6 +201,15 @@ def test_tables_of_an_older_builder_read_with_the_columns_added_and_retired_sinc
     trajectory_row.with_columns(pl.col("messages").cast(older_messages)).write_parquet(store.path("trajectories"))
     (read,) = store.trajectories()
     assert read.messages == trajectory().messages and all(m.reasoning_content is None for m in read.messages)
+    # Schema 3's usage had calls and tokens only: the counts added since read as 0, also in the frame exports use.
+    counted = trajectory().model_copy(update={"usage": Usage(calls=2, prompt_tokens=30, completion_tokens=4)})
+    kept = [pl.col("usage").struct.field(name) for name in ("calls", "prompt_tokens", "completion_tokens")]
+    to_frame(Trajectory, [counted]).with_columns(pl.struct(kept).alias("usage")).write_parquet(
+        store.path("trajectories")
+    )
+    assert store.trajectories() == [counted]
+    usage = store.read_frame("trajectories")["usage"].to_list()
+    assert usage == [{**Usage().model_dump(), "calls": 2, "prompt_tokens": 30, "completion_tokens": 4}]
     # A column that disappeared is not papered over: the table is reported, not guessed at.
     old.drop("task").write_parquet(store.path("scenarios"))
     with pytest.raises(StoreError, match="damaged"):

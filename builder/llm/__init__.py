@@ -1,7 +1,7 @@
 """The model layer: one async chat interface, its OpenAI-compatible backend, the managed vLLM server, the
 response cache, usage accounting and a scripted model for tests. See docs/llm.md."""
 
-from builder.llm.accounting import UsageTotals, estimate_gpu_hours
+from builder.llm.accounting import estimate_gpu_hours
 from builder.llm.base import CallRecord, ChatModel, ChatRequest, Reply, StageModel, TokenUsage
 from builder.llm.cache import ResponseCache
 from builder.llm.client import LLMClient
@@ -43,7 +43,6 @@ __all__ = [
     "StructuredOutputError",
     "TokenUsage",
     "TransientLLMError",
-    "UsageTotals",
     "VLLMServer",
     "check_tool_call",
     "check_tool_calls",

@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from builder.records import ChatMessage, Sampling, ToolCall
+from builder.usage import Usage
 
 # Bump when the meaning of a cached reply changes, so old cache rows are never reused.
 CACHE_KEY_VERSION = 1
@@ -83,7 +84,10 @@ class Reply(_Frozen):
     """What a model answered.
 
     `content` never contains reasoning: `<think>…</think>` blocks and a server's separate reasoning field end
-    up in `reasoning`. `finish_reason` is the server's ("stop", "length", "tool_calls", …).
+    up in `reasoning`. `finish_reason` is the server's ("stop", "length", "tool_calls", …). `usage` is the
+    reply's own size as the server counted it (also for a reply from the cache: what the conversation holds);
+    `cost` is what getting it took in this run by the ledger rule of `usage.Usage`, set by `LLMClient`
+    (every request of the call, cut replies asked again included; a cache hit is `cached_calls=1`).
     """
 
     content: str | None = None
@@ -91,6 +95,7 @@ class Reply(_Frozen):
     tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: str = "stop"
     usage: TokenUsage = TokenUsage()
+    cost: Usage = Usage()
 
     def message(self) -> ChatMessage:
         """The assistant message to append to the conversation, reasoning kept as `reasoning_content` for the
@@ -101,10 +106,10 @@ class Reply(_Frozen):
 
 
 class CallRecord(_Frozen):
-    """One client call, reported to the `on_call` observer.
+    """One request of a client call (a grown re-ask of a cut reply is another), reported to `on_call`.
 
     Tokens are the reply's usage even when `cached` is true (then nothing was spent in this run); a failed
-    call (`ok` false) has zero tokens and the error message.
+    request (`ok` false) has zero tokens and the error message. `usage` is its entry in the ledger.
     """
 
     model: str
@@ -120,6 +125,19 @@ class CallRecord(_Frozen):
     regrowth: int = Field(
         0, description="How often the request's completion budget had been grown after cut replies (0: as asked)."
     )
+
+    @property
+    def usage(self) -> Usage:
+        """This request in the ledger, by the rule of `usage.Usage`: a cache hit counts as nothing but a cached
+        call, a failure spends no tokens."""
+        if self.cached:
+            return Usage(cached_calls=1)
+        regrowths = int(self.regrowth > 0)
+        if not self.ok:
+            return Usage(failed_calls=1, regrowths=regrowths)
+        return Usage(
+            calls=1, regrowths=regrowths, prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens
+        )
 
 
 # `ChatRequest.tool_choice` values that are not tool names.

@@ -19,13 +19,13 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from builder.llm.accounting import UsageTotals
 from builder.llm.base import TOOL_CHOICE_KEYWORDS, CallRecord, ChatModel, ChatRequest, Reply
 from builder.llm.cache import ResponseCache
 from builder.llm.errors import LLMError, LLMRequestError, PromptTooLongError, StructuredOutputError, TransientLLMError
 from builder.llm.parsing import parse_structured, response_format, split_reasoning, tool_names, with_strict
 from builder.llm.reask import NoUsableReply, Refusal, reask
 from builder.records import ChatMessage, Sampling
+from builder.usage import Usage
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,9 @@ class LLMClient:
     fitted into the context, a response-cache lookup, at most `max_concurrency` backend requests in flight, a
     hard `request_timeout_s` per attempt, retries with backoff on `TransientLLMError` and timeouts (never on
     `LLMRequestError`), reasoning split off the content, a cut reply asked again with a larger budget, and one
-    `CallRecord` to `on_call` (and to `totals`) per request, also for cache hits and failures.
+    `CallRecord` to `on_call` per request, also for cache hits and failures. Usage follows the one ledger rule
+    of `usage.Usage`: `totals` sums every request, a reply's `cost` (a failure's `LLMError.cost`) those of
+    its call.
 
     Budgets: the prompt is measured (the backend's `count_prompt_tokens`, else a conservative estimate) and
     `max_tokens` is capped at `context_tokens - prompt - CONTEXT_MARGIN_TOKENS`, so no request is sent whose
@@ -120,7 +122,7 @@ class LLMClient:
         self.structured_retries = structured_retries
         self.backoff_base_s = backoff_base_s
         self.backoff_cap_s = backoff_cap_s
-        self.totals = UsageTotals()
+        self.totals = Usage()  # every request of this client, by the ledger rule
         self._sleep = sleep
         self._rng = rng
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -141,13 +143,19 @@ class LLMClient:
         prompt_tokens = await self._prompt_tokens(request)
         request = self._fitted(request, prompt_tokens)
         reply = await self._answer(request, regrowth=0)
+        cost = reply.cost
         for growth in range(1, self.max_budget_growths + 1):
             if reply.finish_reason != "length" or (larger := self._grown(request, prompt_tokens)) is None:
                 break
             # A distinct request (its budget is part of the cache key), so a rerun replays both replies.
             request = larger
-            reply = await self._answer(request, regrowth=growth)
-        return reply
+            try:
+                reply = await self._answer(request, regrowth=growth)
+            except LLMError as error:
+                error.cost = cost + error.cost  # the cut replies before it were paid for too
+                raise
+            cost += reply.cost
+        return reply.model_copy(update={"cost": cost})
 
     async def structured(
         self,
@@ -264,23 +272,25 @@ class LLMClient:
         return _with_budget(request, larger) if larger > current else None
 
     async def _answer(self, request: ChatRequest, *, regrowth: int) -> Reply:
-        """One request as it is: from the cache, or sent (with retries), split, cached and reported."""
+        """One request as it is: from the cache, or sent (with retries), split, cached and reported; the reply's
+        (or the error's) `cost` is this request's usage."""
         key = request.cache_key(self.model_id)
         start = time.perf_counter()
         if self.cache is not None and (hit := self.cache.get(key)) is not None:
-            self._report(key, hit, start, cached=True, attempts=0, regrowth=regrowth)
-            return hit
+            record = self._report(key, hit, start, cached=True, attempts=0, regrowth=regrowth)
+            return hit.model_copy(update={"cost": record.usage})
         try:
             raw, attempts = await self._call_with_retries(request)
         except LLMError as error:
-            self._report_failure(key, start, error, regrowth=regrowth)
+            error.cost = self._report_failure(key, start, error, regrowth=regrowth).usage
             raise
         content, reasoning = split_reasoning(raw.content, raw.reasoning)
-        reply = raw.model_copy(update={"content": content, "reasoning": reasoning})
+        # The cache keeps the answer, not what it cost: a later hit costs nothing.
+        reply = raw.model_copy(update={"content": content, "reasoning": reasoning, "cost": Usage()})
         if self.cache is not None:
             self.cache.put(key, reply)
-        self._report(key, reply, start, cached=False, attempts=attempts, regrowth=regrowth)
-        return reply
+        record = self._report(key, reply, start, cached=False, attempts=attempts, regrowth=regrowth)
+        return reply.model_copy(update={"cost": record.usage})
 
     async def _call_with_retries(self, request: ChatRequest) -> tuple[Reply, int]:
         last: BaseException | None = None
@@ -306,7 +316,9 @@ class LLMClient:
             self._loop, self._semaphore = loop, asyncio.Semaphore(self.max_concurrency)
         return self._semaphore
 
-    def _report(self, key: str, reply: Reply, start: float, *, cached: bool, attempts: int, regrowth: int) -> None:
+    def _report(
+        self, key: str, reply: Reply, start: float, *, cached: bool, attempts: int, regrowth: int
+    ) -> CallRecord:
         record = CallRecord(
             model=self.model_id,
             key=key,
@@ -319,16 +331,18 @@ class LLMClient:
             regrowth=regrowth,
         )
         self._emit(record)
+        return record
 
-    def _report_failure(self, key: str, start: float, error: LLMError, *, regrowth: int) -> None:
+    def _report_failure(self, key: str, start: float, error: LLMError, *, regrowth: int) -> CallRecord:
         latency = time.perf_counter() - start
         record = CallRecord(
             model=self.model_id, key=key, latency_s=latency, ok=False, error=str(error), regrowth=regrowth
         )
         self._emit(record)
+        return record
 
     def _emit(self, record: CallRecord) -> None:
-        self.totals.add(record)
+        self.totals += record.usage
         if self.on_call is not None:
             self.on_call(record)
 

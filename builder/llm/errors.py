@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from builder.errors import BuilderError
+from builder.usage import Usage
 
 
 class LLMError(BuilderError):
-    """Base of every model-layer error: a stage that catches this can write a rejection record."""
+    """Base of every model-layer error: a stage that catches this can write a rejection record.
+
+    `cost` is what the failed call took by the ledger rule of `usage.Usage`, set by `LLMClient.chat`: the
+    failed request, plus any answered before it (a cut reply whose grown re-ask failed); nothing if nothing was
+    sent. A caller that goes on after the error (an episode ending `llm_error`) adds it to its usage.
+    """
+
+    cost: Usage = Usage()
 
 
 class TransientLLMError(LLMError):

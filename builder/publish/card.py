@@ -23,6 +23,7 @@ from builder.publish.columns import COLUMN_DOCS, ROW_MEANING
 from builder.publish.export import CONFIG_SPLITS, SplitFiles, features_of
 from builder.publish.release import PublishError
 from builder.stats import StageStats
+from builder.usage import Usage
 
 # Package data (pyproject), so the card renders from an installed wheel as from a checkout.
 TEMPLATE = Path(__file__).resolve().parents[1] / "dataset_cards" / "README.md.tmpl"
@@ -208,17 +209,20 @@ def _sampling(sampling: dict | None) -> str:
 
 
 def _tokens(stats: dict[str, StageStats], tables: dict[str, dict[str, pl.DataFrame]]) -> str:
-    usage = tables["sft"]["train"]["usage"].to_list()
-    prompt = sum(item["prompt_tokens"] for item in usage)
-    completion = sum(item["completion_tokens"] for item in usage)
-    lines = [f"The published `sft` trajectories took {prompt:,} prompt and {completion:,} completion tokens."]
+    """The cost figures, by the one ledger rule of `usage.Usage`: calls and tokens are what the server answered
+    in the run; replies its cache replayed (an interrupted attempt's) count as cached calls only."""
+    published = sum((Usage.model_validate(item) for item in tables["sft"]["train"]["usage"].to_list()), Usage())
+    lines = [
+        f"The published `sft` trajectories took {published.calls:,} model calls: {published.prompt_tokens:,} "
+        f"prompt and {published.completion_tokens:,} completion tokens."
+    ]
     if stats:
-        total_in = sum(item.prompt_tokens for item in stats.values())
-        total_out = sum(item.completion_tokens for item in stats.values())
-        calls = sum(item.llm_calls for item in stats.values())
+        run = sum((item.usage for item in stats.values()), Usage())
         lines.append(
-            f"The whole run made {calls:,} model calls: {total_in:,} prompt and {total_out:,} completion tokens "
-            "(failed and dropped work included; cached calls cost nothing)."
+            f"The whole run made {run.calls:,} model calls: {run.prompt_tokens:,} prompt and "
+            f"{run.completion_tokens:,} completion tokens (failed and dropped work included); "
+            f"{run.cached_calls:,} more were answered from its response cache and cost nothing, "
+            f"and {run.failed_calls:,} failed."
         )
     return " ".join(lines)
 

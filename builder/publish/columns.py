@@ -68,7 +68,8 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "end_reason": "why the rollout ended, e.g. `answered`, `user_stop`",
         "model": "the agent model",
         "sampling": "the agent's sampling: `temperature`, `top_p`, `max_tokens`, `seed`",
-        "usage": "model `calls`, `prompt_tokens` and `completion_tokens` the rollout took",
+        "usage": "what the rollout's model calls cost: `calls` the server answered with their `prompt_tokens` and "
+        "`completion_tokens`, `cached_calls` replayed from the run's cache (no tokens), `failed_calls`, `regrowths`",
         "schema_version": "version of the record layout",
         "provenance": _PROVENANCE,
     },

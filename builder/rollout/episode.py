@@ -13,7 +13,8 @@ from typing import Any, Protocol
 
 from builder.llm import ChatModel, ChatRequest, LLMRequestError
 from builder.llm.parsing import check_tool_call
-from builder.records import ChatMessage, Sampling, ToolCall, Usage
+from builder.records import ChatMessage, Sampling, ToolCall
+from builder.usage import Usage
 
 # End reasons (stable codes, stored in `Trajectory.end_reason`).
 AGENT_DONE = "agent_done"  # the agent answered without tool calls (non-conversational)
@@ -77,7 +78,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class Episode:
-    """A finished episode: the conversation, why it ended and what it cost."""
+    """A finished episode: the conversation, why it ended and what it cost (the agent's and the user simulator's
+    calls, by the ledger rule of `usage.Usage`)."""
 
     messages: tuple[ChatMessage, ...]
     end_reason: str
@@ -105,14 +107,6 @@ class _Tally:
     def flag(self, code: str) -> None:
         if code not in self.flags:
             self.flags.append(code)
-
-
-def add_usage(total: Usage, prompt_tokens: int, completion_tokens: int, calls: int = 1) -> Usage:
-    return Usage(
-        calls=total.calls + calls,
-        prompt_tokens=total.prompt_tokens + prompt_tokens,
-        completion_tokens=total.completion_tokens + completion_tokens,
-    )
 
 
 async def run_episode(
@@ -146,7 +140,7 @@ async def run_episode(
         if user is None:
             raise ValueError("a non-conversational episode needs the task as its opening message")
         turn = await user.reply(messages)
-        tally.user = add_usage(tally.user, turn.usage.prompt_tokens, turn.usage.completion_tokens, turn.usage.calls)
+        tally.user += turn.usage
         if turn.failure or turn.stop or not turn.content:
             return _end(messages, turn.failure or USER_ERROR, tally, turn.detail or "no opening message")
         opening = turn.content
@@ -169,9 +163,10 @@ async def run_episode(
         except LLMRequestError as error:
             if error.retryable:
                 raise
+            tally.agent += error.cost
             return _end(messages, LLM_ERROR, tally, str(error)[:500])
         tally.turns += 1
-        tally.agent = add_usage(tally.agent, reply.usage.prompt_tokens, reply.usage.completion_tokens)
+        tally.agent += reply.cost
         tally.context_tokens = reply.usage.prompt_tokens + reply.usage.completion_tokens
         messages.append(reply.message())
         if reply.finish_reason == "length":
@@ -185,7 +180,7 @@ async def run_episode(
         if user is None:
             return _end(messages, AGENT_DONE, tally)
         turn = await user.reply(messages)
-        tally.user = add_usage(tally.user, turn.usage.prompt_tokens, turn.usage.completion_tokens, turn.usage.calls)
+        tally.user += turn.usage
         if turn.failure:
             return _end(messages, turn.failure, tally, turn.detail)
         if turn.stop:

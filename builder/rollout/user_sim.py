@@ -17,9 +17,10 @@ from string import Template
 
 from builder.llm import ChatModel, ChatRequest, LLMRequestError
 from builder.prompts import prompt
-from builder.records import ChatMessage, Sampling, Scenario, Usage
-from builder.rollout.episode import USER_ERROR, USER_LEAK, UserTurn, add_usage
+from builder.records import ChatMessage, Sampling, Scenario
+from builder.rollout.episode import USER_ERROR, USER_LEAK, UserTurn
 from builder.sandbox.world import describe_now
+from builder.usage import Usage
 
 STOP = "###STOP###"
 GREETING = "Hello! How can I help you today?"
@@ -138,8 +139,8 @@ class UserSimulator:
             except LLMRequestError as error:
                 if error.retryable:
                     raise
-                return UserTurn(failure=USER_ERROR, detail=str(error)[:500], usage=usage)
-            usage = add_usage(usage, answer.usage.prompt_tokens, answer.usage.completion_tokens)
+                return UserTurn(failure=USER_ERROR, detail=str(error)[:500], usage=usage + error.cost)
+            usage += answer.cost
             text = (answer.content or "").strip()
             if STOP in text:  # the prompt's one ending rule: the marker ends the conversation, nothing else does
                 return UserTurn(stop=True, usage=usage)

@@ -30,6 +30,7 @@ from builder.run.folder import RunFolder
 from builder.run.stage import BatchStage, ItemStage, Rejected, Stage, StageContext
 from builder.stats import StageStats, load_stats, save_stats
 from builder.store import Store
+from builder.usage import Usage
 
 logger = logging.getLogger(__name__)
 
@@ -121,17 +122,14 @@ async def run_stages(
 
 
 def _run_totals(all_stats: dict[str, StageStats], config: BuildConfig, digest: str) -> dict[str, Any]:
-    """Run-wide figures for stats.json: tokens over every stage and, with a known throughput, GPU-hours."""
-    completion = sum(stats.completion_tokens for stats in all_stats.values())
-    totals: dict[str, Any] = {
-        "config_hash": digest,
-        "prompt_tokens": sum(stats.prompt_tokens for stats in all_stats.values()),
-        "completion_tokens": completion,
-        "llm_calls": sum(stats.llm_calls for stats in all_stats.values()),
-    }
+    """Run-wide figures for stats.json: usage over every stage and, with a known throughput, GPU-hours."""
+    usage = sum((stats.usage for stats in all_stats.values()), Usage())
+    totals: dict[str, Any] = {"config_hash": digest, "usage": usage.model_dump()}
     if config.llm.server_tok_s:
         gpus = config.llm.tensor_parallel_size
-        totals["gpu_hours_estimate"] = estimate_gpu_hours(completion, config.llm.server_tok_s, num_gpus=gpus)
+        totals["gpu_hours_estimate"] = estimate_gpu_hours(
+            usage.completion_tokens, config.llm.server_tok_s, num_gpus=gpus
+        )
     return totals
 
 

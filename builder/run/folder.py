@@ -145,7 +145,7 @@ class RunFolder:
         entries = _read_journal(self.journal(stage))
         for rejected, row_type, key in ((False, record_type, "kept"), (True, Rejection, "rejected")):
             rows = [{**_checked(row_type, row), INPUT_ID: entry["input"]} for entry in entries for row in entry[key]]
-            frames = [self.frame(stage, record_type, rejected=rejected)]
+            frames = [_current(row_type, self.frame(stage, record_type, rejected=rejected))]
             frames.append(pl.DataFrame(rows, schema=_table_schema(row_type), orient="row"))
             merged = pl.concat(frames).unique("id", keep="first", maintain_order=True).sort("id")
             write_parquet_atomic(merged, self.rejected(stage) if rejected else self.table(stage))
@@ -165,6 +165,19 @@ class RunFolder:
 
 def _table_schema(record_type: type[Record]) -> pl.Schema:
     return pl.Schema({**schema(record_type), INPUT_ID: pl.String()})
+
+
+def _current(record_type: type[Record], frame: pl.DataFrame) -> pl.DataFrame:
+    """A stage table as this builder writes it: one an older builder wrote (e.g. a `usage` struct without the
+    counts added since) is rebuilt through its records, which fill in the defaults."""
+    expected = _table_schema(record_type)
+    if frame.schema == expected:
+        return frame
+    rows = [
+        {**_checked(record_type, {k: v for k, v in row.items() if k != INPUT_ID}), INPUT_ID: row[INPUT_ID]}
+        for row in frame.to_dicts()
+    ]
+    return pl.DataFrame(rows, schema=expected, orient="row")
 
 
 def _drop_torn_tail(path: Path) -> None:

@@ -30,7 +30,7 @@ from builder.llm import LLMClient, OpenAIChatModel, StageModel
 from builder.llm.connect import client_for, rl_agent_config
 from builder.prompts import prompt, prompt_version
 from builder.records import Environment, Record, Sampling, Scenario, Trajectory
-from builder.rollout.episode import ENV_ERROR, INFRA_END_REASONS, Episode, Limits, add_usage, run_episode
+from builder.rollout.episode import ENV_ERROR, INFRA_END_REASONS, Episode, Limits, run_episode
 from builder.rollout.reward import Grade, gold_paths, grade
 from builder.rollout.runner import SandboxRunner, in_thread
 from builder.rollout.user_sim import UserSimulator
@@ -249,8 +249,6 @@ def _trajectory(
         flags.append("collateral")
     if verdict is not None and verdict.check_errors:
         flags.append("check_error")
-    agent, user = episode.agent_usage, episode.user_usage
-    total = add_usage(agent, user.prompt_tokens, user.completion_tokens, user.calls)
     return Trajectory(
         provenance=ctx.provenance([scenario, env.id], model=model, sampling=sampling, prompt_version=version),
         scenario_id=scenario.id,
@@ -265,7 +263,7 @@ def _trajectory(
         solved=verdict.solved if verdict else False,
         checks_passed=verdict.checks_passed if verdict else (),
         end_reason=episode.end_reason,
-        usage=total,
+        usage=episode.agent_usage + episode.user_usage,
         num_turns=episode.num_turns,
         num_tool_calls=episode.num_tool_calls,
         tool_errors=episode.tool_errors,

@@ -48,8 +48,7 @@ async def test_evaluate_with_the_real_model(tmp_path):
         tools=list(inspect_source(BANK).tools), state_schema={},
     )  # fmt: skip
     stats = StageStats("evaluate")
-    with Sandbox(config.sandbox) as sandbox, open_llm(config.llm, tmp_path, on_call=lambda r: stats.add_llm_call(
-        r.prompt_tokens, r.completion_tokens, cached=r.cached, ok=r.ok)) as llm:  # fmt: skip
+    with Sandbox(config.sandbox) as sandbox, open_llm(config.llm, tmp_path, on_call=stats.add_call) as llm:
         ctx = StageContext(config, "h", tmp_path, stats, llm=llm, open_sandbox=lambda: sandbox)
         try:
             (accepted,) = await evaluate(env, ctx)
@@ -61,5 +60,5 @@ async def test_evaluate_with_the_real_model(tmp_path):
             assert accepted.status == "accepted" and accepted.evaluation.counts.judged == 2
             assert {c.verdict for c in accepted.evaluation.calls} <= {"pass", "warning", "fail"}
     # The server accepted every request (a refused one is a failed call) and its replies had content.
-    assert stats.llm_calls >= 1 and stats.llm_failures == 0, stats
-    assert stats.prompt_tokens > 0 and stats.completion_tokens > 0, stats
+    assert stats.usage.calls >= 1 and stats.usage.failed_calls == 0, stats
+    assert stats.usage.prompt_tokens > 0 and stats.usage.completion_tokens > 0, stats

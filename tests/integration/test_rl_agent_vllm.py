@@ -84,7 +84,7 @@ async def test_rl_scenarios_are_played_by_the_embedded_model_the_pipeline_starts
     rows = pl.read_parquet(run_dir / "rollout.parquet").to_dicts()
     assert len(rows) == 3 and stats["rollout"].kept == 3
     # Both servers accepted every request (a refused one is a failed call and ends its episode with llm_error).
-    assert stats["rollout"].llm_failures == 0 and stats["rollout"].completion_tokens > 0, stats["rollout"]
+    assert stats["rollout"].usage.failed_calls == 0 and stats["rollout"].usage.completion_tokens > 0, stats["rollout"]
     assert all(row["end_reason"] != "llm_error" for row in rows), [row["end_reason"] for row in rows]
     played = {(row["env_id"], row["model"], row["provenance"]["model"]) for row in rows}
     assert played == {(bank.id, "local", "local"), (library.id, EMBEDDED_MODEL, EMBEDDED_MODEL)}

@@ -48,9 +48,10 @@ def builder():
 def assert_model_used(stats: dict) -> None:
     """The server accepted every request of every stage, and mine read at least one judgement from a reply."""
     for name, stage in stats.items():
-        assert stage["llm_failures"] == 0 and "llm_request" not in stage["dropped"], (name, stage)
+        assert stage["usage"]["failed_calls"] == 0 and "llm_request" not in stage["dropped"], (name, stage)
     mine = stats["mine"]
-    assert mine["llm_calls"] >= 3 and mine["prompt_tokens"] > 0 and mine["completion_tokens"] > 0, mine
+    usage = mine["usage"]
+    assert usage["calls"] >= 3 and usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0, mine
     assert set(mine["dropped"]) <= MINE_REASONS, mine["dropped"]
     # Every seed but a `judge_invalid` one got a judgement that parsed (a topic is only asked for after it).
     assert mine["kept"] + sum(mine["dropped"].values()) - mine["dropped"].get("judge_invalid", 0) > 0, mine
@@ -84,7 +85,7 @@ def test_run_starts_the_server_mines_topics_and_resumes_without_it(tmp_path, bui
     assert again.returncode == 0, err[-3000:]
     # Everything was done: the rerun needed no model, so no server was started.
     assert (run_dir / "llm_server.log").read_text().count("$ ") == starts
-    assert json.loads((run_dir / "stats.json").read_text())["stages"]["mine"]["llm_calls"] == mine["llm_calls"]
+    assert json.loads((run_dir / "stats.json").read_text())["stages"]["mine"]["usage"] == mine["usage"]
     assert pl.read_parquet(run_dir / "collect.parquet").height == 3
 
 

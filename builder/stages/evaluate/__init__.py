@@ -90,8 +90,8 @@ async def evaluate(env: Environment, ctx: StageContext) -> list[Record]:
     evidence = summarize(env, interface, states, failures, runs, ctx, agents)
     counts = evidence.counts
     logger.info(
-        "evaluate: %s (%s) scored %.2f over %d judged calls, %d unusable replies, %d model requests",
-        env.id, env.name, evidence.score, counts.judged, counts.invalid_replies, evidence.usage["requests"],
+        "evaluate: %s (%s) scored %.2f over %d judged calls, %d unusable replies, %d model calls",
+        env.id, env.name, evidence.score, counts.judged, counts.invalid_replies, agents.usage.calls,
     )  # fmt: skip
     incomplete = [run for run in runs if len(run.judged) < run.quota]
     if incomplete:
@@ -194,7 +194,7 @@ def summarize(
         invalid_replies=tuple(
             UnusableReply(**{k: v for k, v in item.items() if k != "raw"}) for run in runs for item in run.invalid
         ),
-        usage=agents.meter.as_json(),
+        usage=agents.usage.model_dump(),
         provenance=EvaluationProvenance(
             model=getattr(ctx.llm, "model_id", None),
             prompt_versions=tuple(prompt_version(name) for name in PROMPTS),

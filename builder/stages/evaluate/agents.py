@@ -1,16 +1,16 @@
 """The model roles of the evaluate stage: test-state writer, tester agent and checker agent.
 
 Each builds its messages from a prompt file plus the facts of the round, asks the model with bounded re-asks
-(`builder.llm.reask`: the latest reply's error fed back each time), and counts the tokens it spends, so every
-environment's evidence says what its verdict cost. An unusable reply raises `InvalidReply` with the raw text; the
-stage decides what that means.
+(`builder.llm.reask`: the latest reply's error fed back each time), and adds up what its replies cost
+(`Reply.cost`, by the one ledger rule of `usage.Usage`), so every environment's evidence says what its verdict
+cost. An unusable reply raises `InvalidReply` with the raw text; the stage decides what that means.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
@@ -22,6 +22,7 @@ from builder.llm.reask import NoUsableReply, Refusal, reask
 from builder.prompts import prompt
 from builder.records import ChatMessage, Environment, Sampling
 from builder.stages.evaluate.source import environment_text, state_text
+from builder.usage import Usage
 
 T = TypeVar("T", bound=BaseModel)
 CaseType = Literal["positive", "negative"]
@@ -54,35 +55,14 @@ class InvalidReply(Exception):  # noqa: N818 - a verdict about a reply, not a pr
 
 
 @dataclass
-class Meter:
-    """Model requests and tokens spent on one environment's evaluation."""
-
-    requests: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    def add(self, reply: Reply) -> None:
-        self.requests += 1
-        self.prompt_tokens += reply.usage.prompt_tokens
-        self.completion_tokens += reply.usage.completion_tokens
-
-    def as_json(self) -> dict[str, int]:
-        return {
-            "requests": self.requests,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-        }
-
-
-@dataclass
 class Agents:
-    """The model, the stage's config and the meter of one environment's evaluation."""
+    """The model, the stage's config and the usage of one environment's evaluation (its replies' `cost`)."""
 
     llm: StageModel
     config: EvaluateConfig
     retries: int
     seed: int
-    meter: Meter = field(default_factory=Meter)
+    usage: Usage = Usage()
 
     def sampling(self, role: Literal["state", "tester", "checker"]) -> Sampling:
         temperature = getattr(self.config, f"{role}_temperature")
@@ -124,7 +104,7 @@ class Agents:
 
     async def _chat(self, request: ChatRequest) -> Reply:
         reply = await self.llm.chat(request)
-        self.meter.add(reply)
+        self.usage += reply.cost
         return reply
 
     async def _reasked(

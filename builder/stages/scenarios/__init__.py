@@ -117,9 +117,9 @@ def _report_cost(ctx: StageContext, verified: int) -> None:
     if report["verified_slots"]:
         slots = report["verified_slots"]
         report["per_verified_slot"] = {
-            "llm_calls": round(ctx.stats.llm_calls / slots, 2),
-            "prompt_tokens": round(ctx.stats.prompt_tokens / slots, 1),
-            "completion_tokens": round(ctx.stats.completion_tokens / slots, 1),
+            "calls": round(ctx.stats.usage.calls / slots, 2),
+            "prompt_tokens": round(ctx.stats.usage.prompt_tokens / slots, 1),
+            "completion_tokens": round(ctx.stats.usage.completion_tokens / slots, 1),
         }
 
 

@@ -1,0 +1,41 @@
+"""The one usage ledger: what model calls cost, counted by one rule everywhere (`Usage`)."""
+
+from __future__ import annotations
+
+from builder.frozen import Frozen
+
+
+class Usage(Frozen):
+    """Model usage by the one rule every count in builder follows: a stage's `stats.json`, the client's `totals`,
+    an environment's `evaluation.usage`, a trajectory's `usage` and the dataset card. Sums with `+`.
+
+    - `calls`: requests the model server answered. A cut reply asked again with a grown budget is one more call;
+      a request retried after a transient failure (connection, timeout, 5xx) is one call.
+    - `cached_calls`: requests answered from the run's response cache. The attempt that first asked them paid
+      for them (and counted them then), so a cache hit counts here and nowhere else.
+    - `failed_calls`: requests that got no reply: refused by the server, or still failing after the retries.
+    - `regrowths`: of the requests sent (`calls` and `failed_calls`), those that re-asked a cut reply with a
+      grown completion budget.
+    - `prompt_tokens`, `completion_tokens`: what the server reported for `calls`; a failed request reports none.
+
+    So `calls` and the tokens are what the run paid for, every request counts in exactly one of `calls`,
+    `cached_calls` and `failed_calls`, and a resumed run adds no cost twice. A record's usage is thus what its
+    run paid for it: one redone after an interruption (or asking what another item had just asked) shows the
+    replayed requests as `cached_calls`. One request's entry is `builder.llm.CallRecord.usage`; everything else
+    is a sum of such entries.
+    """
+
+    calls: int = 0
+    cached_calls: int = 0
+    failed_calls: int = 0
+    regrowths: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(**{name: getattr(self, name) + getattr(other, name) for name in Usage.model_fields})
+
+    @property
+    def tokens(self) -> int:
+        """Prompt and completion tokens together."""
+        return self.prompt_tokens + self.completion_tokens

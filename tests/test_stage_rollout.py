@@ -235,6 +235,11 @@ async def test_leaking_user_simulator_is_re_asked_then_voids_the_episode(tmp_pat
     ok = await run(tmp_path, sandbox, ScriptedModel(answer), scenario)
     assert ok.end_reason == "user_stop" and ok.messages[1].content.startswith("Please move money")
     assert "recites the hidden checklist" in recovered.calls[1].messages[-1].content  # the problem fed back
+    # The re-ask is a fresh sample (a new sample index, and seed if any), showing only the latest refused reply.
+    first, again = recovered.calls[0], recovered.calls[1]
+    assert again.sample_index == first.sample_index + 1
+    assert first.sampling.seed is None or again.sampling.seed == first.sampling.seed + 1
+    assert [m.role for m in again.messages] == [*(m.role for m in first.messages), "assistant", "user"]
     stubborn = user_says(leak)
 
     def answer2(request):

@@ -11,16 +11,20 @@ ask-only details into the opening message is re-asked with the problem fed back,
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from string import Template
 
 from builder.llm import ChatModel, ChatRequest, LLMRequestError
+from builder.llm.reask import NoUsableReply, Refusal, reask
 from builder.prompts import prompt
 from builder.records import ChatMessage, Sampling, Scenario
 from builder.rollout.episode import USER_ERROR, USER_LEAK, UserTurn
 from builder.sandbox.world import describe_now
 from builder.usage import Usage
+
+EMPTY_REPLY = "the reply was empty"
 
 STOP = "###STOP###"
 GREETING = "Hello! How can I help you today?"
@@ -127,33 +131,36 @@ class UserSimulator:
         return view
 
     async def reply(self, messages: Sequence[ChatMessage]) -> UserTurn:
-        """The next user turn: a message, a stop, or a failure (`user_leak`, `user_error`)."""
+        """The next user turn: a message, a stop, or a failure (`user_leak`, `user_error`).
+
+        An empty or leaking reply is asked again (`retries` times) through `builder.llm.reask`: the history, the
+        refused reply and why, each attempt a fresh sample."""
         opening = not any(message.role == "user" for message in messages)
         view = self.history(messages)
-        usage = Usage()
-        problem = "the reply was empty"
-        for attempt in range(self.retries + 1):
-            request = ChatRequest(messages=tuple(view), sampling=self.sampling, sample_index=self.sample_index)
-            try:
-                answer = await self.model.chat(request)
-            except LLMRequestError as error:
-                if error.retryable:
-                    raise
-                return UserTurn(failure=USER_ERROR, detail=str(error)[:500], usage=usage + error.cost)
-            usage += answer.cost
+        first = ChatRequest(messages=tuple(view), sampling=self.sampling, sample_index=self.sample_index)
+        spent = [Usage()]
+
+        async def ask_once(conversation: list[ChatMessage], sample: int) -> UserTurn | Refusal:
+            answer = await self.model.chat(first.resampled(sample, conversation))
+            spent[0] += answer.cost
             text = (answer.content or "").strip()
             if STOP in text:  # the prompt's one ending rule: the marker ends the conversation, nothing else does
-                return UserTurn(stop=True, usage=usage)
+                return UserTurn(stop=True)
             leak = leak_problem(text, self.scenario, self.tool_names, opening=opening) if text else None
             if text and leak is None:
-                return UserTurn(content=text, usage=usage)
-            problem = leak or "the reply was empty"
-            if attempt < self.retries:
-                view = [
-                    *view,
-                    ChatMessage(role="assistant", content=text),
-                    ChatMessage(role="user", content=f"(Stay in character. Your last reply is not usable: "
-                                f"{problem}. Write it again as the user would.)"),
-                ]  # fmt: skip
-        failure = USER_LEAK if problem != "the reply was empty" else USER_ERROR
-        return UserTurn(failure=failure, detail=problem, usage=usage)
+                return UserTurn(content=text)
+            problem = leak or EMPTY_REPLY
+            feedback = (
+                f"(Stay in character. Your last reply is not usable: {problem}. Write it again as the user would.)"
+            )
+            return Refusal(USER_LEAK if leak else USER_ERROR, problem, feedback, shown=text)
+
+        try:
+            turn = await reask(view, ask_once, attempts=self.retries + 1)
+        except LLMRequestError as error:
+            if error.retryable:
+                raise
+            return UserTurn(failure=USER_ERROR, detail=str(error)[:500], usage=spent[0] + error.cost)
+        except NoUsableReply as failed:
+            return UserTurn(failure=failed.refusal.reason, detail=failed.refusal.detail, usage=spent[0])
+        return dataclasses.replace(turn, usage=spent[0])

@@ -1,9 +1,18 @@
 """OpenAI tool schemas derived from an environment's source: signatures, type hints and Google docstrings.
 
+The convention is the one trainers derive from Python methods, `transformers.utils.get_json_schema` (TRL's
+`GRPOTrainer(environment_factory=...)` and `apply_chat_template(tools=[method, ...])` call it): `X | None` is
+`X`'s schema with `"nullable": true`, a union of plain types is a sorted type list, defaults are not shown,
+`required` is left out when empty, parameters carry no `additionalProperties`, and `function.return` holds the
+return type with the `Returns:` text. The summary and that text are cut from the docstring by the same rules as
+transformers, so the published `tools`, the SFT prompt and the GRPO prompt render the same bytes. Tool
+parameters are still a closed set (a method has no **kwargs): `builder.envs.validate` rejects unknown
+arguments without an `additionalProperties: false` in the schema.
+
 Everything is read from the AST, so deriving schemas never runs generated code. The output is stable: the
 same source gives the same schema bytes (`tools_json`). Supported parameter types: str, int, float, bool,
-Any, None, list[X], dict[str, X], tuple[X, ...], Optional[X], X | Y, Union[...], Literal[...]; a default
-makes a parameter optional.
+Any, None, list[X], dict[str, X], tuple[X, ...], tuple[X, Y, ...], Optional[X], X | Y, Union[...],
+Literal[...]; a default makes a parameter optional (`tool_defaults` lists the defaults).
 """
 
 from __future__ import annotations
@@ -21,6 +30,12 @@ from builder.pyast import parse
 JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
 SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Return|Raises|Yields|Examples?|Notes?):\s*$")
 ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
+# transformers' get_json_schema rules (chat_template_utils, 5.x): the description is the text before the first
+# Args:/Returns:/Raises:, the return text what follows `Returns:` up to `Raises:`, and an argument text ending in
+# `(choices: [...])` becomes an enum.
+DESCRIPTION = re.compile(r"^(.*?)[\n\s]*(Args:|Returns:|Raises:|\Z)", re.DOTALL)
+RETURNS = re.compile(r"\n\s*Returns:\n\s*(.*?)[\n\s]*(Raises:|\Z)", re.DOTALL)
+CHOICES = re.compile(r"\(choices:\s*(.*?)\)\s*$", re.IGNORECASE)
 
 
 class EnvInterface(BaseModel):
@@ -119,24 +134,62 @@ def _parameters(method: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.arg]
 
 
 def tool_schema(method: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, Any]:
-    """The OpenAI function schema of one (contract-clean) method."""
-    summary, descriptions = parse_docstring(ast.get_docstring(method) or "")
+    """The function schema of one (contract-clean) method, as `transformers.utils.get_json_schema` gives it."""
+    docstring = (ast.get_docstring(method) or "").strip()
+    descriptions = parse_docstring(docstring)[1]
     properties: dict[str, Any] = {}
     required: list[str] = []
     for arg, default in _parameters_with_defaults(method):
         schema = annotation_schema(arg.annotation) if arg.annotation is not None else {}
         if arg.arg in descriptions:
-            schema = {**schema, "description": descriptions[arg.arg]}
+            schema = _described(schema, descriptions[arg.arg])
         if default is None:
             required.append(arg.arg)
-        else:
-            try:
-                schema["default"] = ast.literal_eval(default)
-            except ValueError:
-                pass
         properties[arg.arg] = schema
-    parameters = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
-    return {"type": "function", "function": {"name": method.name, "description": summary, "parameters": parameters}}
+    parameters: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        parameters["required"] = required
+    summary = DESCRIPTION.match(docstring)
+    function = {"name": method.name, "description": summary.group(1).strip() if summary else "",
+                "parameters": parameters}  # fmt: skip
+    if method.returns is not None:
+        function["return"] = _return_schema(method.returns, RETURNS.search(docstring))
+    return {"type": "function", "function": function}
+
+
+def _described(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    choices = CHOICES.search(description)
+    if choices:
+        try:
+            values = json.loads(choices.group(1))
+        except json.JSONDecodeError:
+            values = None
+        if isinstance(values, list):
+            schema = {**schema, "enum": [value.strip() if isinstance(value, str) else value for value in values]}
+            description = description[: choices.start()].strip()
+    return {**schema, "description": description}
+
+
+def _return_schema(annotation: ast.expr, returns: re.Match[str] | None) -> dict[str, Any]:
+    try:
+        schema = annotation_schema(annotation)
+    except ValueError:  # transformers calls a class it does not know an object
+        schema = {"type": "object"}
+    return {**schema, "description": returns.group(1).strip()} if returns else schema
+
+
+def tool_defaults(source: str) -> dict[str, dict[str, Any]]:
+    """`{tool: {parameter: default}}` of the literal defaults in `source` (the schemas do not show them)."""
+    cls = next((node for node in parse(source).body if isinstance(node, ast.ClassDef)), None)
+    found: dict[str, dict[str, Any]] = {}
+    for method in tool_methods(cls) if cls is not None else []:
+        for arg, default in _parameters_with_defaults(method):
+            if default is not None:
+                try:
+                    found.setdefault(method.name, {})[arg.arg] = ast.literal_eval(default)
+                except ValueError:
+                    pass
+    return found
 
 
 def _parameters_with_defaults(method: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[ast.arg, Any]]:
@@ -163,7 +216,7 @@ def annotation_schema(node: ast.expr) -> dict[str, Any]:
     if name in ("dict", "Dict", "Mapping"):
         return {"type": "object"}
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-        return _union([node.left, node.right])
+        return _union(_members(node))
     if isinstance(node, ast.Subscript):
         return _subscript_schema(_type_name(node.value), node.slice)
     raise ValueError(f"type {ast.unparse(node)!r} has no JSON schema; use str, int, float, bool, list, dict")
@@ -171,30 +224,63 @@ def annotation_schema(node: ast.expr) -> dict[str, Any]:
 
 def _subscript_schema(outer: str, inner: ast.expr) -> dict[str, Any]:
     items = list(inner.elts) if isinstance(inner, ast.Tuple) else [inner]
-    if outer == "Optional":
-        return _union([items[0], ast.Constant(None)])
-    if outer == "Union":
-        return _union(items)
+    if outer in ("Optional", "Union"):
+        return _union(_members(ast.Subscript(value=ast.Name(id=outer), slice=inner)))
     if outer == "Literal":
         values = [ast.literal_eval(item) for item in items]
-        kinds = sorted({JSON_TYPES.get(type(v).__name__, "null") for v in values})
+        kinds = list(dict.fromkeys(JSON_TYPES.get(type(v).__name__, "null") for v in values))  # first-seen order
         return {"type": kinds[0] if len(kinds) == 1 else kinds, "enum": values}
     if outer in ("list", "List", "Sequence", "set", "Set", "frozenset"):
         return {"type": "array", "items": annotation_schema(items[0])}
     if outer in ("tuple", "Tuple"):
         if len(items) == 2 and isinstance(items[1], ast.Constant) and items[1].value is Ellipsis:
             return {"type": "array", "items": annotation_schema(items[0])}
-        return {"type": "array", "prefixItems": [annotation_schema(i) for i in items], "minItems": len(items)}
+        if len(items) == 1:
+            raise ValueError(f"type tuple[{ast.unparse(items[0])}] holds one value; use list[...] or the value's type")
+        return {"type": "array", "prefixItems": [annotation_schema(i) for i in items]}
     if outer in ("dict", "Dict", "Mapping"):
         return {"type": "object", "additionalProperties": annotation_schema(items[-1])}
     raise ValueError(f"type {outer}[...] has no JSON schema; use list[...], dict[str, ...], Optional or Literal")
 
 
 def _union(members: list[ast.expr]) -> dict[str, Any]:
-    schemas = [annotation_schema(member) for member in members]
-    if all(set(s) == {"type"} and isinstance(s["type"], str) for s in schemas):
-        return {"type": [s["type"] for s in schemas]}
-    return {"anyOf": schemas}
+    """As transformers: the members but None; one is itself, plain types a sorted list, others `anyOf`; a None
+    member adds `nullable`."""
+    schemas = [annotation_schema(member) for member in members if not _is_none(member)]
+    if not schemas:
+        return {"type": "null"}
+    if len(schemas) == 1:
+        schema = dict(schemas[0])
+    elif all(set(s) == {"type"} and isinstance(s["type"], str) for s in schemas):
+        kinds = sorted({s["type"] for s in schemas})
+        schema = {"type": kinds[0] if len(kinds) == 1 else kinds}
+    else:
+        schema = {"anyOf": schemas}
+    if len(schemas) < len(members):
+        schema["nullable"] = True
+    return schema
+
+
+def _members(node: ast.expr) -> list[ast.expr]:
+    """The flat, de-duplicated members of a union, as `typing` makes them (`Optional[int | str]`: int, str, None)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        found = _members(node.left) + _members(node.right)
+    elif isinstance(node, ast.Subscript) and _type_name(node.value) in ("Optional", "Union"):
+        items = list(node.slice.elts) if isinstance(node.slice, ast.Tuple) else [node.slice]
+        extra = [ast.Constant(None)] if _type_name(node.value) == "Optional" else []
+        found = [member for item in items + extra for member in _members(item)]
+    else:
+        found = [node]
+    unique: dict[str, ast.expr] = {}
+    for member in found:
+        unique.setdefault(ast.dump(member), member)
+    return list(unique.values())
+
+
+def _is_none(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return _is_none(parse(node.value, mode="eval").body)
+    return isinstance(node, ast.Constant) and node.value is None
 
 
 def _type_name(node: ast.expr) -> str:

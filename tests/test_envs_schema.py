@@ -128,7 +128,8 @@ def test_schemas_are_the_ones_transformers_derives_from_the_methods(name):
 
 
 def test_choices_in_a_description_become_an_enum_as_in_transformers():
-    source = (FIXTURES / "counter.py").read_text().replace("by: How much to add.", "by: How much to add (choices: [1, 2])")
+    source = (FIXTURES / "counter.py").read_text()
+    source = source.replace("by: How much to add.", "by: How much to add (choices: [1, 2])")
     ours = inspect_source(source).tools[0]
     theirs = get_json_schema(_real_class(source, "CounterEnv").increment)
     assert json.dumps(ours) == json.dumps(theirs)

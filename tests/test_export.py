@@ -19,6 +19,7 @@ from builder.publish.publish import export_release
 from builder.publish.release import PublishError
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from one_schema import assert_one_tool_schema  # noqa: E402
 from release_store import fill_store  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -88,6 +89,19 @@ def test_splits_never_share_an_environment_and_sft_is_verified_train_only(releas
     assert sft["num_turns"].to_list() == [2] * 4 and sft["num_tool_calls"].to_list() == [1] * 4
     scenarios = pl.concat(list(tables["scenarios"].values()))
     assert scenarios["pass_rate"].to_list() == [0.5] * 6 and scenarios["num_rollouts"].to_list() == [2] * 6
+
+
+def test_published_tools_are_what_trl_derives_though_the_store_holds_an_older_form(release_config):
+    # The fixture store holds hand-written schemas of the old form (no descriptions, no return): the release
+    # derives them from the code, for environments and sft rows alike.
+    from builder.store import Store
+
+    stored = Store(release_config.store.path).read_frame("environments")
+    assert all('"return":' not in text for text in stored["tools"].to_list())
+    tables = tables_of(release_config)
+    environments = pl.concat(list(tables["environments"].values())).to_dicts()
+    assert assert_one_tool_schema(environments, tables["sft"]["train"].to_dicts()) == 9
+    assert all('"return":' in row["tools"] for row in environments)
 
 
 def test_pass_rate_counts_graded_rollouts_only_as_select_does(release_config):

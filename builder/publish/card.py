@@ -55,21 +55,26 @@ class CardInputs:
 
 # SFT on the `sft` split with the packaged template (its {% generation %} marks make assistant_only_loss work).
 SFT_EXAMPLE = Template(
-    """from datasets import load_dataset
+    """import torch
+from datasets import load_dataset
 from huggingface_hub import hf_hub_download
 from trl import SFTConfig, SFTTrainer
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # any model whose tokenizer has <|im_start|> and <|im_end|>
 sft = load_dataset("$repo", "sft", split="train", revision="$tag")
 template = hf_hub_download("$repo", "$chat_template", repo_type="dataset", revision="$tag")
-args = SFTConfig(output_dir="sft-out", chat_template_path=template, assistant_only_loss=True, max_length=$max_length)
+args = SFTConfig(
+    output_dir="sft-out", chat_template_path=template, assistant_only_loss=True, max_length=$max_length,
+    bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),  # TRL's default, bf16, needs a GPU
+)
 trainer = SFTTrainer(model=MODEL, args=args, train_dataset=sft)
 trainer.train()"""
 )
 
 # GRPO on the `rl` split: builder's sandboxed environments as TRL's environment_factory, rewarded by the checks.
 GRPO_EXAMPLE = Template(
-    """from datasets import load_dataset
+    """import torch
+from datasets import load_dataset
 from huggingface_hub import hf_hub_download
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
@@ -88,8 +93,8 @@ tokenizer = AutoTokenizer.from_pretrained(MODEL)
 tokenizer.chat_template = open(template).read()
 tokenizer.response_template = qwen3_template
 trainer = GRPOTrainer(
-    model=MODEL, processing_class=tokenizer, train_dataset=rl, args=GRPOConfig(output_dir="grpo-out"),
-    environment_factory=trl_environment_factories(environments, rl),
+    model=MODEL, processing_class=tokenizer, train_dataset=rl, environment_factory=trl_environment_factories(environments, rl),
+    args=GRPOConfig(output_dir="grpo-out", bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported()),
 )
 trainer.train()"""
 )

@@ -92,9 +92,10 @@ tokenizer = AutoTokenizer.from_pretrained(MODEL)
 # The packaged template writes tool calls as Qwen3 does; with Qwen3's own tokenizer drop these two lines.
 tokenizer.chat_template = open(template).read()
 tokenizer.response_template = qwen3_template
+args = GRPOConfig(output_dir="grpo-out", bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported())
 trainer = GRPOTrainer(
-    model=MODEL, processing_class=tokenizer, train_dataset=rl, environment_factory=trl_environment_factories(environments, rl),
-    args=GRPOConfig(output_dir="grpo-out", bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported()),
+    model=MODEL, processing_class=tokenizer, args=args, train_dataset=rl,
+    environment_factory=trl_environment_factories(environments, rl),
 )
 trainer.train()"""
 )

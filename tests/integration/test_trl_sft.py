@@ -56,8 +56,9 @@ def release(tmp_path, model, restore_logging):  # noqa: F811 (the e2e module's f
     """A run's release, published to the local Hub: (the run's root, its config)."""
     assert run(tmp_path, "main") == 0
     root = tmp_path / "main"
-    sets = [f"store.path={json.dumps(str(root / 'store'))}", f"hub.root={json.dumps(str(root / 'hub'))}",
-            f"hub.release_root={json.dumps(str(tmp_path / 'published'))}", f"select.rl_env_fraction={RL_FRACTION}"]  # fmt: skip
+    folders = {"store.path": root / "store", "hub.root": root / "hub", "hub.release_root": tmp_path / "published"}
+    sets = [f"{key}={json.dumps(str(value))}" for key, value in folders.items()]
+    sets.append(f"select.rl_env_fraction={RL_FRACTION}")
     config = load_config(None, sets, profile="none")
     publish(config, "0.1.0", stats_path=root / "run" / "stats.json")
     return tmp_path / "published" / "0.1.0", config

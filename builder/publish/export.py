@@ -156,12 +156,14 @@ def _sft_table(trajectories: pl.DataFrame) -> pl.DataFrame:
 
 
 def _derived_tools(row: dict) -> str:
-    """The tools as derived from the code now: rows stored under an older schema convention are published in the
-    current one, so `tools` is what a trainer derives from the methods (`builder.envs.schema`)."""
+    """The tools as derived from the code now, sorted by name: rows stored under an older schema convention are
+    published in the current one, and in the order TRL lists an environment's methods (`inspect.getmembers`), so
+    the `tools` render into the same prompt as TRL's GRPO prompt (`builder.envs.schema`)."""
     try:
-        return json.dumps(list(inspect_source(row["code"]).tools), ensure_ascii=False)
+        tools = list(inspect_source(row["code"]).tools)
     except ContractError:  # accepted under an older contract: publish what was stored
-        return row["tools"]
+        tools = json.loads(row["tools"])
+    return json.dumps(sorted(tools, key=lambda tool: tool["function"]["name"]), ensure_ascii=False)
 
 
 def _sha256(text: str) -> str:

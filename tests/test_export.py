@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from builder.config import load_config
+from builder.llm.weights import chatml_tools_template
 from builder.publish.columns import COLUMN_DOCS
 from builder.publish.export import CONFIG_SPLITS, build_tables, features_of, is_rl_environment, write_tables
 from builder.publish.publish import export_release
@@ -20,6 +21,7 @@ from builder.publish.release import PublishError
 from builder.usage import Usage
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from one_schema import assert_one_tool_schema  # noqa: E402
 from release_store import fill_store  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -89,6 +91,19 @@ def test_splits_never_share_an_environment_and_sft_is_verified_train_only(releas
     assert sft["num_turns"].to_list() == [2] * 4 and sft["num_tool_calls"].to_list() == [1] * 4
     scenarios = pl.concat(list(tables["scenarios"].values()))
     assert scenarios["pass_rate"].to_list() == [0.5] * 6 and scenarios["num_rollouts"].to_list() == [2] * 6
+
+
+def test_published_tools_are_what_trl_derives_though_the_store_holds_an_older_form(release_config):
+    # The fixture store holds hand-written schemas of the old form (no descriptions, no return): the release
+    # derives them from the code, for environments and sft rows alike.
+    from builder.store import Store
+
+    stored = Store(release_config.store.path).read_frame("environments")
+    assert all('"return":' not in text for text in stored["tools"].to_list())
+    tables = tables_of(release_config)
+    environments = pl.concat(list(tables["environments"].values())).to_dicts()
+    assert assert_one_tool_schema(environments, tables["sft"]["train"].to_dicts()) == 9
+    assert all('"return":' in row["tools"] for row in environments)
 
 
 def test_pass_rate_counts_graded_rollouts_only_as_select_does(release_config):
@@ -169,15 +184,45 @@ def test_card_has_every_section_and_its_plots_exist(release_config, tmp_path):
     assert front["license"] == "apache-2.0" and "reinforcement-learning" in front["task_categories"]
     assert [c["config_name"] for c in front["configs"]] == ["environments", "scenarios", "sft"]
     assert front["configs"][0]["data_files"][1] == {"split": "rl", "path": "data/environments/rl-*"}
-    for heading in ("## Load it", "## Use an environment with a trainer", "## Columns", "### Kept and dropped",
-                    "### Models and sampling", "### Cost", "## Plots", "## Version and changelog"):  # fmt: skip
+    for heading in ("## Load it", "## Train with TRL", "### SFT", "### GRPO", "### Another trainer", "## Columns",
+                    "### Kept and dropped", "### Models and sampling", "### Cost", "## Plots",
+                    "## Version and changelog"):  # fmt: skip
         assert heading in card
     assert "Environment code is code" in card and "$" not in card.replace("$ ", "")
     assert 'load_dataset("local/builder-envs", "sft", revision="v0.1.0")' in card
     assert "| export: environments | 4 | 3 | 1 | status_rejected: 1 |" in card
     assert "`agent-model` | temperature=1.0, max_tokens=512 | 4 |" in card
     plots = [line.split("](")[1].rstrip(")") for line in card.splitlines() if line.startswith("![")]
-    assert len(plots) == 5 and all((out / plot).read_bytes()[:4] == b"\x89PNG" for plot in plots)
+    assert len(plots) == 6 and all((out / plot).read_bytes()[:4] == b"\x89PNG" for plot in plots)
+    assert "assets/token_lengths.png" in plots
+    assert (out / "chat_template.jinja").read_text() == chatml_tools_template().read_text()
+
+
+def test_card_reports_token_lengths_and_the_max_length_that_cuts_none(release_config, tmp_path):
+    from builder.publish.tokens import load_tokenizer, row_length
+
+    out = tmp_path / "release" / "0.1.0"
+    export_release(release_config, "0.1.0", out)
+    card = (out / "README.md").read_text()
+    sft = tables_of(release_config)["sft"]["train"]
+    tokenizer = load_tokenizer()
+    lengths = sorted(row_length(tokenizer, row["messages"], row["tools"]) for row in sft.to_dicts())
+    assert len(lengths) == 4 and lengths[0] > 100  # the tools are in the system turn
+    assert f"| {len(lengths)} | {lengths[0]:,} | {lengths[1]:,} | {lengths[-1]:,} | {lengths[-1]:,} |" in card
+    assert "max_length=256," not in card and "max_length=512," in card  # the rows are ~400 tokens
+    assert "SFTConfig(" in card and "GRPOTrainer(" in card and "tokenizer.response_template = qwen3_template" in card
+
+
+def test_pass_rates_get_one_bar_per_value(tmp_path):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401 (the plots' backend)
+
+    from builder.publish.plots import _value_bars, value_label
+
+    figure = _value_bars(pl.Series([0.5, 1.0, 1.0, 1 / 3, 0.33333333, None]), "pass rate")
+    axes = figure.axes[0]
+    assert [patch.get_height() for patch in axes.patches] == [2, 1, 2]
+    assert [label.get_text() for label in axes.get_xticklabels()] == ["0.3333", "0.5", "1"]
+    assert value_label(0.25) == "0.25" and value_label(3.0) == "3"
 
 
 def test_card_shows_the_run_stats_when_given(release_config, tmp_path):

@@ -21,6 +21,7 @@ from builder.publish.export import CONFIG_SPLITS, is_rl_environment
 from builder.stats import load_stats
 from builder.store import Store
 from builder.usage import Usage
+from tests.fixtures.one_schema import assert_one_tool_schema
 from tests.fixtures.teacher import CHECKS, GOLD, SEEDS, TASK, teacher
 
 # The two environments' ids are hashes of their code, fixed by the fixtures; at this fraction one falls into
@@ -180,6 +181,10 @@ def test_seeds_to_release_candidate_and_resumed_runs_change_nothing(tmp_path, mo
     sft = loaded["sft"]["train"]
     assert sft["reward"] == [1.0, 1.0] and set(sft["env_id"]).isdisjoint(rl_envs)
     assert {row["role"] for row in sft[0]["messages"]} == {"system", "user", "assistant", "tool"}
+    # One tool schema: the published tools are what TRL derives from the environments' methods, and the SFT
+    # prompt renders them as the GRPO prompt does.
+    environments = [row for split in CONFIG_SPLITS["environments"] for row in loaded["environments"][split]]
+    assert assert_one_tool_schema(environments, sft) == sum(row["num_tools"] for row in environments) > 0
     shards = sorted(str(path) for path in (release / "data" / "sft").glob("train-*.parquet"))
     assert load_dataset("parquet", data_files=shards, split="train", cache_dir=str(tmp_path / "hf-cache")).num_rows == 2
 

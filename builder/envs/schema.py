@@ -1,15 +1,25 @@
 """OpenAI tool schemas derived from an environment's source: signatures, type hints and Google docstrings.
 
+The convention is the one trainers derive from Python methods, `transformers.utils.get_json_schema` (TRL's
+`GRPOTrainer(environment_factory=...)` and `apply_chat_template(tools=[method, ...])` call it): `X | None` is
+`X`'s schema with `"nullable": true`, a union of plain types is a sorted type list, defaults are not shown,
+`required` is left out when empty, parameters carry no `additionalProperties`, and `function.return` holds the
+return type with the `Returns:` text. The summary and that text are cut from the docstring by the same rules as
+transformers, so the published `tools`, the SFT prompt and the GRPO prompt render the same bytes. Tool
+parameters are still a closed set (a method has no **kwargs): `builder.envs.validate` rejects unknown
+arguments without an `additionalProperties: false` in the schema.
+
 Everything is read from the AST, so deriving schemas never runs generated code. The output is stable: the
 same source gives the same schema bytes (`tools_json`). Supported parameter types: str, int, float, bool,
-Any, None, list[X], dict[str, X], tuple[X, ...], Optional[X], X | Y, Union[...], Literal[...]; a default
-makes a parameter optional.
+Any, None, list[X], dict[str, X], tuple[X, ...], tuple[X, Y, ...], Optional[X], X | Y, Union[...],
+Literal[...]; a default makes a parameter optional (`tool_defaults` lists the defaults).
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -17,6 +27,13 @@ from pydantic import BaseModel, ConfigDict
 from builder.envs.lint import ContractError, lint
 from builder.envs.signatures import annotation_schema, parse_docstring, tool_methods, tool_parameters
 from builder.pyast import parse
+
+# transformers' get_json_schema rules (chat_template_utils, 5.x): the description is the text before the first
+# Args:/Returns:/Raises:, the return text what follows `Returns:` up to `Raises:`, and an argument text ending in
+# `(choices: [...])` becomes an enum.
+DESCRIPTION = re.compile(r"^(.*?)[\n\s]*(Args:|Returns:|Raises:|\Z)", re.DOTALL)
+RETURNS = re.compile(r"\n\s*Returns:\n\s*(.*?)[\n\s]*(Raises:|\Z)", re.DOTALL)
+CHOICES = re.compile(r"\(choices:\s*(.*?)\)\s*$", re.IGNORECASE)
 
 
 class EnvInterface(BaseModel):
@@ -48,21 +65,45 @@ def tools_json(interface: EnvInterface) -> str:
 
 
 def tool_schema(method: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, Any]:
-    """The OpenAI function schema of one (contract-clean) method."""
-    summary, descriptions = parse_docstring(ast.get_docstring(method) or "")
+    """The function schema of one (contract-clean) method, as `transformers.utils.get_json_schema` gives it."""
+    docstring = (ast.get_docstring(method) or "").strip()
+    descriptions = parse_docstring(docstring)[1]
     properties: dict[str, Any] = {}
     required: list[str] = []
     for arg, default in tool_parameters(method):
         schema = annotation_schema(arg.annotation) if arg.annotation is not None else {}
         if arg.arg in descriptions:
-            schema = {**schema, "description": descriptions[arg.arg]}
+            schema = _described(schema, descriptions[arg.arg])
         if default is None:
             required.append(arg.arg)
-        else:
-            try:
-                schema["default"] = ast.literal_eval(default)
-            except ValueError:
-                pass
         properties[arg.arg] = schema
-    parameters = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
-    return {"type": "function", "function": {"name": method.name, "description": summary, "parameters": parameters}}
+    parameters: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        parameters["required"] = required
+    summary = DESCRIPTION.match(docstring)
+    function = {"name": method.name, "description": summary.group(1).strip() if summary else "",
+                "parameters": parameters}  # fmt: skip
+    if method.returns is not None:
+        function["return"] = _return_schema(method.returns, RETURNS.search(docstring))
+    return {"type": "function", "function": function}
+
+
+def _described(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    choices = CHOICES.search(description)
+    if choices:
+        try:
+            values = json.loads(choices.group(1))
+        except json.JSONDecodeError:
+            values = None
+        if isinstance(values, list):
+            schema = {**schema, "enum": [value.strip() if isinstance(value, str) else value for value in values]}
+            description = description[: choices.start()].strip()
+    return {**schema, "description": description}
+
+
+def _return_schema(annotation: ast.expr, returns: re.Match[str] | None) -> dict[str, Any]:
+    try:
+        schema = annotation_schema(annotation)
+    except ValueError:  # transformers calls a class it does not know an object
+        schema = {"type": "object"}
+    return {**schema, "description": returns.group(1).strip()} if returns else schema

@@ -56,7 +56,7 @@ def annotation_schema(node: ast.expr) -> dict[str, Any]:
     if name in ("dict", "Dict", "Mapping"):
         return {"type": "object"}
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
-        return _union([node.left, node.right])
+        return _union(_members(node))
     if isinstance(node, ast.Subscript):
         return _subscript_schema(_type_name(node.value), node.slice)
     raise ValueError(f"type {ast.unparse(node)!r} has no JSON schema; use str, int, float, bool, list, dict")
@@ -64,30 +64,63 @@ def annotation_schema(node: ast.expr) -> dict[str, Any]:
 
 def _subscript_schema(outer: str, inner: ast.expr) -> dict[str, Any]:
     items = list(inner.elts) if isinstance(inner, ast.Tuple) else [inner]
-    if outer == "Optional":
-        return _union([items[0], ast.Constant(None)])
-    if outer == "Union":
-        return _union(items)
+    if outer in ("Optional", "Union"):
+        return _union(_members(ast.Subscript(value=ast.Name(id=outer), slice=inner)))
     if outer == "Literal":
         values = [ast.literal_eval(item) for item in items]
-        kinds = sorted({JSON_TYPES.get(type(v).__name__, "null") for v in values})
+        kinds = list(dict.fromkeys(JSON_TYPES.get(type(v).__name__, "null") for v in values))  # first-seen order
         return {"type": kinds[0] if len(kinds) == 1 else kinds, "enum": values}
     if outer in ("list", "List", "Sequence", "set", "Set", "frozenset"):
         return {"type": "array", "items": annotation_schema(items[0])}
     if outer in ("tuple", "Tuple"):
         if len(items) == 2 and isinstance(items[1], ast.Constant) and items[1].value is Ellipsis:
             return {"type": "array", "items": annotation_schema(items[0])}
-        return {"type": "array", "prefixItems": [annotation_schema(i) for i in items], "minItems": len(items)}
+        if len(items) == 1:
+            raise ValueError(f"type tuple[{ast.unparse(items[0])}] holds one value; use list[...] or the value's type")
+        return {"type": "array", "prefixItems": [annotation_schema(i) for i in items]}
     if outer in ("dict", "Dict", "Mapping"):
         return {"type": "object", "additionalProperties": annotation_schema(items[-1])}
     raise ValueError(f"type {outer}[...] has no JSON schema; use list[...], dict[str, ...], Optional or Literal")
 
 
 def _union(members: list[ast.expr]) -> dict[str, Any]:
-    schemas = [annotation_schema(member) for member in members]
-    if all(set(s) == {"type"} and isinstance(s["type"], str) for s in schemas):
-        return {"type": [s["type"] for s in schemas]}
-    return {"anyOf": schemas}
+    """As transformers: the members but None; one is itself, plain types a sorted list, others `anyOf`; a None
+    member adds `nullable`."""
+    schemas = [annotation_schema(member) for member in members if not _is_none(member)]
+    if not schemas:
+        return {"type": "null"}
+    if len(schemas) == 1:
+        schema = dict(schemas[0])
+    elif all(set(s) == {"type"} and isinstance(s["type"], str) for s in schemas):
+        kinds = sorted({s["type"] for s in schemas})
+        schema = {"type": kinds[0] if len(kinds) == 1 else kinds}
+    else:
+        schema = {"anyOf": schemas}
+    if len(schemas) < len(members):
+        schema["nullable"] = True
+    return schema
+
+
+def _members(node: ast.expr) -> list[ast.expr]:
+    """The flat, de-duplicated members of a union, as `typing` makes them (`Optional[int | str]`: int, str, None)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        found = _members(node.left) + _members(node.right)
+    elif isinstance(node, ast.Subscript) and _type_name(node.value) in ("Optional", "Union"):
+        items = list(node.slice.elts) if isinstance(node.slice, ast.Tuple) else [node.slice]
+        extra = [ast.Constant(None)] if _type_name(node.value) == "Optional" else []
+        found = [member for item in items + extra for member in _members(item)]
+    else:
+        found = [node]
+    unique: dict[str, ast.expr] = {}
+    for member in found:
+        unique.setdefault(ast.dump(member), member)
+    return list(unique.values())
+
+
+def _is_none(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return _is_none(parse(node.value, mode="eval").body)
+    return isinstance(node, ast.Constant) and node.value is None
 
 
 def _type_name(node: ast.expr) -> str:
@@ -120,3 +153,17 @@ def parse_docstring(docstring: str) -> tuple[str, dict[str, str]]:
             elif current is not None:
                 params[current] = f"{params[current]} {line.strip()}".strip()
     return " ".join(" ".join(summary).split()), params
+
+
+def tool_defaults(source: str) -> dict[str, dict[str, Any]]:
+    """`{tool: {parameter: default}}` of the literal defaults in `source` (the schemas do not show them)."""
+    cls = next((node for node in parse(source).body if isinstance(node, ast.ClassDef)), None)
+    found: dict[str, dict[str, Any]] = {}
+    for method in tool_methods(cls) if cls is not None else []:
+        for arg, default in tool_parameters(method):
+            if default is not None:
+                try:
+                    found.setdefault(method.name, {})[arg.arg] = ast.literal_eval(default)
+                except ValueError:
+                    pass
+    return found

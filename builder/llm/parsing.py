@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import jsonschema
 from pydantic import BaseModel, ValidationError
 
+from builder.envs.validate import standard_schema
 from builder.records import ToolCall
 
 T = TypeVar("T", bound=BaseModel)
@@ -161,7 +162,7 @@ def check_tool_call(call: ToolCall, tools: tuple[dict[str, Any], ...] | list[dic
         return ParsedToolCall(id=call.id, name=name, error=message)
     if not isinstance(arguments, dict):
         return ParsedToolCall(id=call.id, name=name, error=f"arguments of {name!r} must be a JSON object")
-    schema = by_name[name].get("parameters") or {"type": "object"}
+    schema = standard_schema(by_name[name].get("parameters") or {"type": "object"}, tool_parameters=True)
     problem = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(arguments))
     if problem is not None:
         where = "/".join(str(part) for part in problem.absolute_path) or "(arguments)"

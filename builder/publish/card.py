@@ -2,7 +2,8 @@
 
 The front matter has `configs:` (data_files per split), `dataset_info` (features, num_bytes, num_examples),
 license, tags and task categories; `datasets` reads it back without warnings and checks the row counts against it.
-The body is `string.Template` text with `$placeholders` filled by the small renderers below.
+The body is `string.Template` text with `$placeholders` filled by the small renderers below. The TRL examples
+are the code the card shows and the CI runs (tests/integration/test_trl_sft.py runs `SFT_EXAMPLE` as rendered).
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ from huggingface_hub import DatasetCardData
 
 from builder.publish.columns import COLUMN_DOCS, ROW_MEANING
 from builder.publish.export import CONFIG_SPLITS, SplitFiles, features_of
+from builder.publish.plots import value_label
 from builder.publish.release import PublishError
+from builder.publish.tokens import LENGTH_STEP, TokenStats
 from builder.stats import StageStats
 from builder.usage import Usage
 
 # Package data (pyproject), so the card renders from an installed wheel as from a checkout.
 TEMPLATE = Path(__file__).resolve().parents[1] / "dataset_cards" / "README.md.tmpl"
+CHAT_TEMPLATE = "chat_template.jinja"  # the packaged ChatML+tools template, shipped in every release
 TAGS = ("agents", "tool-use", "environments", "synthetic", "reinforcement-learning", "builder")
 TASK_CATEGORIES = ("reinforcement-learning", "text-generation")
 
@@ -47,6 +51,55 @@ class CardInputs:
     history: list[dict]
     stats: dict[str, StageStats] = field(default_factory=dict)
     export_counts: dict[str, dict] = field(default_factory=dict)
+    tokens: TokenStats | None = None
+
+
+# SFT on the `sft` split with the packaged template (its {% generation %} marks make assistant_only_loss work).
+SFT_EXAMPLE = Template(
+    """import torch
+from datasets import load_dataset
+from huggingface_hub import hf_hub_download
+from trl import SFTConfig, SFTTrainer
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # any model whose tokenizer has <|im_start|> and <|im_end|>
+sft = load_dataset("$repo", "sft", split="train", revision="$tag")
+template = hf_hub_download("$repo", "$chat_template", repo_type="dataset", revision="$tag")
+args = SFTConfig(
+    output_dir="sft-out", chat_template_path=template, assistant_only_loss=True, max_length=$max_length,
+    bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),  # TRL's default, bf16, needs a GPU
+)
+trainer = SFTTrainer(model=MODEL, args=args, train_dataset=sft)
+trainer.train()"""
+)
+
+# GRPO on the `rl` split: builder's sandboxed environments as TRL's environment_factory, rewarded by the checks.
+GRPO_EXAMPLE = Template(
+    """import torch
+from datasets import load_dataset
+from huggingface_hub import hf_hub_download
+from transformers import AutoTokenizer
+from trl import GRPOConfig, GRPOTrainer
+from trl.chat_template_utils import qwen3_template
+from builder.envs.trainer import trl_environment_factories, trl_prompt_row
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+environments = load_dataset("$repo", "environments", split="rl", revision="$tag")
+by_id = {row["env_id"]: row for row in environments}
+rl = load_dataset("$repo", "scenarios", split="rl", revision="$tag")
+rl = rl.filter(lambda row: row["mode"] == "non_conversational")
+rl = rl.map(lambda row: trl_prompt_row(row, by_id[row["env_id"]]))
+template = hf_hub_download("$repo", "$chat_template", repo_type="dataset", revision="$tag")
+tokenizer = AutoTokenizer.from_pretrained(MODEL)
+# The packaged template writes tool calls as Qwen3 does; with Qwen3's own tokenizer drop these two lines.
+tokenizer.chat_template = open(template).read()
+tokenizer.response_template = qwen3_template
+args = GRPOConfig(output_dir="grpo-out", bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+trainer = GRPOTrainer(
+    model=MODEL, processing_class=tokenizer, args=args, train_dataset=rl,
+    environment_factory=trl_environment_factories(environments, rl),
+)
+trainer.train()"""
+)
 
 
 def render_card(inputs: CardInputs, template: Path = TEMPLATE) -> str:
@@ -75,6 +128,10 @@ def _fill(template: Template, inputs: CardInputs, tag: str) -> str:
         stats=_stats(inputs.stats, inputs.export_counts),
         models=_models(inputs.tables),
         tokens=_tokens(inputs.stats, inputs.tables),
+        token_stats=_token_stats(inputs.tokens),
+        sft_example=sft_example(inputs.repo, tag, inputs.tokens),
+        grpo_example=GRPO_EXAMPLE.substitute(repo=inputs.repo, tag=tag, chat_template=CHAT_TEMPLATE),
+        chat_template=CHAT_TEMPLATE,
         plots="\n\n".join(f"**{title}**\n\n![{title}]({path})" for title, path in inputs.plots.items()),
         changelog=_changelog(inputs.history),
     )
@@ -225,6 +282,34 @@ def _tokens(stats: dict[str, StageStats], tables: dict[str, dict[str, pl.DataFra
             f"and {run.failed_calls:,} failed."
         )
     return " ".join(lines)
+
+
+def sft_example(repo: str, tag: str, tokens: TokenStats | None) -> str:
+    """The SFT code of the card; `max_length` fits the longest row (TRL's default, 1024, would cut longer ones)."""
+    max_length = tokens.max_length if tokens is not None and tokens.lengths else 4096
+    return SFT_EXAMPLE.substitute(repo=repo, tag=tag, chat_template=CHAT_TEMPLATE, max_length=max_length)
+
+
+def _token_stats(tokens: TokenStats | None) -> str:
+    if tokens is None:
+        return (
+            "Token lengths were not measured for this release (the embedded tokenizer was not available where it was "
+            "exported); the SFT example below uses `max_length=4096`."
+        )
+    if not tokens.lengths:
+        return "This release has no `sft` rows."
+    figures = [("rows", len(tokens.lengths)), ("min", min(tokens.lengths)), ("median", tokens.quantile(0.5)),
+               ("p90", tokens.quantile(0.9)), ("max", max(tokens.lengths)),
+               ("mean", value_label(sum(tokens.lengths) / len(tokens.lengths)))]  # fmt: skip
+    header = "| " + " | ".join(name for name, _ in figures) + " |"
+    rule = "|" + "---|" * len(figures)
+    values = "| " + " | ".join(f"{value:,}" if isinstance(value, int) else value for _, value in figures) + " |"
+    return (
+        f"Tokens per `sft` row (messages and tools rendered by the packaged template `{CHAT_TEMPLATE}`, counted "
+        f"by the {tokens.tokenizer} tokenizer, as SFTTrainer tokenizes them):\n\n{header}\n{rule}\n{values}\n\n"
+        f"`max_length={tokens.max_length}` (the longest row rounded up to a multiple of {LENGTH_STEP}) cuts no row; "
+        "other tokenizers count differently, so recount with yours if it is not this one."
+    )
 
 
 def _changelog(history: list[dict]) -> str:

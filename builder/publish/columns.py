@@ -22,7 +22,8 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "domain": "domain label, e.g. `library`",
         "code": "the whole Python module (**untrusted code**: run it only in a sandbox)",
         "code_sha256": "sha256 of `code`, to check the code you run is the code published",
-        "tools": "JSON: OpenAI function schemas of the tools (the public methods), in method order",
+        "tools": "JSON: OpenAI function schemas of the tools (the public methods), sorted by name: what "
+        "`transformers.utils.get_json_schema` derives from the methods, in the order TRL lists them",
         "num_tools": "number of tools",
         "state_schema": "JSON: JSON schema of the state attributes",
         "num_scenarios": "number of scenarios of this environment in this release",
@@ -60,7 +61,7 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "messages": "the conversation: `role`, `content`, `tool_calls` (`id`, `type`, `function` with `name` and "
         "`arguments` as JSON text), `tool_call_id`, `name`, `reasoning_content` (the agent's thinking when the "
         "model thought, else null; Qwen3's chat template renders it)",
-        "tools": "JSON: the tool schemas the agent saw",
+        "tools": "JSON: the environment's tool schemas, as in `environments` (the agent saw the same tools)",
         "reward": "fraction of checks passed (1.0 here: only solved trajectories are published)",
         "checks_passed": "one verdict per check, in the scenario's `checks` order",
         "num_turns": "assistant messages in the conversation",

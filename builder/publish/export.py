@@ -18,6 +18,8 @@ import polars as pl
 import pyarrow.parquet as pq
 from datasets import Features, List, Value
 
+from builder.envs.lint import ContractError
+from builder.envs.schema import inspect_source
 from builder.rollout.episode import INFRA_END_REASONS
 from builder.splits import is_rl_environment
 
@@ -65,15 +67,20 @@ def build_tables(
     Only accepted environments are published, with their scenarios. What select chose is the release: `sft`
     holds the trajectories of the `sft` selections, the `rl` split of `scenarios` the scenarios of the `rl`
     selections (in the pass-rate band); a trajectory or an rl scenario select never chose is not published.
-    A scenario's `pass_rate` is the one select measured for it, else (never judged) its graded rollouts'. Rows
-    are sorted by id, so the same store always gives the same files.
+    A scenario's `pass_rate` is the one select measured for it, else (never judged) its graded rollouts'. The
+    `tools` of environments and `sft` rows are derived from the environment's code (one convention, whatever
+    the stored rows hold). Rows are sorted by id, so the same store always gives the same files.
     """
     envs = environments.filter(pl.col("status") == "accepted")
+    envs = envs.with_columns(
+        pl.struct("code", "tools").map_elements(_derived_tools, return_dtype=pl.String).alias("tools")
+    )
     rl_ids = {env_id for env_id in envs["id"].to_list() if is_rl_environment(env_id, rl_fraction)}
     scen = _scenario_table(scenarios.filter(pl.col("env_id").is_in(envs["id"].implode())), trajectories, selections)
     env = _environment_table(envs, scen)
     chosen = selections.filter(pl.col("kind") == "sft")["subject_id"].implode()
-    sft = _sft_table(trajectories.filter(pl.col("env_id").is_in(env["env_id"].implode()) & pl.col("id").is_in(chosen)))
+    published = trajectories.filter(pl.col("env_id").is_in(env["env_id"].implode()) & pl.col("id").is_in(chosen))
+    sft = _sft_table(published.drop("tools").join(env.select("env_id", "tools"), on="env_id", how="left"))
     in_rl = pl.col("env_id").is_in(list(rl_ids))
     in_band = pl.col("scenario_id").is_in(selections.filter(pl.col("kind") == "rl")["subject_id"].implode())
     return {
@@ -146,6 +153,17 @@ def _sft_table(trajectories: pl.DataFrame) -> pl.DataFrame:
         .select(SFT_COLUMNS)
         .sort("trajectory_id")
     )
+
+
+def _derived_tools(row: dict) -> str:
+    """The tools as derived from the code now, sorted by name: rows stored under an older schema convention are
+    published in the current one, and in the order TRL lists an environment's methods (`inspect.getmembers`), so
+    the `tools` render into the same prompt as TRL's GRPO prompt (`builder.envs.schema`)."""
+    try:
+        tools = list(inspect_source(row["code"]).tools)
+    except ContractError:  # accepted under an older contract: publish what was stored
+        tools = json.loads(row["tools"])
+    return json.dumps(sorted(tools, key=lambda tool: tool["function"]["name"]), ensure_ascii=False)
 
 
 def _sha256(text: str) -> str:

@@ -21,8 +21,9 @@ import polars as pl
 
 from builder import __version__
 from builder.config import BuildConfig, config_hash
+from builder.llm.weights import chatml_tools_template
 from builder.publish.backends import Backend, GitBackend, HfBackend, release_files
-from builder.publish.card import TEMPLATE, CardInputs, render_card
+from builder.publish.card import CHAT_TEMPLATE, TEMPLATE, CardInputs, render_card
 from builder.publish.export import build_tables, write_tables
 from builder.publish.plots import write_plots
 from builder.publish.release import (
@@ -36,6 +37,7 @@ from builder.publish.release import (
     previous_version,
     tag_of,
 )
+from builder.publish.tokens import sft_token_stats
 from builder.stats import load_stats
 from builder.store import Store
 
@@ -117,8 +119,10 @@ def _write_release(
     previous: dict | None,
     stats_path: Path | None,
 ) -> dict:
-    """Data shards, plots, card, then the manifest (last, since it hashes every other file)."""
+    """Data shards, chat template, plots, card, then the manifest (last, since it hashes every other file)."""
     files = write_tables(tables, root, max_shard_bytes=int(config.hub.max_shard_mb * 2**20))
+    shutil.copyfile(chatml_tools_template(), root / CHAT_TEMPLATE)
+    tokens = sft_token_stats(tables["sft"]["train"])
     counts = {f"{c}/{s}": f.num_examples for (c, s), f in files.items()}
     contents = {
         "environments": sorted(pl.concat(list(tables["environments"].values()))["env_id"].to_list()),
@@ -134,10 +138,11 @@ def _write_release(
         license=config.hub.license,
         tables=tables,
         files=files,
-        plots=write_plots(tables, root),
+        plots=write_plots(tables, root, tokens),
         history=history,
         stats=load_stats(stats_path) if stats_path else {},
         export_counts=export_counts(frames, tables),
+        tokens=tokens,
     )
     template = config.hub.card_template or TEMPLATE
     if not template.is_file():

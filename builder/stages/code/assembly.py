@@ -20,6 +20,7 @@ from typing import Any
 from builder.envs.lint import lint
 from builder.envs.schema import inspect_source
 from builder.envs.signatures import annotation_schema, tool_methods
+from builder.envs.validate import standard_schema
 from builder.pyast import parse, symbols
 from builder.records import EnvPlan, OperationPlan
 from builder.sandbox.allowed import ALLOWED_MODULES
@@ -271,7 +272,7 @@ def schema_problems(tool: dict[str, Any] | None, op: OperationPlan) -> list[str]
     if tool is None:
         return [f"the method {op.name} is missing; {expected}"]
     parameters = tool["function"]["parameters"]
-    properties, required = parameters["properties"], set(parameters["required"])
+    properties, required = parameters["properties"], set(parameters.get("required", ()))
     planned = {p.name: p for p in op.parameters}
     problems = []
     for name in [p.name for p in op.parameters if p.name not in properties]:
@@ -305,7 +306,7 @@ def state_schema(plan: EnvPlan) -> dict[str, Any]:
     for entity in plan.entities:
         attributes = {}
         for attribute in entity.attributes:
-            schema = annotation_schema(parse(attribute.type, mode="eval").body)
+            schema = standard_schema(annotation_schema(parse(attribute.type, mode="eval").body))
             attributes[attribute.name] = {
                 **schema,
                 **({"description": attribute.description} if attribute.description else {}),

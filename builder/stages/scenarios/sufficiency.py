@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,6 +203,7 @@ def unsupported_arguments(
     text: str,
     tools: Sequence[dict[str, Any]],
     now: str | None = None,
+    defaults: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[str]:
     """One message per gold argument value that neither `text`, an earlier result nor the tool schema gives.
 
@@ -212,6 +213,8 @@ def unsupported_arguments(
         text: what the user says (the task, or the user script of a conversation).
         tools: the environment's OpenAI tool schemas.
         now: the scenario's date-time, from which days the user names relatively ("tomorrow") are counted.
+        defaults: `{tool: {parameter: default}}` (`builder.envs.schema.tool_defaults`): the schemas do not show
+            defaults, and passing one is what leaving the argument out does.
     """
     parameters = {
         tool["function"]["name"]: tool["function"].get("parameters", {}).get("properties", {}) for tool in tools
@@ -222,7 +225,10 @@ def unsupported_arguments(
         sources.add_relative_dates(text, now)
     for index, action in enumerate(actions):
         schemas = parameters.get(action.name, {})
+        given = (defaults or {}).get(action.name, {})
         for name, value in action.arguments.items():
+            if name in given and value == given[name]:
+                continue
             schema = schemas.get(name) if isinstance(schemas.get(name), dict) else {}
             seen = sources
             if schema.get("description"):  # "kind: 'checking' or 'savings'": the schema names the vocabulary

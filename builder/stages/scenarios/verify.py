@@ -17,6 +17,7 @@ from builder.envs.checks import CheckResult, checks_from_scenario, run_checks
 from builder.envs.lint import lint
 from builder.envs.probe import generate_arguments
 from builder.envs.session import Session, SessionError, ToolResult
+from builder.envs.signatures import tool_defaults
 from builder.evidence import Ablation, GoldResult
 from builder.frozen import Frozen
 from builder.pyast import parse
@@ -196,10 +197,11 @@ def verify(
         return Evidence(reason="gold_call_failed", detail=" | ".join(failed), gold_problems=failed, **seen)
     # Checked on the actual results, before the other gates: its repair is a new task, which replaces the rest.
     results = [result.result for result, _ in outcomes]
+    defaults = tool_defaults(code)
     underspecified = {
         mode: tuple(problems)
         for mode, text in (texts or {}).items()
-        if (problems := unsupported_arguments(actions, results, text, tools, now))
+        if (problems := unsupported_arguments(actions, results, text, tools, now, defaults))
     }
     if underspecified:
         detail = " | ".join(f"{mode}: {'; '.join(problems)}" for mode, problems in underspecified.items())

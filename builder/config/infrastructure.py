@@ -111,7 +111,6 @@ class LLMConfig(Section):
         "doubled, at most this many times and never past what the context leaves (0: never).",
     )
 
-
     @model_validator(mode="after")
     def _one_way_to_reach_servers(self) -> LLMConfig:
         if self.url and self.urls:

@@ -3,9 +3,10 @@
 A fixed number is wrong both ways: below a server's knee it leaves throughput behind (the measured 16 in flight
 made 0.72 of the best), above it requests only queue for the KV cache and wait longer. `InFlightLimit` climbs:
 after each window of answered requests it compares the window's completion tokens/s with the previous window's
-and keeps moving the limit the way that helped, turns round when it hurt, and stays when the change was within
-the noise. A server whose KV cache is full queues what it cannot batch, so its throughput stops rising and the
-climb stops there; `high` is the hard ceiling.
+and keeps moving the limit the way that helped and turns round when it hurt. A change within the noise means the
+knee is passed: a server whose KV cache is full queues what it cannot batch, so more in flight stops paying; the
+limit goes back to the smaller value, which did as well, and stays until the throughput changes. `high` is the
+hard ceiling.
 
 Only windows in which the limit was reached count: a server offered fewer requests than its limit answers with
 the demand's throughput, which says nothing about a higher limit.
@@ -50,6 +51,7 @@ class InFlightLimit:
         self._clock = clock
         self._direction = 1
         self._previous: float | None = None  # tokens/s of the last window that counted
+        self._before = start  # the limit before the last move
         self._reset()
 
     def started(self, in_flight: int) -> None:
@@ -72,9 +74,14 @@ class InFlightLimit:
             if rate < previous * (1 - TOLERANCE):
                 self._direction = -self._direction
             elif rate <= previous * (1 + TOLERANCE):
-                return  # no measurable change: at the knee
+                if self._direction > 0:
+                    # Past the knee: more in flight only queued. Back to the smaller limit, which did as well.
+                    self._direction = -1
+                    self.current, self._before = self._before, self.current
+                return
         factor = GROWTH if self._direction > 0 else SHRINK
         moved = math.ceil(self.current * factor) if self._direction > 0 else math.floor(self.current * factor)
+        self._before = self.current
         self.current = max(self.low, min(self.high, moved))
 
     def _reset(self) -> None:

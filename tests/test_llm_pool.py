@@ -213,3 +213,12 @@ async def test_the_http_probe_tells_a_live_server_from_a_dead_one() -> None:
         stub.kill()
         assert not await backend.healthy()
         await backend.aclose()
+
+
+def test_urls_are_set_from_the_command_line_and_do_not_change_the_config_hash() -> None:
+    from builder.config import load_config
+    from builder.config.tree import config_hash
+
+    config = load_config(None, ['llm.urls=["http://a:8000/v1", "http://b:8000/v1"]', "llm.max_in_flight_per_server=64"])
+    assert config.llm.urls == ("http://a:8000/v1", "http://b:8000/v1")
+    assert config_hash(config) == config_hash(load_config(None, []))  # where the servers are changes no output

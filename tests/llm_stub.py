@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -46,8 +47,9 @@ def completion(
 class StubServer:
     """Serves `respond(body) -> (status, json)` for POST /v1/chat/completions; records request bodies.
 
-    Like vLLM, it can also answer POST /tokenize (`tokenize(body) -> (status, json)`, bodies recorded in
-    `tokenized`; 404 without it) and GET /version (`{"version": version}` when given).
+    `kill()` stops it the way a crashed server stops. Like vLLM, it can also answer POST /tokenize
+    (`tokenize(body) -> (status, json)`, bodies recorded in `tokenized`; 404 without it) and GET /version
+    (`{"version": version}` when given).
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class StubServer:
         self.tokenize = tokenize
         self.version = version
         self.requests: list[dict[str, Any]] = []
+        self.killed = threading.Event()
         self.tokenized: list[dict[str, Any]] = []
         stub = self
 
@@ -70,6 +73,9 @@ class StubServer:
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:  # noqa: N802
+                if stub.killed.is_set():
+                    self._drop()
+                    return
                 if self.path == "/version" and stub.version is not None:
                     self._send(200, {"version": stub.version})
                 else:
@@ -77,6 +83,9 @@ class StubServer:
 
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if stub.killed.is_set():
+                    self._drop()
+                    return
                 if self.path == "/tokenize":
                     stub.tokenized.append(body)
                     self._send(*(stub.tokenize(body) if stub.tokenize else (404, {"detail": "Not Found"})))
@@ -84,7 +93,15 @@ class StubServer:
                 stub.requests.append(body)
                 if stub.delay_s:
                     time.sleep(stub.delay_s)
-                self._send(*stub.respond(body))
+                answer = stub.respond(body)
+                if stub.killed.is_set():  # killed while this request was in flight: it is never answered
+                    self._drop()
+                    return
+                self._send(*answer)
+
+            def _drop(self) -> None:
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
 
             def _send(self, status: int, data: dict[str, Any]) -> None:
                 raw = json.dumps(data).encode()
@@ -109,6 +126,14 @@ class StubServer:
         self.thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def kill(self) -> None:
+        """Stop like a crashed server: no new connections, and no request in flight or on an open connection is
+        answered (each connection is dropped)."""
+        self.killed.set()
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.killed.is_set():
+            self.httpd.shutdown()
+            self.httpd.server_close()

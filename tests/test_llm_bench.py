@@ -21,13 +21,23 @@ def test_bench_measures_both_phases(tmp_path: Path) -> None:
     with StubServer(respond, delay_s=0.02) as stub:
         config = LLMConfig(url=stub.url, max_concurrency=4)
         result = run_bench(config, tmp_path, requests=12, max_tokens=16, server_concurrency=8)
-    assert len(stub.requests) == 2 + 12 + 12  # warm-up, raw phase, client phase
+    assert len(stub.requests) == 2 + 12 + 36 + 12  # warm-up, raw phase, pacing pass, client phase
     assert result.server_tok_s > 0 and result.client_tok_s > 0
     assert result.ratio == result.client_tok_s / result.server_tok_s
     # Figures, not a timing target (a loaded machine may take any time): ordered and finite.
     assert 0 <= result.overhead_p50_ms <= result.overhead_p99_ms < float("inf")
-    assert (result.server_concurrency, result.client_concurrency) == (8, 4)
+    assert (result.server_concurrency, result.start_concurrency) == (8, 4)
+    # The stub answers in parallel, so more in flight pays: the limit climbed past the fixed 4 to the offered 8.
+    assert result.client_concurrency >= 8
     assert "ratio client/server" in result.to_text()
+
+
+def test_bench_with_fixed_concurrency_keeps_the_client_at_its_limit(tmp_path: Path) -> None:
+    with StubServer(respond, delay_s=0.02) as stub:
+        config = LLMConfig(url=stub.url, max_concurrency=3, adaptive_concurrency=False)
+        result = run_bench(config, tmp_path, requests=12, max_tokens=16, server_concurrency=8, pacing_requests=0)
+    assert len(stub.requests) == 2 + 12 + 12  # no pacing pass
+    assert (result.start_concurrency, result.client_concurrency) == (3, 3)
 
 
 def test_bench_json_has_exactly_the_issue_keys(tmp_path: Path) -> None:

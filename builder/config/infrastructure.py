@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from builder.config.section import Section
 
@@ -28,6 +28,12 @@ class LLMConfig(Section):
     )
     url: str | None = Field(
         None, description="Use this OpenAI-compatible endpoint (…/v1) instead of starting a vLLM server."
+    )
+    urls: tuple[str, ...] = Field(
+        (),
+        description="Several OpenAI-compatible endpoints (…/v1) serving the same model under "
+        "llm.served_model_name, used instead of llm.url: each request goes to the least loaded server in "
+        "rotation, and one that fails is routed around (its requests retried on the others). See docs/llm.md.",
     )
     device: Literal["auto", "cpu", "gpu"] = Field("auto", description="Which vLLM to start; auto detects a GPU.")
     max_model_len: int = Field(
@@ -71,7 +77,20 @@ class LLMConfig(Section):
     )
     cpu_kvcache_space_gb: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU (1 GiB ≈ 46k tokens).")
     server_start_timeout_s: float = Field(600.0, gt=0, description="How long to wait for the server's /health.")
-    max_concurrency: int = Field(16, ge=1, description="Requests in flight at once, so vLLM can batch them.")
+    max_concurrency: int = Field(
+        16,
+        ge=1,
+        description="Requests in flight at once, so vLLM can batch them; with llm.urls the starting number per "
+        "server, which llm.adaptive_concurrency then moves.",
+    )
+    adaptive_concurrency: bool = Field(
+        True,
+        description="With llm.urls: raise and lower each server's requests in flight by the throughput it "
+        "answers with (between 1 and llm.max_in_flight_per_server).",
+    )
+    max_in_flight_per_server: int = Field(
+        256, ge=1, description="With llm.urls: the most requests one server is given at once."
+    )
     request_timeout_s: float = Field(300.0, gt=0, description="A single request is abandoned after this long.")
     max_retries: int = Field(4, ge=0, description="Retries on connection errors, timeouts and 5xx (never 4xx).")
     structured_retries: int = Field(2, ge=0, description="Re-asks with the validation error fed back.")
@@ -91,6 +110,16 @@ class LLMConfig(Section):
         description="A reply cut at its completion budget (finish_reason 'length') is asked again with the budget "
         "doubled, at most this many times and never past what the context leaves (0: never).",
     )
+
+    @model_validator(mode="after")
+    def _one_way_to_reach_servers(self) -> LLMConfig:
+        if self.url and self.urls:
+            raise ValueError("set llm.url (one server) or llm.urls (several), not both")
+        if len(set(self.urls)) != len(self.urls):
+            raise ValueError("llm.urls lists a server twice")
+        if self.urls and self.max_concurrency > self.max_in_flight_per_server:
+            raise ValueError("llm.max_concurrency exceeds llm.max_in_flight_per_server")
+        return self
 
 
 class SandboxConfig(Section):

@@ -42,6 +42,9 @@ OPERATIONAL_KEYS = frozenset(
     {
         "run.runs_root",
         "llm.url",
+        "llm.urls",
+        "llm.adaptive_concurrency",
+        "llm.max_in_flight_per_server",
         "llm.device",
         "llm.tensor_parallel_size",
         "llm.server_start_timeout_s",

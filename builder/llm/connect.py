@@ -17,6 +17,8 @@ from builder.llm.cache import ResponseCache
 from builder.llm.client import LLMClient
 from builder.llm.errors import ServerError
 from builder.llm.openai_backend import OpenAIChatModel
+from builder.llm.pacing import InFlightLimit
+from builder.llm.pool import Endpoint, EndpointPool
 from builder.llm.server import VLLMServer, check_external_server
 from builder.llm.weights import EMBEDDED_MODEL, EMBEDDED_MODEL_CONTEXT
 from builder.records import Sampling
@@ -27,9 +29,9 @@ RL_AGENT_SERVER_LOG = "rl_agent_server.log"
 
 
 def served_model_id(config: LLMConfig) -> str:
-    """The model's name in provenance, `Trajectory.model` and every cache key: the served name on `config.url`,
-    else the model the managed server loads."""
-    return config.served_model_name if config.url else config.model
+    """The model's name in provenance, `Trajectory.model` and every cache key: the served name on `config.url`
+    (or `config.urls`), else the model the managed server loads."""
+    return config.served_model_name if config.url or config.urls else config.model
 
 
 def rl_agent_config(config: BuildConfig) -> LLMConfig | None:
@@ -75,7 +77,8 @@ def open_llm(
     cache: bool | None = None,
     server_log: str = SERVER_LOG,
 ) -> Iterator[LLMClient]:
-    """Yield an `LLMClient` for `config`, starting a managed vLLM server unless `config.url` is set.
+    """Yield an `LLMClient` for `config`, starting a managed vLLM server unless `config.url` (or `config.urls`,
+    several servers balanced by `pool.EndpointPool`) is set.
 
     The server log goes to `run_dir/<server_log>` and replies are cached in `run_dir/llm_cache.sqlite`
     (unless `cache`, or else `config.cache`, is false; the key includes the model id, so two models sharing
@@ -91,6 +94,23 @@ def open_llm(
     run_dir = Path(run_dir)
     use_cache = config.cache if cache is None else cache
     with ExitStack() as stack:
+        if config.urls:
+            response_cache = stack.enter_context(ResponseCache(run_dir / CACHE_FILE)) if use_cache else None
+            pool = endpoint_pool(config)
+            # The pool paces each server; the client's bound only keeps the total within what they can take, and
+            # its timeout spans queueing for a free server and re-routes (each attempt has request_timeout_s).
+            whole = {
+                "max_concurrency": pool.capacity,
+                "request_timeout_s": config.request_timeout_s * (len(pool.endpoints) + 1),
+            }
+            yield client_for(
+                config.model_copy(update=whole),
+                pool,
+                model_id=served_model_id(config),
+                cache=response_cache,
+                on_call=on_call,
+            )
+            return
         if config.url:
             is_vllm = check_external_server(config.url) is not None
             url, context = config.url, config.max_model_len
@@ -112,6 +132,19 @@ def open_llm(
             on_call=on_call,
             context_tokens=context,
         )
+
+
+def endpoint_pool(config: LLMConfig) -> EndpointPool:
+    """The pool over `config.urls`: one backend per server, each starting at llm.max_concurrency in flight."""
+    endpoints = []
+    for url in config.urls:
+        is_vllm = check_external_server(url) is not None
+        backend = OpenAIChatModel(url, config.served_model_name, timeout_s=config.request_timeout_s, tokenize=is_vllm)
+        limit = InFlightLimit(
+            config.max_concurrency, high=config.max_in_flight_per_server, fixed=not config.adaptive_concurrency
+        )
+        endpoints.append(Endpoint(url=url, backend=backend, limit=limit))
+    return EndpointPool(endpoints)
 
 
 def client_for(

@@ -98,6 +98,15 @@ class OpenAIChatModel:
         count = answer.get("count") if isinstance(answer, dict) else None
         return count if isinstance(count, int) and count >= 0 else None
 
+    async def healthy(self) -> bool:
+        """Whether the server answers `GET …/v1/models` (every OpenAI-compatible server has it; vLLM's `/health`
+        is vLLM's own). The pool's probe of a server it took out of rotation."""
+        try:
+            await self._client().models.list()
+        except openai.APIError:
+            return False
+        return True
+
     async def aclose(self) -> None:
         """Close the connection pool of the current event loop (optional; it is also dropped with the
         loop)."""

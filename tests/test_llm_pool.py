@@ -1,0 +1,224 @@
+"""Several model servers (`llm.urls`): balancing by requests in flight, a killed server routed around with
+nothing lost or answered twice, probes bringing a server back, the cache and the ledger unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llm_stub import StubServer, completion
+from pydantic import ValidationError
+
+from builder.config import LLMConfig
+from builder.llm import ChatRequest, LLMRequestError, OpenAIChatModel, TransientLLMError, open_llm
+from builder.llm.base import CallRecord, Reply, TokenUsage
+from builder.llm.pacing import InFlightLimit
+from builder.llm.pool import Endpoint, EndpointPool
+from builder.records import ChatMessage, Sampling
+
+
+def ask(index: int) -> ChatRequest:
+    return ChatRequest(messages=(ChatMessage(role="user", content=f"q{index}"),), sampling=Sampling(max_tokens=8))
+
+
+def echo(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    return 200, completion(f"a:{body['messages'][0]['content']}")
+
+
+class Concurrency:
+    """A responder that answers like `echo` after `delay_s` and records the most requests it held at once."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.now = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        with self._lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+        time.sleep(self.delay_s)
+        with self._lock:
+            self.now -= 1
+        return echo(body)
+
+
+def config(*urls: str, **more: Any) -> LLMConfig:
+    return LLMConfig(urls=urls, max_model_len=4096, **{"max_retries": 2, **more})
+
+
+def test_requests_are_spread_by_in_flight_and_each_server_kept_to_its_limit(tmp_path: Path) -> None:
+    first, second = Concurrency(0.05), Concurrency(0.05)
+    with StubServer(first) as a, StubServer(second) as b:
+        cfg = config(a.url, b.url, max_concurrency=3, adaptive_concurrency=False)
+        with open_llm(cfg, tmp_path, cache=False) as client:
+
+            async def run() -> list[Reply]:
+                replies = await asyncio.gather(*(client.chat(ask(i)) for i in range(24)))
+                await client.aclose()
+                return list(replies)
+
+            replies = asyncio.run(run())
+    assert [reply.content for reply in replies] == [f"a:q{i}" for i in range(24)]
+    assert len(a.requests) + len(b.requests) == 24 and min(len(a.requests), len(b.requests)) >= 8
+    assert first.peak == 3 and second.peak == 3  # both kept full, neither given more than its limit
+
+
+def test_a_server_killed_mid_run_loses_nothing_and_answers_nothing_twice(tmp_path: Path) -> None:
+    records: list[CallRecord] = []
+    with StubServer(echo, delay_s=0.05) as a, StubServer(echo, delay_s=0.05) as b:
+        cfg = config(a.url, b.url, max_concurrency=4)
+        with open_llm(cfg, tmp_path, on_call=records.append) as client:
+
+            async def run() -> list[Reply]:
+                tasks = [asyncio.ensure_future(client.chat(ask(i))) for i in range(40)]
+                while len(a.requests) < 6:
+                    await asyncio.sleep(0.01)
+                a.kill()  # four of its requests are in flight and are never answered
+                replies = await asyncio.gather(*tasks)
+                await client.aclose()
+                return list(replies)
+
+            replies = asyncio.run(run())
+            totals = client.totals
+    assert [reply.content for reply in replies] == [f"a:q{i}" for i in range(40)]
+    answered_by_b = [body["messages"][0]["content"] for body in b.requests]
+    assert len(answered_by_b) == len(set(answered_by_b))  # no request sent to the survivor twice
+    assert len(a.requests) + len(b.requests) > 40  # some were sent to the dead server and then re-routed
+    # The ledger: one call per request, each with the usage of the one reply that came back.
+    assert len(records) == 40 and all(record.ok and record.attempts == 1 for record in records)
+    assert totals.calls == 40 and totals.failed_calls == 0
+    assert sum(reply.cost.calls for reply in replies) == 40
+
+
+def test_the_response_cache_is_shared_by_all_servers(tmp_path: Path) -> None:
+    with StubServer(echo) as a, StubServer(echo) as b:
+        with open_llm(config(a.url, b.url), tmp_path) as client:
+            first = asyncio.run(client.chat(ask(1)))
+        with open_llm(config(b.url, a.url), tmp_path) as client:  # another order: same model, same cache
+            again = asyncio.run(client.chat(ask(1)))
+    assert len(a.requests) + len(b.requests) == 1
+    assert again.content == first.content and again.cost.cached_calls == 1
+
+
+def test_a_rejected_request_is_not_sent_to_another_server(tmp_path: Path) -> None:
+    with StubServer(lambda body: (400, {"message": "bad tool"})) as a, StubServer(echo) as b:
+        with open_llm(config(a.url, b.url), tmp_path, cache=False) as client:
+            with pytest.raises(LLMRequestError, match="bad tool") as caught:
+                asyncio.run(client.chat(ask(1)))
+    assert caught.value.status_code == 400 and len(b.requests) == 0
+
+
+def test_every_server_down_fails_as_retryable_after_the_clients_retries(tmp_path: Path) -> None:
+    with StubServer(echo) as a, StubServer(echo) as b:
+        a.kill()
+        b.kill()
+        cfg = config(a.url, b.url, max_retries=1)
+        with open_llm(cfg, tmp_path, cache=False) as client:
+            client.backoff_base_s = 0.01
+            with pytest.raises(LLMRequestError, match="no server of 2 answered") as caught:
+                asyncio.run(client.chat(ask(1)))
+    assert caught.value.retryable
+
+
+class Flaky:
+    """A backend that answers while `alive`, fails like a dead server otherwise, and is probed by `healthy`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.alive = True
+        self.asked = 0
+
+    async def chat(self, request: ChatRequest) -> Reply:
+        self.asked += 1
+        if not self.alive:
+            raise TransientLLMError(f"connection refused ({self.name})")
+        return Reply(content=self.name, usage=TokenUsage(completion_tokens=1))
+
+    async def healthy(self) -> bool:
+        return self.alive
+
+
+def pool_of(*backends: Flaky, clock: Any = time.monotonic) -> EndpointPool:
+    endpoints = [Endpoint(url=b.name, backend=b, limit=InFlightLimit(2, fixed=True)) for b in backends]
+    return EndpointPool(endpoints, probe_interval_s=10.0, clock=clock)
+
+
+async def test_a_failed_server_comes_back_after_a_successful_probe() -> None:
+    now = [0.0]
+    a, b = Flaky("a"), Flaky("b")
+    pool = pool_of(a, b, clock=lambda: now[0])
+    a.alive = False
+    assert (await pool.chat(ask(1))).content == "b"  # a failed it and b answered
+    assert [e.up for e in pool.endpoints] == [False, True]
+    a.alive = True
+    assert (await pool.chat(ask(2))).content == "b"  # too early for a probe: a stays out
+    now[0] = 10.0
+    await pool.chat(ask(3))  # starts the probe
+    await asyncio.sleep(0)
+    assert [e.up for e in pool.endpoints] == [True, True]
+    assert (await pool.chat(ask(4))).content == "a"  # the least loaded, first listed
+    assert pool.summary()[0]["failed"] == 1 and pool.summary()[1]["answered"] == 3
+
+
+async def test_a_server_that_fails_its_probe_stays_out() -> None:
+    now = [0.0]
+    a, b = Flaky("a"), Flaky("b")
+    pool = pool_of(a, b, clock=lambda: now[0])
+    a.alive = False
+    await pool.chat(ask(1))
+    now[0] = 10.0
+    await pool.chat(ask(2))
+    await asyncio.sleep(0)
+    assert not pool.endpoints[0].up and a.asked == 1  # probed, not sent requests
+
+
+async def test_a_pool_with_every_server_out_fails_at_once() -> None:
+    a = Flaky("a")
+    a.alive = False
+    pool = pool_of(a)
+    with pytest.raises(TransientLLMError, match="connection refused"):
+        await pool.chat(ask(1))
+    with pytest.raises(TransientLLMError, match="none is in rotation"):
+        await pool.chat(ask(2))
+
+
+def test_an_empty_pool_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one server"):
+        EndpointPool([])
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"url": "http://a/v1", "urls": ("http://b/v1",)}, "not both"),
+        ({"urls": ("http://a/v1", "http://a/v1")}, "twice"),
+        ({"urls": ("http://a/v1",), "max_concurrency": 300}, "max_in_flight_per_server"),
+    ],
+)
+def test_contradictory_server_settings_are_config_errors(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        LLMConfig(**fields)
+
+
+async def test_the_http_probe_tells_a_live_server_from_a_dead_one() -> None:
+    with StubServer(echo) as stub:
+        backend = OpenAIChatModel(stub.url, "local", timeout_s=5.0)
+        assert await backend.healthy()
+        stub.kill()
+        assert not await backend.healthy()
+        await backend.aclose()
+
+
+def test_urls_are_set_from_the_command_line_and_do_not_change_the_config_hash() -> None:
+    from builder.config import load_config
+    from builder.config.tree import config_hash
+
+    config = load_config(None, ['llm.urls=["http://a:8000/v1", "http://b:8000/v1"]', "llm.max_in_flight_per_server=64"])
+    assert config.llm.urls == ("http://a:8000/v1", "http://b:8000/v1")
+    assert config_hash(config) == config_hash(load_config(None, []))  # where the servers are changes no output

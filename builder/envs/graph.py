@@ -178,7 +178,9 @@ def extract_graph(
     access = state_access(code)
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in interface.tools}
     nodes = tuple(
-        ToolNode(name=name, parameters=tuple(schemas[name]["properties"]), reads=access[name][0], writes=access[name][1])
+        ToolNode(
+            name=name, parameters=tuple(schemas[name]["properties"]), reads=access[name][0], writes=access[name][1]
+        )
         for name in schemas
     )
     with Session(sandbox, code, state, interface=interface, now=now, seed=seed) as session:

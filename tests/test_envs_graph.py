@@ -1,5 +1,6 @@
 """The tool dependency graph of the fixture environments: state access from the code, data edges by execution."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,34 @@ def test_state_values_prefer_the_named_collection_and_never_invent():
     assert state_values("amount", {"type": "integer"}, state) == []
     sets = argument_sets({"properties": {"account_id": {"type": "string"}}, "required": ["account_id"]}, state)
     assert sets == [{"account_id": "acc-1"}]
+
+
+def test_env_graph_command_prints_text_json_and_dot(tmp_path, capsys):
+    from builder.cli import main
+
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"books": {"b9": {"title": "Ulysses", "author": "Joyce", "copies": 1}},
+                                 "members": {"m1": {"name": "Sam", "max_loans": 2, "fines_cents": 0}},
+                                 "loans": [], "today": "2024-05-01"}))  # fmt: skip
+    assert main(["env", "graph", str(FIXTURES / "library.py"), "--state", str(state), "--profile", "none"]) == 0
+    text = capsys.readouterr().out
+    assert "borrow: reads books, loans, members, today; writes books, loans" in text
+    assert "data: search_books.[].book_id -> borrow(book_id) e.g. 'b9'" in text
+    assert main(["env", "graph", str(FIXTURES / "bank.py"), "--json", "--profile", "none"]) == 0
+    graph = json.loads(capsys.readouterr().out)
+    assert {"kind", "source", "target", "output", "input", "example"} == set(graph["edges"][0])
+    assert main(["env", "graph", str(FIXTURES / "bank.py"), "--dot", "--profile", "none"]) == 0
+    assert capsys.readouterr().out.startswith("digraph tools {")
+
+
+def test_env_graph_command_fails_on_a_broken_environment(tmp_path, capsys):
+    from builder.cli import main
+
+    broken = tmp_path / "broken.py"
+    broken.write_text("x = 1\n")
+    assert main(["env", "graph", str(broken), "--profile", "none"]) == 1
+    assert "violates the contract" in capsys.readouterr().err
+    assert main(["env", "graph", str(tmp_path / "missing.py"), "--profile", "none"]) == 1
+    with pytest.raises(SystemExit) as usage:
+        main(["env", "graph", str(FIXTURES / "bank.py"), "--json", "--dot"])
+    assert usage.value.code == 2

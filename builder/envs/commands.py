@@ -57,10 +57,11 @@ def env_check(
 
 def env_graph(
     path: Path, state_path: Path | None = None, form: str = "text",
-    config: SandboxConfig | None = None, out: TextIO = sys.stdout, now: str = DEFAULT_NOW,
+    config: SandboxConfig | None = None, out: TextIO | None = None, now: str = DEFAULT_NOW,
 ) -> int:  # fmt: skip
     """Print the tool dependency graph from STATE (default: `__init__`'s) as text, JSON or DOT; exit 1 if the
-    environment violates the contract or does not load."""
+    environment violates the contract or does not load. `out` defaults to the `sys.stdout` of the call."""
+    out = out or sys.stdout
     source = _read(path)
     state = _read_json(state_path) if state_path else None
     try:

@@ -1,4 +1,5 @@
-"""`env check`, `env schema` and `env replay`: one environment file, linted, loaded and called in the sandbox."""
+"""`env check`, `env schema`, `env graph` and `env replay`: one environment file, linted, loaded and called in
+the sandbox."""
 
 from __future__ import annotations
 
@@ -21,6 +22,15 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     schema = env_commands.add_parser("schema", help="print the tools as an OpenAI `tools` JSON list")
     schema.add_argument("path", type=Path, metavar="ENV.py")
     schema.set_defaults(handler=cmd_env_schema)
+    graph = env_commands.add_parser("graph", help="print the tool dependency graph (data and state edges)")
+    graph.add_argument("path", type=Path, metavar="ENV.py")
+    graph.add_argument("--state", type=Path, metavar="STATE.json", help="initial state (default: __init__'s)")
+    form = graph.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_const", dest="form", const="json", help="print one JSON object")
+    form.add_argument("--dot", action="store_const", dest="form", const="dot", help="print Graphviz DOT")
+    _add_now_option(graph)
+    add_config_options(graph)
+    graph.set_defaults(handler=cmd_env_graph, form="text")
     replay = env_commands.add_parser("replay", help="run a list of calls from a state, then optional checks")
     replay.add_argument("path", type=Path, metavar="ENV.py")
     replay.add_argument("--state", type=Path, required=True, metavar="STATE.json")
@@ -62,6 +72,12 @@ def cmd_env_schema(args: argparse.Namespace) -> int:
     from builder.envs.commands import env_schema
 
     return env_schema(args.path)
+
+
+def cmd_env_graph(args: argparse.Namespace) -> int:
+    from builder.envs.commands import env_graph
+
+    return env_graph(args.path, args.state, args.form, config_of(args).sandbox, now=args.now)
 
 
 def cmd_env_replay(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from typing import Any, TextIO
 
 from builder.config import SandboxConfig
 from builder.envs.checks import checks_from_file, run_checks
+from builder.envs.graph import extract_graph
 from builder.envs.lint import ContractError
 from builder.envs.probe import probe_environment
 from builder.envs.schema import inspect_source, tools_json
@@ -52,6 +53,41 @@ def env_check(
             print(str(problem), file=out)
         print(f"{path}: {'ok' if not problems else f'{len(problems)} problem(s)'}", file=out)
     return 1 if problems else 0
+
+
+def env_graph(
+    path: Path, state_path: Path | None = None, form: str = "text",
+    config: SandboxConfig | None = None, out: TextIO | None = None, now: str = DEFAULT_NOW,
+) -> int:  # fmt: skip
+    """Print the tool dependency graph from STATE (default: `__init__`'s) as text, JSON or DOT; exit 1 if the
+    environment violates the contract or does not load. `out` defaults to the `sys.stdout` of the call."""
+    out = out or sys.stdout
+    source = _read(path)
+    state = _read_json(state_path) if state_path else None
+    try:
+        with Sandbox(config) as sandbox:
+            graph = extract_graph(sandbox, source, state, now=now)
+    except (ContractError, SessionError) as error:
+        print(str(error), file=sys.stderr)
+        return 1
+    if form == "json":
+        print(json.dumps(graph.model_dump(), indent=2, ensure_ascii=False), file=out)
+    elif form == "dot":
+        print(graph.to_dot(), file=out)
+    else:
+        for node in graph.nodes:
+            print(
+                f"{node.name}: reads {', '.join(node.reads) or '-'}; writes {', '.join(node.writes) or '-'}", file=out
+            )
+        for edge in graph.edges:
+            if edge.kind == "data":
+                line = f"{edge.source}.{edge.output or '(result)'} -> {edge.target}({edge.input}) e.g. {edge.example!r}"
+            else:
+                line = f"{edge.source} writes {edge.output} -> {edge.target} reads it"
+            print(f"{edge.kind}: {line}", file=out)
+        if graph.truncated:
+            print("(the probe budget ran out: some data edges may be missing)", file=out)
+    return 0
 
 
 def env_replay(

@@ -12,7 +12,6 @@ wrong due date, so the group has a reward spread and the step a gradient.
 from __future__ import annotations
 
 import json
-import os
 import time
 from unittest.mock import patch
 
@@ -124,7 +123,8 @@ def test_one_grpo_step_on_the_rl_split(release, tmp_path, mode, monkeypatch):
         # (the gold due date passes both checks, the wrong one only the copy count).
         name = next(iter(factories.values())).__name__ + ("Conversational" if conversational else "")
         assert sorted((type(env).__name__, env.get_reward()) for env in trainer.environments) == [
-            (name, 0.5), (name, 1.0)
+            (name, 0.5),
+            (name, 1.0),
         ]
         dues = sorted(loan["due"] for env in trainer.environments for loan in env._live.state()["loans"].values()
                       if (loan["member_id"], loan["book_id"]) == ("m2", "b3"))  # fmt: skip

@@ -31,7 +31,7 @@ from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED, describe_now
 
 
-def _field(row: Mapping[str, Any], *names: str) -> Any:
+def column(row: Mapping[str, Any], *names: str) -> Any:
     """The first present column among `names`, decoding JSON-string columns."""
     for name in names:
         if name in row and row[name] is not None:
@@ -43,7 +43,7 @@ def _field(row: Mapping[str, Any], *names: str) -> Any:
 
 def environment_code(environment: Mapping[str, Any]) -> str:
     """The row's code, verified against `code_sha256` when the row carries one (loading runs Hub code)."""
-    code = str(_field(environment, "code"))
+    code = str(column(environment, "code"))
     expected = environment.get("code_sha256")
     if expected and hashlib.sha256(code.encode()).hexdigest() != expected:
         raise BuilderError("environment code does not match its code_sha256; refusing to run it")
@@ -96,7 +96,7 @@ class LiveEnvironment:
         if scenario is not None:
             self.scenario = scenario
         self._close_session()
-        state = _field(self.scenario, "initial_state", "initial_state_json") if self.scenario else {}
+        state = column(self.scenario, "initial_state", "initial_state_json") if self.scenario else {}
         self.now, self.seed = scenario_world(self.scenario)
         self._session = Session(self.sandbox, self.code, state, interface=self.interface, now=self.now, seed=self.seed)
         self._initial = self._session.snapshot()
@@ -121,7 +121,7 @@ class LiveEnvironment:
     def verdict(self) -> Verdict:
         """Run the scenario's checks on (initial, current) state in a fresh sandbox worker (cached until a call)."""
         if self._verdict is None:
-            checks = checks_from_scenario(list(_field(self.scenario, "checks", "checks_json")))
+            checks = checks_from_scenario(list(column(self.scenario, "checks", "checks_json")))
             final = self.state()
             self._verdict = run_checks(self.sandbox, checks, self._initial, final, now=self.now, seed=self.seed)
         return self._verdict
@@ -167,7 +167,7 @@ def trl_environment_factory(
     """
     code = environment_code(environment)
     interface = inspect_source(code)
-    by_id = {str(_field(s, "id", "scenario_id")): s for s in scenarios}
+    by_id = {str(column(s, "id", "scenario_id")): s for s in scenarios}
     shared: dict[str, Sandbox] = {"sandbox": sandbox} if sandbox is not None else {}
     tool_names = [tool["function"]["name"] for tool in interface.tools]
 
@@ -182,7 +182,7 @@ def trl_environment_factory(
             scenario = row["scenario"]
             scenario = json.loads(scenario) if isinstance(scenario, str) else scenario
         else:
-            scenario = by_id[str(_field(row, "scenario_id"))]
+            scenario = by_id[str(column(row, "scenario_id"))]
         if row.get("now"):
             scenario = {**scenario, "now": row["now"]}
         self._live.reset(scenario)
@@ -231,20 +231,25 @@ def trl_prompt_row(scenario: Mapping[str, Any], environment: Mapping[str, Any] |
     through `reply_to_user`; its `environment` is `<env_id>/conversational`.
     """
     conversational = scenario.get("mode") == "conversational"
-    messages = [{"role": "user", "content": "" if conversational else str(_field(scenario, "task"))}]
+    messages = [{"role": "user", "content": "" if conversational else str(column(scenario, "task"))}]
     if environment is not None:
-        about = f"{_field(environment, 'name')} ({_field(environment, 'domain')}): {_field(environment, 'description')}"
-        now = describe_now(scenario_world(scenario)[0])
         name = "rollout_conversation_tool" if conversational else "rollout_task"
-        system = Template(prompt(name)).safe_substitute(environment=about, now=now)
-        messages.insert(0, {"role": "system", "content": system})
-    env_id = str(_field(scenario, "env_id"))
+        messages.insert(0, {"role": "system", "content": agent_prompt(name, scenario, environment)})
+    env_id = str(column(scenario, "env_id"))
     return {
         "prompt": messages,
         "environment": env_id + CONVERSATIONAL_SUFFIX if conversational else env_id,
-        "scenario_id": str(_field(scenario, "scenario_id", "id")),
+        "scenario_id": str(column(scenario, "scenario_id", "id")),
         "now": scenario_world(scenario)[0],
     }
+
+
+def agent_prompt(name: str, scenario: Mapping[str, Any], environment: Mapping[str, Any]) -> str:
+    """The agent system prompt `prompts/<name>.md` for a scenario row: the environment's name, domain and
+    description, and the scenario's date-time."""
+    about = f"{column(environment, 'name')} ({column(environment, 'domain')}): {column(environment, 'description')}"
+    now = describe_now(scenario_world(scenario)[0])
+    return Template(prompt(name)).safe_substitute(environment=about, now=now)
 
 
 def trl_environment_factories(
@@ -261,7 +266,7 @@ def trl_environment_factories(
     scenario_rows = list(scenarios)
     factories = {}
     for environment in environments:
-        env_id = str(_field(environment, "env_id", "id", "name"))
+        env_id = str(column(environment, "env_id", "id", "name"))
         mine = [s for s in scenario_rows if str(s.get("env_id")) == env_id]
         talks = [s for s in mine if s.get("mode") == "conversational"]
         if talks and user is None:

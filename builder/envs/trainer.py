@@ -211,7 +211,7 @@ def trl_environment_factory(
 
     namespace: dict[str, Any] = {"__init__": __init__, "reset": reset, "get_reward": get_reward}
     for tool in interface.tools:
-        namespace[tool["function"]["name"]] = _tool_method(tool["function"])
+        namespace[tool["function"]["name"]] = tool_method(tool["function"])
     name = interface.class_name
     if user is not None:
         namespace[REPLY_TOOL] = reply_to_user
@@ -280,8 +280,9 @@ def trl_environment_factories(
     return factories
 
 
-def _tool_method(function: Mapping[str, Any]) -> Callable[..., str]:
-    """A method with the tool's real signature, annotations and docstring that forwards to the sandbox."""
+def tool_method(function: Mapping[str, Any]) -> Callable[..., str]:
+    """A method with the tool's real signature, annotations and docstring that forwards to `self._live` (a
+    `LiveEnvironment`), refusing once `self._conversation` (if any) has ended."""
     name = function["name"]
     parameters = function["parameters"]
     required = set(parameters.get("required", []))
@@ -297,7 +298,8 @@ def _tool_method(function: Mapping[str, Any]) -> Callable[..., str]:
     annotations["return"] = str
 
     def method(self: Any, **arguments: Any) -> str:
-        if self._conversation is not None and self._conversation.ended:
+        conversation = getattr(self, "_conversation", None)
+        if conversation is not None and conversation.ended:
             return REFUSED  # the user ended the episode, as at `user_stop` in rollouts
         return self._live.call(name, arguments)
 

@@ -111,3 +111,15 @@ def test_conversation_and_scenario_rows():
     assert conversation.open() == "Hello there, I need help." and not conversation.ended
     assert conversation.reply("What do you need?") == ENDED
     assert conversation.end_reason == "user_stop" and not conversation.void
+
+
+def test_an_environment_tool_named_like_the_user_channel_is_refused():
+    code = (
+        "class Echo:\n    def __init__(self):\n        self.n = 0\n\n"
+        "    def reply_to_user(self, message: str) -> dict:\n"
+        '        """Echo a message.\n\n        Args:\n            message: the text\n\n'
+        '        Returns:\n            The text.\n        """\n        return {"message": message}\n'
+    )
+    echo = {**ENVIRONMENT, "env_id": "echo-v0", "code": code}
+    with pytest.raises(BuilderError, match="has a tool named reply_to_user"):
+        trl_environment_factories([echo], [{**TALK, "env_id": "echo-v0"}], user=user())

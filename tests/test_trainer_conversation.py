@@ -14,7 +14,9 @@ from builder.envs.trainer import trl_environment_factories, trl_prompt_row
 from builder.errors import BuilderError
 from builder.llm import LLMRequestError, ScriptedModel
 from builder.rollout.user_sim import STOP
+from builder.records import Action
 from builder.sandbox.runtime import Sandbox
+from tests.fixtures.scenarios import verification
 
 BANK = (Path(__file__).parent / "fixtures" / "envs" / "bank.py").read_text()
 ENVIRONMENT = {"env_id": "bank-v0", "code": BANK, "name": "bank", "domain": "finance", "description": "Accounts."}
@@ -33,6 +35,10 @@ TALK = {
     "checks": ["def check(initial_state, final_state):\n    return final_state['accounts']['acc-2']['balance'] == 100"],
     "gold_actions": [{"name": "transfer", "arguments": json.dumps({"source": "acc-1", "target": "acc-2",
                                                                    "amount": 100})}],
+    # A published row carries its verification as JSON text, as export writes it.
+    "verification": json.dumps(verification(
+        [Action(name="transfer", arguments={"source": "acc-1", "target": "acc-2", "amount": 100})], 1
+    ).model_dump(mode="json", by_alias=True)),
 }  # fmt: skip
 TASK = {**TALK, "scenario_id": "scenario-task", "mode": "non_conversational", "user": None}
 FAST = SandboxConfig(call_timeout_s=2, kill_grace_s=0.5, memory_mb=256)

@@ -84,8 +84,9 @@ class LiveEnvironment:
 
     @property
     def tools(self) -> list[dict[str, Any]]:
-        """The OpenAI `tools` list."""
-        return list(self.interface.tools)
+        """The OpenAI `tools` list, in the published order (by name, as export writes it and TRL lists a class's
+        methods)."""
+        return sorted(self.interface.tools, key=lambda tool: tool["function"]["name"])
 
     @property
     def task(self) -> str:

@@ -13,8 +13,8 @@ from builder.envs.conversation import ENDED, REFUSED, Conversation, SimulatedUse
 from builder.envs.trainer import trl_environment_factories, trl_prompt_row
 from builder.errors import BuilderError
 from builder.llm import LLMRequestError, ScriptedModel
-from builder.rollout.user_sim import STOP
 from builder.records import Action
+from builder.rollout.user_sim import STOP
 from builder.sandbox.runtime import Sandbox
 from tests.fixtures.scenarios import verification
 

@@ -105,7 +105,7 @@ def state_access(code: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]
         writes: list[str] = []
         for method in _with_helpers(tool, methods):
             reads += [a for a in _self_attributes(method) if a not in methods]
-            writes += [a for a in _written(method) if a not in methods]
+            writes += [a for a in written_attributes(method) if a not in methods]
         access[tool.name] = (tuple(sorted(set(reads + writes))), tuple(sorted(set(writes))))
     return access
 
@@ -139,7 +139,9 @@ def _root(node: ast.expr, aliases: dict[str, str]) -> str | None:
     return aliases.get(node.id) if isinstance(node, ast.Name) else None
 
 
-def _written(method: ast.AST) -> list[str]:
+def written_attributes(method: ast.AST) -> list[str]:
+    """The state attributes `method` assigns into or mutates: through `self.<attr>`, or a local name bound to part
+    of the state (`account = self.accounts[i]; account["balance"] -= x`)."""
     aliases: dict[str, str] = {}
     for node in ast.walk(method):
         if isinstance(node, ast.Assign | ast.For) and (found := _self_attributes(_bound_from(node))):

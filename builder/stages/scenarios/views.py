@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from builder.envs.graph import written_attributes
 from builder.json_values import leaves
 from builder.records import Action, Environment
 from builder.stages.evaluate.source import class_header, environment_text, method_nodes, method_source
@@ -24,11 +25,6 @@ STATE_CHARS = (12000, 6000, 3000)  # a state shown in a prompt is cut to this ma
 RECORDS = (None, 6, 2)  # records kept per collection of a shown state (None: all)
 HEADER_CHARS = (4000, 2000, 800)  # the class header (docstring, __init__) is cut to this many characters
 METHODS = (4, 2, 0)  # method sources a check request is shown
-# Method calls that change the object they are called on (a list, dict or set of the state).
-MUTATORS = frozenset(
-    {"append", "extend", "insert", "remove", "pop", "popitem", "clear", "update", "setdefault", "add", "discard",
-     "sort", "reverse", "__setitem__", "__delitem__"}
-)  # fmt: skip
 
 
 def _clip(text: str, limit: int) -> str:
@@ -100,42 +96,9 @@ def involved_state(state: dict[str, Any], actions: Sequence[Action]) -> dict[str
 # ------------------------------------------------------------------------------------------------ methods
 
 
-def _on_state(node: ast.expr, aliases: set[str]) -> bool:
-    """Whether `node` (a target or a receiver) reaches into `self.<attr>` or a local alias of state."""
-    while isinstance(node, ast.Attribute | ast.Subscript):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-            return True
-        node = node.value
-    return isinstance(node, ast.Name) and node.id in aliases
-
-
-def _reads_self(node: ast.AST) -> bool:
-    return any(
-        isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self" for n in ast.walk(node)
-    )
-
-
 def writes_state(method: ast.FunctionDef) -> bool:
-    """Whether `method` may change the state: it assigns into (or mutates) `self.<attr>`, or a local name bound
-    to part of the state (`account = self.accounts[i]; account["balance"] -= x`). A heuristic that errs on yes."""
-    aliases: set[str] = set()
-    for node in ast.walk(method):
-        if isinstance(node, ast.Assign) and _reads_self(node.value):
-            aliases |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-        elif isinstance(node, ast.For) and isinstance(node.target, ast.Name) and _reads_self(node.iter):
-            aliases.add(node.target.id)
-    for node in ast.walk(method):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign | ast.Delete):
-            targets = list(node.targets)
-        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
-            targets = [node.target]
-        if any(not isinstance(t, ast.Name) and _on_state(t, aliases) for t in targets):
-            return True
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
-            if _on_state(node.func.value, aliases):
-                return True
-    return False
+    """Whether `method` may change the state (the tool graph's rule: `builder.envs.graph.written_attributes`)."""
+    return bool(written_attributes(method))
 
 
 def writer_sources(code: str, names: Sequence[str], shrink: int = 0) -> str:

@@ -71,17 +71,18 @@ def grade(
     checks: Sequence[str],
     initial_state: dict[str, Any],
     final_state: dict[str, Any],
-    allowed_paths: Sequence[str],
+    allowed_paths: Sequence[str] | None,
     *,
     collateral_zeroes_reward: bool,
     now: str = DEFAULT_NOW,
     seed: int = DEFAULT_SEED,
 ) -> Grade:
-    """Run the checks on the two snapshots (at the scenario's `now`) and apply the collateral-damage guard."""
+    """Run the checks on the two snapshots (at the scenario's `now`) and apply the collateral-damage guard
+    (`allowed_paths` None: the scenario has no gold solution to guard with)."""
     specs = checks_from_scenario(tuple(checks))
     verdict = run_checks(sandbox, specs, initial_state, final_state, now=now, seed=seed)
     changed = [change["path"] for change in diff_states(initial_state, final_state)]
-    collateral = collateral_paths(changed, allowed_paths)
+    collateral = collateral_paths(changed, allowed_paths) if allowed_paths is not None else ()
     reward = 0.0 if collateral and collateral_zeroes_reward else verdict.reward
     return Grade(
         reward=reward,

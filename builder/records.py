@@ -247,6 +247,12 @@ class Environment(Record):
     def _empty_is_none(cls, value: Any) -> Any:
         return None if value == {} else value  # rows of older builders stored "no evidence" as {}
 
+    @property
+    def contract(self) -> Literal["strict", "import"]:
+        """How strictly its code is linted before it runs (`builder.envs.lint.Contract`): imported code (it has a
+        `provenance.origin`) for information only; the sandbox is the boundary either way."""
+        return "import" if self.provenance.origin is not None else "strict"
+
 
 class Action(Frozen):
     """One tool call of a gold solution."""

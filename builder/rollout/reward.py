@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from builder.envs.checks import checks_from_scenario, run_checks
+from builder.envs.lint import Contract
 from builder.envs.session import Session, diff_states
 from builder.records import Action
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED
@@ -32,7 +33,7 @@ class Grade:
 
 def gold_paths(
     sandbox: Any, code: str, initial_state: dict[str, Any], gold: Sequence[Action],
-    *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
+    *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED, contract: Contract = "strict",
 ) -> tuple[str, ...]:  # fmt: skip
     """The state paths the gold solution changes, from a replay in a fresh session at the scenario's `now` and
     `seed` (the episodes' own, so an id the gold generates is the one the agent's same call generates).
@@ -40,7 +41,7 @@ def gold_paths(
     Raises:
         SessionError, ContractError: the environment does not load or its state cannot be read.
     """
-    with Session(sandbox, code, initial_state, now=now, seed=seed) as session:
+    with Session(sandbox, code, initial_state, now=now, seed=seed, contract=contract) as session:
         before = session.snapshot()
         for action in gold:
             session.call(action.name, action.arguments)

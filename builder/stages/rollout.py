@@ -155,7 +155,7 @@ async def rollout(scenario: Scenario, ctx: StageContext) -> list[Record]:
         # No gold (an imported scenario): nothing to compare the agent's writes with, so no collateral guard.
         allowed = None if not scenario.gold_actions else await in_thread(
             gold_paths, ctx.sandbox, env.code, scenario.initial_state, scenario.gold_actions,
-            now=scenario.now, seed=scenario.seed,
+            now=scenario.now, seed=scenario.seed, contract=env.contract,
         )  # fmt: skip
     except (SessionError, ContractError) as error:
         raise Rejected(ctx.reject(scenario, "env_load_failed", str(error)[:2000])) from None
@@ -204,7 +204,7 @@ async def _sample(
         )
     limits = Limits(config.max_turns, config.max_tool_calls, agent.max_tokens)
     state, now, seed = scenario.initial_state, scenario.now, scenario.seed
-    session = await in_thread(Session, ctx.sandbox, env.code, state, now=now, seed=seed)
+    session = await in_thread(Session, ctx.sandbox, env.code, state, now=now, seed=seed, contract=env.contract)
     try:
         episode = await run_episode(
             agent.model, tools, SandboxRunner(session), system=system,

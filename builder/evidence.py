@@ -189,6 +189,7 @@ class Verification(Frozen):
         default_factory=dict, exclude_if=_empty, description="Checks that raised on the initial state, by index."
     )
     unverified_solvability: bool = Field(
-        False, exclude_if=_empty, description="No gold solution exists (an imported scenario): nothing proves it can "
-        "be solved.",
+        False,
+        exclude_if=_empty,
+        description="No gold solution exists (an imported scenario): nothing proves it can be solved.",
     )

@@ -59,8 +59,6 @@ STAGES: tuple[Stage, ...] = (
 )
 
 
-
-
 def import_stages(source: Source, *, dual_agent: bool = False, more_scenarios: bool = False) -> tuple[Stage, ...]:
     """The stages `python -m builder import` executes: the source's environments and scenarios re-verified
     (`builder.stages.imports`) under the names rollout and select read (`evaluate`, `scenarios`), then the
@@ -147,7 +145,11 @@ def _signals_interrupt() -> Iterator[None]:
 
 
 async def run_pipeline(
-    config: BuildConfig, run_dir: Path, *, until: str | None = None, only: str | None = None,
+    config: BuildConfig,
+    run_dir: Path,
+    *,
+    until: str | None = None,
+    only: str | None = None,
     stages: Sequence[Stage] = STAGES,
 ) -> dict[str, StageStats]:
     """Run the pipeline (`stages`: the synthesis stages, or `import_stages`) over `run_dir`, resuming whatever is

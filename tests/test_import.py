@@ -138,7 +138,10 @@ def test_bad_rows_are_rejected_with_reasons(tmp_path):
     scenarios.write_text(json.dumps(rows))
     source = read_envscaler(str(envs), [str(scenarios)])
     assert {(s.ref, s.reason) for s in source.skipped} == {
-        ("env_9_rl", "bad_row"), ("t1", "bad_row"), ("t2", "bad_row"), ("t3", "env_missing")
+        ("env_9_rl", "bad_row"),
+        ("t1", "bad_row"),
+        ("t2", "bad_row"),
+        ("t3", "env_missing"),
     }
     assert run_import(tmp_path, "envscaler", str(envs), "--scenarios", str(scenarios), until="import") == 0
     assert audit_of(tmp_path)["environments"]["unreadable"] == {"bad_row": 3, "env_missing": 1}
@@ -179,8 +182,9 @@ def test_hostile_imported_code_is_contained(tmp_path):
     hostile = tmp_path / "exfiltrate.py"
     port = listener.getsockname()[1]
     marker = tmp_path / "marker"
-    hostile.write_text((FIXTURES / "hostile" / "exfiltrate.py").read_text().replace("/tmp/builder-import-attack-marker",
-                                                                                   str(marker)))
+    hostile.write_text(
+        (FIXTURES / "hostile" / "exfiltrate.py").read_text().replace("/tmp/builder-import-attack-marker", str(marker))
+    )
     (tmp_path / "exfiltrate.state.json").write_text(json.dumps({"stolen": {"port": port}}))
     assert run_import(tmp_path / "out", "classes", str(hostile), until="evaluate") == 0
     audit = audit_of(tmp_path / "out")

@@ -67,7 +67,8 @@ def inspect_source(source: str, contract: Contract = "strict") -> EnvInterface:
         try:
             tree = parse(source)
         except SyntaxError as error:
-            raise ContractError([Problem(code="syntax", line=error.lineno or 0, message=f"syntax error: {error.msg}")])
+            problem = Problem(code="syntax", line=error.lineno or 0, message=f"syntax error: {error.msg}")
+            raise ContractError([problem]) from None
         classes = [node for node in tree.body if isinstance(node, ast.ClassDef) and tool_methods(node)]
         if not classes:
             raise ContractError([Problem(code="no_env_class", line=0, message="no class with public methods")])

@@ -186,7 +186,11 @@ def _count_by_model(ctx: StageContext, agent: Player, trajectories: list[Traject
 
 
 async def _sample(
-    ctx: StageContext, scenario: Scenario, env: Environment, allowed: tuple[str, ...] | None, index: int,
+    ctx: StageContext,
+    scenario: Scenario,
+    env: Environment,
+    allowed: tuple[str, ...] | None,
+    index: int,
     agent: Player,
 ) -> Trajectory:
     config = ctx.config.rollout

@@ -21,7 +21,7 @@ from builder.pyast import parse
 
 MARK = "# --- added by `python -m builder import`"
 
-_INIT = '''
+_INIT = """
 
 {mark}: the runtime creates {cls} with no arguments, then sets its state
 {imports}_builder_imported_init = {cls}.__init__
@@ -32,9 +32,9 @@ def _builder_init(self):
 
 
 {cls}.__init__ = _builder_init
-'''
+"""
 
-_CHECK = '''{code}
+_CHECK = """{code}
 
 
 {mark}: EnvScaler's runtime gives check_func the initial state as a global
@@ -42,7 +42,7 @@ def check(_builder_initial_state, final_state):
     global initial_state
     initial_state = _builder_initial_state
     return check_func(final_state)
-'''
+"""
 
 
 def adapted_code(code: str, class_name: str, default_state: dict[str, Any] | None) -> str:

@@ -46,7 +46,9 @@ def build_audit(run_dir: Path) -> dict[str, Any]:
     for ref, facts in [(s.provenance.origin.ref, _facts(s)) for s in kept] + [
         (r.subject_id.split("/", 1)[1], rejection_facts(r)) for r in scenario_rejected
     ]:
-        raising += [{"scenario": ref, "check": int(i), "error": e} for i, e in (facts.get("check_errors") or {}).items()]
+        raising += [
+            {"scenario": ref, "check": int(i), "error": e} for i, e in (facts.get("check_errors") or {}).items()
+        ]
         on_initial += [{"scenario": ref, "check": i} for i, ok in enumerate(facts.get("checks_on_initial") or ()) if ok]
         constant += [{"scenario": ref, "check": i} for i in facts.get("constant_checks") or ()]
     cannot_fail = [r.subject_id.split("/", 1)[1] for r in scenario_rejected if r.reason == "already_solved"]
@@ -97,7 +99,8 @@ def render_audit(audit: dict[str, Any]) -> str:
         f"  checks raising on the initial state: {audit['raising_checks']['count']}   passing on it: "
         f"{audit['checks_passing_on_initial']['count']}   that cannot fail: "
         f"{audit['checks_that_cannot_fail']['count']}",
-        f"  scenarios whose checks cannot fail (already solved): {audit['scenarios_whose_checks_cannot_fail']['count']}",
+        "  scenarios whose checks cannot fail (already solved): "
+        f"{audit['scenarios_whose_checks_cannot_fail']['count']}",
         f"lint (information only under the import contract): {_counts(audit['lint_problems'])}",
     ]
     for entry in audit["crashing_tools"]["items"][:5]:

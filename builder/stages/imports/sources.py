@@ -285,4 +285,3 @@ def _sha256(data: bytes) -> str:
 def _snake(name: str) -> str:
     words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name)
     return re.sub(r"[^0-9a-zA-Z]+", "_", words).strip("_").lower() or "environment"
-

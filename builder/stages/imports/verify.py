@@ -68,7 +68,10 @@ def check_scenario(
         constant=tuple(i for i, (a, b) in enumerate(zip(on_initial, on_empty, strict=True)) if a.passed and b.passed),
     )
     if all(found.on_initial):
-        found.reason, found.detail = "already_solved", "every check passes on the initial state: doing nothing solves it"
+        found.reason, found.detail = (
+            "already_solved",
+            "every check passes on the initial state: doing nothing solves it",
+        )
     return found
 
 
@@ -110,4 +113,3 @@ def imported_scenario_fields(found: Checked, scenario: SourceScenario, env_id: s
         "difficulty": "medium",  # the source rates none; select's pass-rate band is what sorts them
         "verification": verification_of(found, f"{env_id}/{scenario.ref}"),
     }
-

@@ -224,3 +224,12 @@ def test_import_then_rollout_select_and_export(tmp_path, monkeypatch, capsys):
     release = next((tmp_path / "release").iterdir())
     published = pl.read_parquet(next(release.rglob("scenarios/rl*.parquet")))
     assert published["provenance"][0]["origin"]["ref"] == "env_1_rl-task_1"
+
+
+def test_the_same_scenario_twice_is_rejected_as_a_duplicate(tmp_path):
+    row = next(row for row in json.loads(RL.read_text()) if row["task_id"] == "env_1_rl-task_1")
+    scenarios = tmp_path / "rl.json"
+    scenarios.write_text(json.dumps([row, {**row, "task_id": "env_1_rl-task_9"}]))
+    assert run_import(tmp_path, "envscaler", str(ENVS), "--scenarios", str(scenarios)) == 0
+    assert audit_of(tmp_path)["scenarios"]["kept"] == 1
+    assert audit_of(tmp_path)["scenarios"]["rejected"] == {"duplicate": 1}

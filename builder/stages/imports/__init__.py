@@ -13,7 +13,7 @@ resume and stats are the pipeline's own), followed by the pipeline's `rollout` a
    Rejection: `gates_failed` (the problems in the raw output). With `dual_agent`, an environment that passes
    then goes through the evaluate stage's dual-agent check as well.
 3. `scenarios`: each imported scenario re-verified (`verify`): rejected as `no_checks`, `check_invalid`,
-   `state_load_failed` or `already_solved`, else kept with `unverified_solvability` (no gold exists). An
+   `state_load_failed`, `already_solved` or `duplicate`, else kept with `unverified_solvability` (no gold exists). An
    environment that brought no scenarios (or all of them with `more_scenarios`) also gets scenarios from the
    pipeline's scenarios stage (the model writes them, with gold solutions).
 """
@@ -85,10 +85,9 @@ async def vet(env: Environment, ctx: StageContext, *, source: Source, dual_agent
         ]
         detail = f"{codes}: " + "; ".join(map(str, problems))
         raise Rejected(ctx.reject(env, "gates_failed", detail[:2000], raw_output=json.dumps(found)))
-    accepted = env.model_copy(update={"status": "accepted"})
     if dual_agent:
-        return await evaluate(accepted.model_copy(update={"status": "candidate"}), ctx)
-    return [accepted]
+        return await evaluate(env, ctx)
+    return [env.model_copy(update={"status": "accepted"})]
 
 
 async def imported_scenarios(
@@ -112,7 +111,11 @@ async def imported_scenarios(
                 continue
             provenance = ctx.provenance([env]).model_copy(update={"origin": source.origin(scenario.ref, origin.split)})
             fields = imported_scenario_fields(found, scenario, env.id, DEFAULT_NOW)
-            results.append(Scenario(provenance=provenance, **fields))
+            made = Scenario(provenance=provenance, **fields)
+            if made.id in {record.id for record in results}:
+                results.append(ctx.reject(subject, "duplicate", "the same state and task as an earlier scenario"))
+            else:
+                results.append(made)
     if more_scenarios or item is None or not item.scenarios:
         try:
             results += await generated_scenarios(env, ctx)

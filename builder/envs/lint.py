@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import re
 import unicodedata
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -17,6 +18,10 @@ from builder.envs.signatures import annotation_schema, parse_docstring, tool_met
 from builder.errors import BuilderError
 from builder.pyast import parse
 from builder.sandbox.allowed import ALLOWED_MODULES
+
+# How strictly code is held to the contract: `strict` (generated code) refuses any problem; `import` (code written
+# elsewhere, `python -m builder import`) reports problems for information only. The sandbox is the boundary in both.
+Contract = Literal["strict", "import"]
 
 # code -> what it means (also the README table). Stable: codes are aggregated in stats and fed to models.
 PROBLEM_CODES: dict[str, str] = {

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from builder.envs.lint import ContractError, lint
+from builder.envs.lint import Contract, ContractError, Problem, lint
 from builder.envs.signatures import annotation_schema, parse_docstring, tool_methods, tool_parameters
 from builder.pyast import parse
 
@@ -50,12 +50,29 @@ class EnvInterface(BaseModel):
         return tuple(tool["function"]["name"] for tool in self.tools)
 
 
-def inspect_source(source: str) -> EnvInterface:
-    """Lint `source` and derive its interface; raises ContractError listing every problem."""
-    problems = lint(source)
-    if problems:
-        raise ContractError(problems)
-    cls = next(node for node in parse(source).body if isinstance(node, ast.ClassDef))
+def inspect_source(source: str, contract: Contract = "strict") -> EnvInterface:
+    """Lint `source` and derive its interface; raises ContractError listing every problem.
+
+    Under the `import` contract lint problems are not refused; only a module that does not parse or has no class
+    with tools is. The environment is then the last top-level class with public methods (EnvScaler's modules put
+    TypedDicts first, BFCL's helper classes come before the API class), and a hint without a JSON schema is an
+    unconstrained parameter.
+    """
+    if contract == "strict":
+        problems = lint(source)
+        if problems:
+            raise ContractError(problems)
+        cls = next(node for node in parse(source).body if isinstance(node, ast.ClassDef))
+    else:
+        try:
+            tree = parse(source)
+        except SyntaxError as error:
+            problem = Problem(code="syntax", line=error.lineno or 0, message=f"syntax error: {error.msg}")
+            raise ContractError([problem]) from None
+        classes = [node for node in tree.body if isinstance(node, ast.ClassDef) and tool_methods(node)]
+        if not classes:
+            raise ContractError([Problem(code="no_env_class", line=0, message="no class with public methods")])
+        cls = classes[-1]
     return EnvInterface(class_name=cls.name, tools=tuple(tool_schema(method) for method in tool_methods(cls)))
 
 
@@ -71,7 +88,10 @@ def tool_schema(method: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, Any
     properties: dict[str, Any] = {}
     required: list[str] = []
     for arg, default in tool_parameters(method):
-        schema = annotation_schema(arg.annotation) if arg.annotation is not None else {}
+        try:
+            schema = annotation_schema(arg.annotation) if arg.annotation is not None else {}
+        except ValueError:  # only imported code gets here (the strict lint refuses such hints first)
+            schema = {}
         if arg.arg in descriptions:
             schema = _described(schema, descriptions[arg.arg])
         if default is None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from builder.envs.lint import Contract
 from builder.envs.schema import EnvInterface, inspect_source
 from builder.envs.validate import argument_error
 from builder.errors import BuilderError
@@ -62,6 +63,7 @@ class Session:
         now: the episode's date-time, ISO 8601 naive local time (`2024-06-01T09:00:00`): what the environment's
             clock reads, frozen, for the whole session.
         seed: seeds `random` and `uuid` inside the worker.
+        contract: how strictly the source is linted before it is read (`builder.envs.lint.Contract`).
 
     Raises:
         ValueError: `now` is not an ISO 8601 naive date-time.
@@ -72,12 +74,13 @@ class Session:
     def __init__(
         self, sandbox: Sandbox, source: str, state: dict[str, Any] | None = None,
         interface: EnvInterface | None = None, *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
+        contract: Contract = "strict",
     ) -> None:  # fmt: skip
         parse_now(now)
         self.now, self.seed = now, int(seed)
         self.sandbox = sandbox
         self.source = source
-        self.interface = interface or inspect_source(source)
+        self.interface = interface or inspect_source(source, contract)
         self.initial_state = dict(state or {})
         self._schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in self.interface.tools}
         self._history: list[tuple[str, dict[str, Any]]] = []

@@ -16,7 +16,7 @@ import asyncio
 import json
 from typing import Any
 
-from builder.envs.lint import Problem
+from builder.envs.lint import Contract, Problem
 from builder.envs.probe import ToolProblem, probe_environment
 from builder.envs.schema import EnvInterface, inspect_source
 from builder.envs.session import Session
@@ -41,12 +41,14 @@ ADVICE = {
 }
 
 
-def run_gates(sandbox: Any, env: Environment) -> tuple[list[Problem], EnvInterface | None, dict[str, Any]]:
+def run_gates(
+    sandbox: Any, env: Environment, contract: Contract = "strict"
+) -> tuple[list[Problem], EnvInterface | None, dict[str, Any]]:
     """Problems of the deterministic gates (empty: passed), the code's interface and its default state."""
-    problems, _ = probe_environment(sandbox, env.code)
+    problems, _ = probe_environment(sandbox, env.code, contract=contract)
     if problems:
         return problems, None, {}
-    interface = inspect_source(env.code)
+    interface = inspect_source(env.code, contract)
     if _signatures(env.tools) != _signatures(interface.tools):
         message = "the record's tool schemas are not the ones its code yields; derive them with inspect_source"
         return [Problem(code="tools_mismatch", line=0, message=message)], None, {}

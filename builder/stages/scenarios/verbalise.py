@@ -78,8 +78,8 @@ def user_texts(request: UserRequest, modes: Sequence[str]) -> dict[str, str]:
 def created_values(chain: Chain, now: str) -> list[str]:
     """Id-like strings the chain's results or final state hold and its initial state does not, sorted: values
     only the system sets, which no user knows before the calls (the scenario's own date-time excepted)."""
-    before = _strings(chain.initial_state)
-    after = _strings(chain.final_state) | {s for call in chain.calls for s in _strings(call.result)}
+    before = _values(chain.initial_state)
+    after = _values(chain.final_state) | {s for call in chain.calls for s in _values(call.result)}
     known = before | {now, now[:10]}
     return sorted(value for value in after - known if _ID_LIKE.match(value))
 
@@ -189,8 +189,8 @@ def request_text(
         for parameter, value in call.arguments.items():
             origin = call.sources.get(parameter, "state")
             where = f"from call {origin.split()[1]}" if origin.startswith("result ") else "the user must give it"
-            if origin == "schema":
-                where = "one of the values the tool lists (no need to mention it)"
+            if origin == "schema" or isinstance(value, bool):
+                where = "a choice the tool lists: the user's wish implies it, no need to name the value"
             lines.append(f"   - {parameter} = {json.dumps(value, ensure_ascii=False)}: {where}")
         result = json.dumps(call.result, ensure_ascii=False)
         limit = RESULT_CHARS[shrink]
@@ -231,12 +231,14 @@ def _refused(spent: Spent, reason: str, detail: str, shown: str | None, feedback
     return Refusal(reason, detail[:2000], feedback, shown=shown or "", raw=(shown or "")[:20000])
 
 
-def _strings(value: Any) -> set[str]:
-    """Every string of a JSON value, dict keys included."""
+def _values(value: Any) -> set[str]:
+    """The strings of a JSON value and the keys of its records (a key whose value is an object): its values, not
+    its field names."""
     if isinstance(value, dict):
-        return {key for key in value if isinstance(key, str)}.union(*map(_strings, value.values()))
+        keys = {key for key, item in value.items() if isinstance(key, str) and isinstance(item, dict)}
+        return keys.union(*map(_values, value.values()))
     if isinstance(value, list):
-        return set().union(*map(_strings, value))
+        return set().union(*map(_values, value))
     return {value} if isinstance(value, str) else set()
 
 

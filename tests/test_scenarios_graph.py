@@ -283,3 +283,28 @@ async def test_graph_scenarios_go_through_rollout_select_and_export(tmp_path, sa
     assert sorted(published["scenario_id"]) == sorted(s.id for s in store.scenarios())
     assert {s.method for s in store.scenarios()} == {"graph"} and published["pass_rate"].to_list() == [1.0, 1.0]
     assert sorted(tables["sft"]["train"]["trajectory_id"]) == sorted(t.id for t in trajectories)
+
+
+def evaluated(env: Environment, states: list[tuple[dict, str]]) -> Environment:
+    """`env` as evaluate leaves it: its test states in the evidence (the rest of the evidence is immaterial)."""
+    evaluation = {
+        "score": 1.0, "keep_score": 0.8, "calls_required": 0, "tool_coverage": 1.0, "tools": {}, "calls": [],
+        "counts": {"judged": 0, "pass": 0, "warning": 0, "fail": 0, "failed_by_runtime": 0, "invalid_replies": 0},
+        "test_states": [{"purpose": "a closed order", "now": now, "state": state} for state, now in states],
+        "usage": {}, "provenance": {"model": None, "prompt_versions": [], "sampling": {}, "tester_tool_choice": "auto",
+                                    "config_hash": "hash", "builder_version": "0"},
+    }  # fmt: skip
+    return Environment.model_validate({**env.model_dump(exclude={"id"}), "evaluation": evaluation})
+
+
+async def test_chains_start_from_the_test_states_evaluate_wrote(tmp_path, sandbox):
+    # The orders desk starts empty: only its test state (a closed order, at its own `now`) gives chains.
+    order = {"order_id": "ORD-1", "customer": "Ada Palmer", "item": "green tea", "quantity": 2, "status": "closed"}
+    env = evaluated(environment("orders"), [({"orders": {"ORD-1": order}, "audit": []}, NOW)])
+    model = verbaliser()
+    ctx = context(tmp_path, model, sandbox, "scenarios.per_environment=1", "scenarios.min_gold_calls=1")
+    plain, _ = await scenarios(env, ctx)
+    assert plain.method == "graph" and plain.now == NOW and plain.initial_state["orders"]["ORD-1"] == order
+    assert "place_order" in [action.name for action in plain.gold_actions]
+    created = CREATED.search(request_of(model.requests[0]))[1]
+    assert "ORD-" in created and "ORD-1," not in created  # the new order's id, not the one the state holds

@@ -64,6 +64,8 @@ def find_chains(
     """Up to `count` verified chains from `states` (blocking: run it in a thread) and why attempts were dropped
     (the sampler's reasons, the verifier's, and `state_load_failed` for a state that does not load)."""
     dropped: Counter[str] = Counter()
+    if not states or count < 1:
+        return [], dropped
     graph = None
     for state, now in states:
         try:
@@ -71,8 +73,8 @@ def find_chains(
             break
         except (SessionError, ContractError):
             continue
-    if graph is None or count < 1:
-        dropped["state_load_failed"] += len(states) if graph is None else 0
+    if graph is None:
+        dropped["state_load_failed"] += len(states)
         return [], dropped
     share = math.ceil(count / len(states)) + 1
     per_state: list[list[Found]] = []

@@ -52,7 +52,7 @@ def report_methods(
     if "llm" in methods:
         spent_by_graph = methods.get("graph", {})
         for name in USAGE:
-            methods["llm"][name] = getattr(ctx.stats.usage, name) - spent_by_graph.get(name, 0)
+            methods["llm"][name] = max(0, getattr(ctx.stats.usage, name) - spent_by_graph.get(name, 0))
     for entry in methods.values():
         _derive(entry)
 

@@ -25,12 +25,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from builder.envs.signatures import tool_defaults
-from builder.llm import ChatRequest, LLMRequestError, PromptTooLongError
+from builder.llm import ChatRequest, LLMRequestError, PromptTooLongError, Reply
 from builder.llm.errors import LLMError
 from builder.llm.parsing import parse_structured, response_format
 from builder.llm.reask import Refusal
 from builder.prompts import prompt
-from builder.records import Environment
+from builder.records import ChatMessage, Environment
 from builder.run.stage import Rejected, StageContext
 from builder.stages._llm import repaired, shrinking, system_user
 from builder.stages.evaluate.source import environment_text, now_text
@@ -143,7 +143,7 @@ async def verbalise(
             messages=tuple(messages), response_format=response_format(UserRequest), sampling=_sampling(ctx)
         )
 
-        async def ask_once(conversation: list, sample: int) -> UserRequest | Refusal:
+        async def ask_once(conversation: list[ChatMessage], sample: int) -> UserRequest | Refusal:
             reply = await _chat(ctx, env, first.resampled(sample, conversation), spent)
             try:
                 request = parse_reply(reply.content)
@@ -207,7 +207,7 @@ def request_text(
     )
 
 
-async def _chat(ctx: StageContext, env: Environment, request: ChatRequest, spent: Spent) -> Any:
+async def _chat(ctx: StageContext, env: Environment, request: ChatRequest, spent: Spent) -> Reply:
     """One reply, its cost added to `spent`; a refused or too long request becomes a rejection (as `ask`)."""
     try:
         reply = await ctx.llm.chat(request)

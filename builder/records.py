@@ -25,7 +25,7 @@ from builder.usage import Usage
 
 # 2: ChatMessage.reasoning_content, Scenario.now; 3: the selections table (was .selected); 4: `Usage` by the one
 # ledger rule (cached_calls, failed_calls and regrowths added; cache hits no longer count calls and tokens); 5:
-# `Provenance.origin` (imported records)
+# `Provenance.origin` (imported records), Scenario.method (tables without it read as "llm")
 SCHEMA_VERSION = 5
 
 
@@ -287,6 +287,12 @@ class Scenario(Record):
 
     env_id: str
     mode: Literal["non_conversational", "conversational"]
+    method: Literal["llm", "graph"] = Field(
+        "llm",
+        description="How it was made: llm (the model wrote state, task, checks and gold) or graph (a chain sampled "
+        "along the tool graph is the gold, the checks are derived from its diff, the model wrote only what the "
+        "user says). Not part of the id: the same scenario is the same whichever way it was found.",
+    )
     initial_state: JSON
     now: str = Field(
         DEFAULT_NOW,

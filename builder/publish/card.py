@@ -3,7 +3,8 @@
 The front matter has `configs:` (data_files per split), `dataset_info` (features, num_bytes, num_examples),
 license, tags and task categories; `datasets` reads it back without warnings and checks the row counts against it.
 The body is `string.Template` text with `$placeholders` filled by the small renderers below. The TRL examples
-are the code the card shows and the CI runs (tests/integration/test_trl_sft.py runs `SFT_EXAMPLE` as rendered).
+are the code the card shows and the CI runs (tests/integration/test_trl_sft.py runs `SFT_EXAMPLE` as rendered,
+tests/test_trainer_grpo.py and tests/integration/test_trl_grpo.py `GRPO_EXAMPLE`).
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ trainer = SFTTrainer(model=MODEL, args=args, train_dataset=sft)
 trainer.train()"""
 )
 
-# GRPO on the `rl` split: builder's sandboxed environments as TRL's environment_factory, rewarded by the checks.
+# GRPO on the `rl` split, both modes: builder's sandboxed environments as TRL's environment_factory, rewarded by
+# the checks; conversational scenarios talk to a simulated user (tests/test_trainer_grpo.py runs it as rendered).
 GRPO_EXAMPLE = Template(
     """import torch
 from datasets import load_dataset
@@ -80,23 +82,29 @@ from huggingface_hub import hf_hub_download
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 from trl.chat_template_utils import qwen3_template
+from builder.envs.conversation import SimulatedUser
 from builder.envs.trainer import trl_environment_factories, trl_prompt_row
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 environments = load_dataset("$repo", "environments", split="rl", revision="$tag")
 by_id = {row["env_id"]: row for row in environments}
 rl = load_dataset("$repo", "scenarios", split="rl", revision="$tag")
-rl = rl.filter(lambda row: row["mode"] == "non_conversational")
 rl = rl.map(lambda row: trl_prompt_row(row, by_id[row["env_id"]]))
+# Conversational scenarios need a model to play the user: any OpenAI-compatible server (vLLM, ...). Without one,
+# keep rl.filter(lambda row: row["mode"] == "non_conversational") and drop `user=`.
+user = SimulatedUser.endpoint("http://127.0.0.1:8000/v1", "Qwen/Qwen3-8B")
 template = hf_hub_download("$repo", "$chat_template", repo_type="dataset", revision="$tag")
 tokenizer = AutoTokenizer.from_pretrained(MODEL)
 # The packaged template writes tool calls as Qwen3 does; with Qwen3's own tokenizer drop these two lines.
 tokenizer.chat_template = open(template).read()
 tokenizer.response_template = qwen3_template
-args = GRPOConfig(output_dir="grpo-out", bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+args = GRPOConfig(
+    output_dir="grpo-out", max_completion_length=2048,  # the whole multi-turn episode: calls, results, replies
+    bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+)
 trainer = GRPOTrainer(
     model=MODEL, processing_class=tokenizer, args=args, train_dataset=rl,
-    environment_factory=trl_environment_factories(environments, rl),
+    environment_factory=trl_environment_factories(environments, rl, user=user),
 )
 trainer.train()"""
 )

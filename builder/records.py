@@ -230,8 +230,9 @@ class Environment(Record):
         None, description="How the code was written: requests, regenerated pieces, automatic fixes, repairs."
     )
     graph: Annotated[ToolGraph | None, STORED_AS_JSON] = Field(
-        None, description="The tool dependency graph, extracted at evaluate from the first test state (None: "
-        "not accepted, or evaluated by an older builder)."
+        None,
+        description="The tool dependency graph, extracted at evaluate from the first test state (None: "
+        "not accepted, or evaluated by an older builder).",
     )
 
     @field_validator("evaluation", "synthesis", "graph", mode="before")

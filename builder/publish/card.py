@@ -9,6 +9,7 @@ tests/test_trainer_grpo.py and tests/integration/test_trl_grpo.py `GRPO_EXAMPLE`
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from huggingface_hub import DatasetCardData
 
 from builder.publish.columns import COLUMN_DOCS, ROW_MEANING
 from builder.publish.export import CONFIG_SPLITS, SplitFiles, features_of
-from builder.publish.plots import value_label
+from builder.publish.plots import TOOL_ROLES, tool_roles, value_label
 from builder.publish.release import PublishError
 from builder.publish.tokens import LENGTH_STEP, TokenStats
 from builder.stats import StageStats
@@ -134,6 +135,7 @@ def _fill(template: Template, inputs: CardInputs, tag: str) -> str:
         load_examples=_load_examples(inputs.repo, tag),
         columns=_columns(inputs.tables),
         stats=_stats(inputs.stats, inputs.export_counts),
+        graphs=_graphs(inputs.tables),
         models=_models(inputs.tables),
         tokens=_tokens(inputs.stats, inputs.tables),
         token_stats=_token_stats(inputs.tokens),
@@ -248,6 +250,20 @@ def _stats(stats: dict[str, StageStats], export_counts: dict[str, dict]) -> str:
 
 def _reasons(dropped: dict[str, int]) -> str:
     return ", ".join(f"{reason}: {count}" for reason, count in sorted(dropped.items()) if count) or "–"
+
+
+def _graphs(tables: dict[str, dict[str, pl.DataFrame]]) -> str:
+    """Per split: environments with a tool graph, their tools by data edges, and edges by kind."""
+    rows = ["| split | environments with a graph | tools | " + " | ".join(TOOL_ROLES) + " | data edges | state edges |",
+            "|---|---|---|" + "---|" * len(TOOL_ROLES) + "---|---|"]  # fmt: skip
+    for split, frame in tables["environments"].items():
+        graphs = [json.loads(text) for text in frame["graph"].drop_nulls().to_list()]
+        roles = sum((tool_roles(graph) for graph in graphs), Counter())
+        kinds = Counter(edge["kind"] for graph in graphs for edge in graph["edges"])
+        cells = [f"`{split}`", f"{len(graphs)} of {frame.height}", sum(roles.values())]
+        cells += [roles[role] for role in TOOL_ROLES] + [kinds["data"], kinds["state"]]
+        rows.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    return "\n".join(rows)
 
 
 def _models(tables: dict[str, dict[str, pl.DataFrame]]) -> str:

@@ -60,9 +60,10 @@ def test_the_cards_grpo_code_takes_one_step_over_the_hub(release, tmp_path):  # 
     work = tmp_path / "trainer"
     work.mkdir()
     model_dir = small_model(tmp_path / "model")
-    with StubServer(lambda body: (200, completion(user_reply(body["messages"])))) as user, LocalHub(
-        config.hub.root
-    ) as hub:
+    with (
+        StubServer(lambda body: (200, completion(user_reply(body["messages"])))) as user,
+        LocalHub(config.hub.root) as hub,
+    ):
         script = PRELUDE.format(output_dir=str(tmp_path / "out")) + runnable_grpo_block(card, model_dir, user.url)
         started = time.monotonic()
         result = subprocess.run(

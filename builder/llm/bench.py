@@ -25,9 +25,8 @@ from pydantic import BaseModel
 
 from builder.config import LLMConfig
 from builder.llm.base import ChatRequest
-from builder.llm.connect import SERVER_LOG, client_for
+from builder.llm.connect import SERVER_LOG, client_for, server_limit
 from builder.llm.openai_backend import OpenAIChatModel
-from builder.llm.pacing import InFlightLimit
 from builder.llm.pool import Endpoint, EndpointPool
 from builder.llm.server import VLLMServer
 from builder.records import ChatMessage, Sampling
@@ -112,11 +111,7 @@ async def _measure(
         timeout_s=config.request_timeout_s,
         http_client_factory=_timed_http_client,
     )
-    limit = InFlightLimit(
-        min(config.max_concurrency, config.max_in_flight_per_server),
-        high=config.max_in_flight_per_server,
-        fixed=not config.adaptive_concurrency,
-    )
+    limit = server_limit(config, url)
     pool = EndpointPool([Endpoint(url=url, backend=backend, limit=limit)])
     # Every request generates exactly max_tokens (`ignore_eos`), so each ends at "length": never grow it. The
     # pool paces the server; the client's own bound must not.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import os
 import statistics
 import time
 from contextlib import ExitStack
@@ -47,6 +48,8 @@ class BenchResult(BaseModel):
     server_concurrency: int
     client_concurrency: int  # the client's in-flight limit at the end (where pacing took it)
     start_concurrency: int  # where it started (llm.max_concurrency)
+    kv_ceiling: int | None = None  # the most in flight the server's KV cache holds (None: it reports no size)
+    load_average: tuple[float, float] = (0.0, 0.0)  # this machine's 1-minute load at the start and the end
 
     def summary(self) -> dict[str, float]:
         return {key: round(getattr(self, key), 3) for key in SUMMARY_KEYS}
@@ -61,6 +64,8 @@ class BenchResult(BaseModel):
                 f"{self.start_concurrency} -> {self.client_concurrency}): {self.client_tok_s:.1f} tok/s",
                 f"ratio client/server: {self.ratio:.3f}  {verdict}",
                 f"client overhead per request: p50 {self.overhead_p50_ms:.2f} ms, p99 {self.overhead_p99_ms:.2f} ms",
+                f"KV-cache ceiling: {self.kv_ceiling if self.kv_ceiling is not None else 'not reported'} in flight",
+                f"machine load (1 min) at start / end: {self.load_average[0]:.2f} / {self.load_average[1]:.2f}",
             ]
         )
 
@@ -99,6 +104,7 @@ def run_bench(
 async def _measure(
     config: LLMConfig, url: str, requests: int, max_tokens: int, concurrency: int, pacing: int
 ) -> BenchResult:
+    load_start = os.getloadavg()[0]
     bodies = [_body(config.served_model_name, index, max_tokens) for index in range(requests)]
     # All raw requests run at once and each lasts the whole phase: a slow server must not time them out.
     timeout = max(config.request_timeout_s, 3600.0)
@@ -147,6 +153,8 @@ async def _measure(
         server_concurrency=concurrency,
         client_concurrency=limit.current,
         start_concurrency=start_limit,
+        kv_ceiling=limit.ceiling if limit.kv_tokens is not None else None,
+        load_average=(load_start, os.getloadavg()[0]),
     )
 
 

@@ -36,6 +36,8 @@ def spanning(tokens: int) -> tuple[ChatMessage, ...]:
     """A prompt long enough to hold `tokens` tokens (one character each), so the client cannot rule out that it
     does and measures it (a short prompt whose budget surely fits is sent unmeasured)."""
     return (ChatMessage(role="user", content="Write the method." + " w" * (tokens // 2)),)
+
+
 CONTEXT = 32768
 
 # What a capable model writes: a long method, the wall clock and fresh ids (not a two-line toy reply).

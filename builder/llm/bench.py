@@ -2,10 +2,11 @@
 
 In one run against one server it measures (a) the server's own best throughput with many concurrent raw HTTP
 requests, and (b) the throughput through the full client path (cache off) at the same offered load, the
-server's requests in flight paced as with `llm.urls` (`pacing.InFlightLimit`, starting at llm.max_concurrency;
-fixed there with llm.adaptive_concurrency off), after an untimed pacing pass in which the limit finds the
-server's knee. It reports b/a (target >= 0.95), the limit reached, and the time the client adds per request
-(p50, p99): wall time of `chat` minus the HTTP exchange, measured with transport hooks.
+server's requests in flight paced as in a run (`connect.server_limit`: starting at llm.max_concurrency, bounded
+by the KV cache the server reports; fixed with llm.adaptive_concurrency off), after an untimed pacing pass in
+which the limit finds the server's knee. It reports b/a, the adaptive client's throughput over the server's best
+at the same offered load (target >= 0.95), the limit reached, and the time the client adds per request (p50,
+p99): wall time of `chat` minus the HTTP exchange, measured with transport hooks.
 """
 
 from __future__ import annotations

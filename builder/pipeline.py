@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from builder.config import BuildConfig, LLMConfig
 from builder.llm import CallRecord, ChatRequest, LLMClient, Reply, open_llm
+from builder.llm.base import ServerCall
 from builder.llm.connect import RL_AGENT_SERVER_LOG, rl_agent_config, served_model_id
 from builder.records import ChatMessage, Environment, EnvPlan, Scenario, SeedTask, Selection, Topic, Trajectory
 from builder.run.executor import Interrupted, run_stages
@@ -116,6 +117,11 @@ class LazyModel:
         if self._stats is not None:
             self._stats.add_call(record)
 
+    def count_server_call(self, call: ServerCall) -> None:
+        """Count an attempt on one of the model's servers in the running stage (a pool's `on_server_call`)."""
+        if self._stats is not None:
+            self._stats.add_server_call(call)
+
     async def chat(self, request: ChatRequest) -> Reply:
         return await self._started().chat(request)
 
@@ -157,7 +163,10 @@ async def run_pipeline(
     with ExitStack() as stack:
 
         def open_client(on_call: Callable[[CallRecord], None]) -> LLMClient:
-            return stack.enter_context(open_llm(config.llm, Path(run_dir), on_call=on_call))
+            on_server_call = model.count_server_call
+            return stack.enter_context(
+                open_llm(config.llm, Path(run_dir), on_call=on_call, on_server_call=on_server_call)
+            )
 
         model = LazyModel(config.llm, open_client)
         rl_llm = rl_agent_config(config)
@@ -165,8 +174,15 @@ async def run_pipeline(
         if rl_llm is not None:
 
             def open_rl_agent(on_call: Callable[[CallRecord], None]) -> LLMClient:
+                on_server_call = rl_agent.count_server_call
                 return stack.enter_context(
-                    open_llm(rl_llm, Path(run_dir), on_call=on_call, server_log=RL_AGENT_SERVER_LOG)
+                    open_llm(
+                        rl_llm,
+                        Path(run_dir),
+                        on_call=on_call,
+                        on_server_call=on_server_call,
+                        server_log=RL_AGENT_SERVER_LOG,
+                    )
                 )
 
             rl_agent = LazyModel(rl_llm, open_rl_agent)

@@ -80,16 +80,17 @@ class LLMConfig(Section):
     max_concurrency: int = Field(
         16,
         ge=1,
-        description="Requests in flight at once, so vLLM can batch them; with llm.urls the starting number per "
-        "server, which llm.adaptive_concurrency then moves.",
+        description="Requests in flight per server at the start, so vLLM can batch them; "
+        "llm.adaptive_concurrency then moves it (with it off, the fixed number).",
     )
     adaptive_concurrency: bool = Field(
         True,
-        description="With llm.urls: raise and lower each server's requests in flight by the throughput it "
-        "answers with (between 1 and llm.max_in_flight_per_server).",
+        description="Raise and lower each server's requests in flight by the throughput it answers with "
+        "(between 1 and llm.max_in_flight_per_server, and no more than its KV cache holds when vLLM reports "
+        "it); false keeps each server at llm.max_concurrency.",
     )
     max_in_flight_per_server: int = Field(
-        256, ge=1, description="With llm.urls: the most requests one server is given at once."
+        256, ge=1, description="The most requests one server is given at once (the adaptive limit's ceiling)."
     )
     request_timeout_s: float = Field(300.0, gt=0, description="A single request is abandoned after this long.")
     max_retries: int = Field(4, ge=0, description="Retries on connection errors, timeouts and 5xx (never 4xx).")
@@ -117,7 +118,7 @@ class LLMConfig(Section):
             raise ValueError("set llm.url (one server) or llm.urls (several), not both")
         if len(set(self.urls)) != len(self.urls):
             raise ValueError("llm.urls lists a server twice")
-        if self.urls and self.max_concurrency > self.max_in_flight_per_server:
+        if self.max_concurrency > self.max_in_flight_per_server:
             raise ValueError("llm.max_concurrency exceeds llm.max_in_flight_per_server")
         return self
 

@@ -56,6 +56,7 @@ OPERATIONAL_KEYS = frozenset(
         "llm.extra_server_args",
         "llm.server_tok_s",
         "rollout.rl_agent_url",
+        "rollout.rl_agent_urls",
     }
 )
 

@@ -40,6 +40,7 @@ class StageStats:
     llm_latency_s: float = 0.0  # wall time of the requests sent to the server (cache hits take none)
     wall_s: float = 0.0
     report: dict = field(default_factory=dict)  # a stage's own summary (e.g. select's rates and decontamination)
+    executor: dict = field(default_factory=dict)  # --executor ray: per-actor throughput, where time went (last try)
 
     @property
     def dropped_total(self) -> int:

@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -123,28 +123,28 @@ class RayItems:
         batch_size = min(self.settings.batch_size, in_flight)
         depth = math.ceil(in_flight / batch_size) + 1  # one batch more than it works on, so it never waits on us
         stage_ref = ray.put(stage)
-        queue = deque(pending)
-        losses: Counter[str] = Counter()
-        running: dict[asyncio.Future, tuple[str, list[Record]]] = {}
+        inputs = _Inputs(deque(pending))
+        running: dict[asyncio.Future, _Batch] = {}
         figures: dict[str, dict] = {}  # actor name -> its latest figures for this stage
         base_report = copy.deepcopy(ctx.stats.report)
         started, waited, done_items = time.monotonic(), 0.0, 0
         try:
-            while queue or running:
+            while inputs or running:
                 for name, actor in list(self.actors.items()):
-                    while queue and sum(1 for owner, _ in running.values() if owner == name) < depth:
-                        batch = [queue.popleft() for _ in range(min(batch_size, len(queue)))]
-                        ref = actor.run.remote(stage_ref, ctx.config_hash, batch, in_flight)
-                        running[asyncio.wrap_future(ref.future())] = (name, batch)
+                    owned = [batch for batch in running.values() if batch.actor == name]
+                    for items, alone in inputs.batches_for(owned, batch_size, depth):
+                        ref = actor.run.remote(stage_ref, ctx.config_hash, items, in_flight)
+                        running[asyncio.wrap_future(ref.future())] = _Batch(name, items, alone)
                 before = time.monotonic()
                 finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 waited += time.monotonic() - before
                 for future in finished:
-                    name, batch = running.pop(future)
+                    batch = running.pop(future)
                     try:
                         answer: BatchAnswer = future.result()
                     except RayActorError:  # died, or its node did (ActorDiedError, ActorUnavailableError)
-                        self._lost(name, batch, queue, losses)
+                        self._replace(batch.actor)
+                        inputs.lost(batch, self.settings.max_item_losses)
                         continue
                     except RayTaskError as error:
                         # An operator error in the actor (bad config, a stage returning the wrong type): the
@@ -152,12 +152,14 @@ class RayItems:
                         raise (error.cause if isinstance(error.cause, BaseException) else error) from None
                     for record in answer.calls:
                         ctx.stats.add_call(record)
-                    figures[name] = answer.figures
+                    figures[batch.actor] = answer.figures
                     ctx.stats.report = merge_counters([base_report, *(f["report"] for f in figures.values())])
                     for input_id, results in answer.results:
                         done_items += 1
                         yield input_id, results
         finally:
+            for future in running:  # what is still out is not waited for (and its actors are stopped at exit)
+                future.cancel()
             driver_s = time.monotonic() - started - waited
             ctx.stats.executor = {
                 "kind": "ray",
@@ -168,17 +170,49 @@ class RayItems:
                 "items_per_s": round(done_items / (time.monotonic() - started), 3),
             }
 
-    def _lost(self, name: str, batch: list[Record], queue: deque, losses: Counter[str]) -> None:
-        """`batch` was in flight on actor `name`, which died: hand it out again (first), through a new actor."""
-        self._replace(name)
-        for item in batch:
-            losses[item.id] += 1
-            if losses[item.id] >= self.settings.max_item_losses:
-                raise RunError(
-                    f"input {item.id} was in flight on {losses[item.id]} Ray actors that died (executor."
-                    "max_item_losses); it may be what kills them: see the actors' logs (ray logs)"
-                )
-        queue.extendleft(reversed(batch))
+
+@dataclass(frozen=True)
+class _Batch:
+    actor: str
+    items: list[Record]
+    alone: bool  # handed to an actor with nothing else in flight
+
+
+@dataclass
+class _Inputs:
+    """The inputs of a stage still to hand out. One that was in flight on an actor that died is a suspect: it is
+    handed out again alone, to an actor with nothing else in flight, so that a death then is its own doing; after
+    `executor.max_item_losses` of those the run stops (the input may be what kills the actors)."""
+
+    queue: deque[Record]
+    suspects: deque[Record] = field(default_factory=deque)
+    losses: Counter[str] = field(default_factory=Counter)
+
+    def __bool__(self) -> bool:
+        return bool(self.queue or self.suspects)
+
+    def batches_for(self, owned: list[_Batch], size: int, depth: int) -> Iterator[tuple[list[Record], bool]]:
+        """The batches to hand an actor that has `owned` in flight: a suspect if it is idle, else up to `depth`."""
+        if any(batch.alone for batch in owned):
+            return
+        if not owned and self.suspects:
+            yield [self.suspects.popleft()], True
+            return
+        for _ in range(depth - len(owned)):
+            if not self.queue:
+                return
+            yield [self.queue.popleft() for _ in range(min(size, len(self.queue)))], False
+
+    def lost(self, batch: _Batch, limit: int) -> None:
+        for item in batch.items:
+            if batch.alone:
+                self.losses[item.id] += 1
+                if self.losses[item.id] >= limit:
+                    raise RunError(
+                        f"input {item.id} killed {self.losses[item.id]} Ray actors it ran on alone "
+                        "(executor.max_item_losses); see the actors' logs (ray logs) for why"
+                    )
+        self.suspects.extend(batch.items)
 
 
 @dataclass(frozen=True)

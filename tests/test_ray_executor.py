@@ -31,11 +31,13 @@ from builder.errors import ConfigError, RunError
 from builder.run.executor import run_stages
 from builder.run.ray_executor import RayItems, merge_counters
 from tests.fixtures.ray_toy import STAGES, no_resources, toy_config
+from tests.test_pipeline_e2e import model, restore_logging, run, run_outputs  # noqa: F401 - fixtures too
 
 ray = pytest.importorskip("ray")
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY_ENV = {"TOY_ITEMS": "24", "TOY_DELAY": "0.2"}
+TEACHER = "tests.fixtures.ray_teacher.install"
 
 
 def _free_port() -> int:
@@ -241,3 +243,17 @@ async def test_the_pipeline_on_ray_needs_model_servers_the_actors_reach(tmp_path
     rl = config.rollout.model_copy(update={"rl_agent_model": "some/policy"})
     with pytest.raises(ConfigError, match="rollout.rl_agent_url"):
         await run_pipeline(config.model_copy(update={"rollout": rl}), tmp_path / "run")
+
+
+@pytest.mark.usefixtures("model", "restore_logging")
+def test_the_whole_pipeline_on_ray_ends_as_it_does_locally(ray_cluster, tmp_path):
+    assert run(tmp_path, "local") == 0
+    ray_options = ["--executor", "ray", "--ray-address", ray_cluster, "--set", f"executor.worker_setup={TEACHER}"]
+    assert run(tmp_path, "ray", *ray_options) == 0
+    assert_same(run_outputs(tmp_path / "ray"), run_outputs(tmp_path / "local"))
+    stats = json.loads((tmp_path / "ray" / "run" / "stats.json").read_text())["stages"]
+    for name in ("mine", "plan", "code", "evaluate", "scenarios", "rollout"):
+        assert stats[name]["executor"]["kind"] == "ray" and stats[name]["usage"]["calls"] > 0, name
+    assert stats["evaluate"]["executor"]["items"] == 2
+    assert sum(actor["sandbox_s"] for actor in stats["evaluate"]["executor"]["actors"].values()) > 0
+    assert "executor" not in stats["dedupe"] or not stats["dedupe"]["executor"]  # batch stages run on the driver

@@ -257,3 +257,14 @@ def test_the_whole_pipeline_on_ray_ends_as_it_does_locally(ray_cluster, tmp_path
     assert stats["evaluate"]["executor"]["items"] == 2
     assert sum(actor["sandbox_s"] for actor in stats["evaluate"]["executor"]["actors"].values()) > 0
     assert "executor" not in stats["dedupe"] or not stats["dedupe"]["executor"]  # batch stages run on the driver
+
+
+def test_bench_scale_prints_its_figures(ray_cluster, tmp_path, capsys):
+    from builder.cli import main
+
+    argv = ["bench", "scale", "--json", "--profile", "none", "--items", "12", "--latency-ms", "5"]
+    assert main([*argv, "--ray-address", ray_cluster, "--set", f"run.runs_root={tmp_path}"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert {"local", "ray_1_actor", "ray_2_actors", "ratio_2_actors_vs_local", "ratio_2_vs_1_actor"} <= set(figures)
+    assert set(figures["ray_2_actors"]["actors"]) == {"actor-1", "actor-2"}
+    assert figures["ray_1_actor"]["driver_s_per_item"] > 0 and figures["local"]["items_per_s"] > 0

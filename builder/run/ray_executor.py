@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -130,11 +130,15 @@ class RayItems:
         started, waited, done_items = time.monotonic(), 0.0, 0
         try:
             while inputs or running:
-                for name, actor in list(self.actors.items()):
-                    owned = [batch for batch in running.values() if batch.actor == name]
-                    for items, alone in inputs.batches_for(owned, batch_size, depth):
-                        ref = actor.run.remote(stage_ref, ctx.config_hash, items, in_flight)
-                        running[asyncio.wrap_future(ref.future())] = _Batch(name, items, alone)
+                handed = True
+                while handed:  # a batch to each actor in turn, so a short stage is spread over all of them
+                    handed = False
+                    for name, actor in list(self.actors.items()):
+                        owned = [batch for batch in running.values() if batch.actor == name]
+                        if (batch := inputs.next_batch(name, owned, batch_size, depth)) is not None:
+                            ref = actor.run.remote(stage_ref, ctx.config_hash, batch.items, in_flight)
+                            running[asyncio.wrap_future(ref.future())] = batch
+                            handed = True
                 before = time.monotonic()
                 finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 waited += time.monotonic() - before
@@ -191,17 +195,16 @@ class _Inputs:
     def __bool__(self) -> bool:
         return bool(self.queue or self.suspects)
 
-    def batches_for(self, owned: list[_Batch], size: int, depth: int) -> Iterator[tuple[list[Record], bool]]:
-        """The batches to hand an actor that has `owned` in flight: a suspect if it is idle, else up to `depth`."""
+    def next_batch(self, actor: str, owned: list[_Batch], size: int, depth: int) -> _Batch | None:
+        """The next batch for `actor`, which has `owned` in flight: a suspect alone if it is idle, else up to `size`
+        inputs while it has fewer than `depth` batches; None: nothing for it now."""
         if any(batch.alone for batch in owned):
-            return
+            return None
         if not owned and self.suspects:
-            yield [self.suspects.popleft()], True
-            return
-        for _ in range(depth - len(owned)):
-            if not self.queue:
-                return
-            yield [self.queue.popleft() for _ in range(min(size, len(self.queue)))], False
+            return _Batch(actor, [self.suspects.popleft()], alone=True)
+        if not self.queue or len(owned) >= depth:
+            return None
+        return _Batch(actor, [self.queue.popleft() for _ in range(min(size, len(self.queue)))], alone=False)
 
     def lost(self, batch: _Batch, limit: int) -> None:
         for item in batch.items:

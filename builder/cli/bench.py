@@ -84,7 +84,7 @@ def cmd_bench_rollout(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_scale(args: argparse.Namespace) -> int:
-    from builder.run.bench_scale import bench_scale
+    from builder.bench_scale import bench_scale
 
     if args.ray_address is not None:
         args.overrides.append(f"executor.ray_address={args.ray_address}")

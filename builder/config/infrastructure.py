@@ -196,8 +196,8 @@ class ExecutorConfig(Section):
     )
     ray_address: str | None = Field(
         None,
-        description="Ray cluster to join (e.g. 10.0.0.5:6379 or auto); None: $RAY_ADDRESS, else a Ray started "
-        "inside this process for the run.",
+        description="Ray cluster to join (e.g. 10.0.0.5:6379); None: $RAY_ADDRESS, else the cluster `ray start` "
+        "made on this machine, else a Ray started inside this process for the run.",
     )
     actors: int = Field(0, ge=0, description="Ray actors in all (0: one per executor.actor_cpus CPUs of the cluster).")
     actors_per_node: int = Field(

@@ -5,6 +5,10 @@ A stage reads the kept records of the stage before it and writes `<stage>.parque
 concurrently; each finished input is appended to `<stage>.journal.jsonl` at once, so after a crash or `kill -9`
 a rerun redoes only the inputs that were in flight. Batch stages (de-duplication, splits) see all inputs at once
 and rerun whole when their inputs change.
+
+Where an item stage's inputs run is the item runner's business (`local_items`: here, as asyncio tasks;
+`ray_executor.RayItems`: on Ray actors); whichever it is, this module journals what it yields, so both executors
+share one data path.
 """
 
 from __future__ import annotations

@@ -62,6 +62,7 @@ class StageStats:
     wall_s: float = 0.0
     report: dict = field(default_factory=dict)  # a stage's own summary (e.g. select's rates and decontamination)
     servers: dict[str, ServerStats] = field(default_factory=dict)  # per model server URL (`add_server_call`)
+    executor: dict = field(default_factory=dict)  # --executor ray: per-actor throughput, where time went (last try)
 
     @property
     def dropped_total(self) -> int:

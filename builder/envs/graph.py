@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 from typing import Any, Literal
 
+from builder.envs.lint import Contract
 from builder.envs.probe import generate_arguments
 from builder.envs.schema import inspect_source
 from builder.envs.session import Session, SessionError, ToolResult
@@ -171,12 +172,13 @@ def _bound_from(node: ast.Assign | ast.For) -> ast.expr:
 def extract_graph(
     sandbox: Sandbox, code: str, state: dict[str, Any] | None = None,
     *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED, max_probes: int = MAX_PROBES,
+    contract: Contract = "strict",
 ) -> ToolGraph:  # fmt: skip
     """The dependency graph of `code` from `state` (default: what `__init__` builds) at `now` and `seed`.
 
-    Raises ContractError (the code violates the contract) or SessionError (it does not load).
+    Raises ContractError (the code violates `contract`) or SessionError (it does not load).
     """
-    interface = inspect_source(code)
+    interface = inspect_source(code, contract)
     access = state_access(code)
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in interface.tools}
     nodes = tuple(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from builder.envs.lint import ContractError, Problem
+from builder.envs.lint import Contract, ContractError, Problem
 from builder.envs.schema import EnvInterface, inspect_source
 from builder.envs.session import Session, SessionError, ToolResult
 from builder.sandbox.runtime import Sandbox
@@ -40,16 +40,20 @@ class ToolProblem(Problem):
 
 
 def probe_environment(
-    sandbox: Sandbox, source: str, state: dict[str, Any] | None = None, now: str = DEFAULT_NOW
+    sandbox: Sandbox, source: str, state: dict[str, Any] | None = None, now: str = DEFAULT_NOW,
+    contract: Contract = "strict",
 ) -> tuple[list[Problem], list[ToolResult]]:
     """All problems found (empty: the environment behaves) and the results of the first pass of calls.
+
+    Lint problems count under the strict contract; under import only those that leave nothing to load do (the
+    others are information: `inspect_source(source, "import").problems`), and the runtime problems decide.
 
     Both passes run at the same `now` and seed, so a tool that stamps records with the clock or makes ids with
     `uuid4()` is deterministic; only what the sandbox cannot fix (duration clocks, `SystemRandom`, object ids,
     state kept outside the instance) is reported as `nondeterministic`.
     """
     try:
-        interface = inspect_source(source)
+        interface = inspect_source(source, contract)
     except ContractError as error:
         return error.problems, []
     try:

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from builder.envs.lint import Contract
 from builder.envs.schema import EnvInterface, inspect_source
 from builder.envs.validate import argument_error
 from builder.errors import BuilderError
@@ -58,7 +59,11 @@ class Session:
         sandbox: the runtime that forks workers.
         source: the environment module's code (linted and inspected here, never run in this process).
         state: the initial state: attribute name -> JSON value, set on an instance created with no arguments.
-        interface: the result of `inspect_source(source)` when the caller already has it.
+            Under the import contract a class with BFCL's `_load_scenario(scenario)` is first given the state
+            through it (so it fills its own defaults), then the state's attributes are set as given.
+        interface: the result of `inspect_source(source, contract)` when the caller already has it (its
+            `contract` then decides).
+        contract: the trust level `source` is inspected under when no interface is given (envs/lint.py).
         now: the episode's date-time, ISO 8601 naive local time (`2024-06-01T09:00:00`): what the environment's
             clock reads, frozen, for the whole session.
         seed: seeds `random` and `uuid` inside the worker.
@@ -72,12 +77,13 @@ class Session:
     def __init__(
         self, sandbox: Sandbox, source: str, state: dict[str, Any] | None = None,
         interface: EnvInterface | None = None, *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
+        contract: Contract = "strict",
     ) -> None:  # fmt: skip
         parse_now(now)
         self.now, self.seed = now, int(seed)
         self.sandbox = sandbox
         self.source = source
-        self.interface = interface or inspect_source(source)
+        self.interface = interface or inspect_source(source, contract)
         self.initial_state = dict(state or {})
         self._schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in self.interface.tools}
         self._history: list[tuple[str, dict[str, Any]]] = []
@@ -94,6 +100,7 @@ class Session:
         load = {
             "op": "load", "code": self.source, "class_name": self.interface.class_name,
             "state": self.initial_state, "tools": list(self._schemas), "now": self.now, "seed": self.seed,
+            "load_scenario": self.interface.contract == "import",
         }  # fmt: skip
         try:
             reply = worker.request(load)

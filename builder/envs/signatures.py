@@ -1,5 +1,5 @@
-"""How an environment class declares its tools, read from the AST: which methods are tools, their parameters,
-the JSON schema of a type hint and what a Google docstring says about each parameter.
+"""How an environment class declares its tools, read from the AST: which methods are tools, their parameters
+and the JSON schema of a type hint (what the docstring says is read by envs/docstrings.py).
 
 The contract lint checks these declarations (envs/lint.py) and the schema derivation turns them into OpenAI tool
 schemas (envs/schema.py); both read them here, so neither needs the other.
@@ -8,14 +8,11 @@ schemas (envs/schema.py); both read them here, so neither needs the other.
 from __future__ import annotations
 
 import ast
-import re
 from typing import Any
 
 from builder.pyast import parse
 
 JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
-SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Return|Raises|Yields|Examples?|Notes?):\s*$")
-ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
 
 
 def tool_methods(cls: ast.ClassDef) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
@@ -129,30 +126,6 @@ def _type_name(node: ast.expr) -> str:
     if isinstance(node, ast.Attribute):  # typing.Optional, t.List, ...
         return node.attr
     return ""
-
-
-def parse_docstring(docstring: str) -> tuple[str, dict[str, str]]:
-    """Split a Google-style docstring into (description, {parameter: description})."""
-    lines = docstring.expandtabs().splitlines()
-    summary: list[str] = []
-    params: dict[str, str] = {}
-    section, current, indent = None, None, 0
-    for line in lines:
-        header = SECTION.match(line)
-        if header:
-            section, current = header.group(1), None
-            continue
-        if section is None:
-            summary.append(line.strip())
-        elif section in ("Args", "Arguments", "Parameters") and line.strip():
-            width = len(line) - len(line.lstrip())
-            match = ARG_LINE.match(line)
-            if match and (current is None or width <= indent):
-                current, indent = match.group(1).lstrip("*"), width
-                params[current] = match.group(3).strip()
-            elif current is not None:
-                params[current] = f"{params[current]} {line.strip()}".strip()
-    return " ".join(" ".join(summary).split()), params
 
 
 def tool_defaults(source: str) -> dict[str, dict[str, Any]]:

@@ -9,6 +9,7 @@ the generated code runs here, so nothing of the parent (pydantic, the store, sec
 from __future__ import annotations
 
 import builtins
+import copy
 import importlib
 import inspect
 import json
@@ -157,6 +158,10 @@ class Worker:
         if not isinstance(cls, type):
             return {"ok": False, "kind": "load_failed", "error": f"class {request['class_name']} not defined"}
         self.env = cls()
+        if request.get("load_scenario") and callable(getattr(cls, "_load_scenario", None)):
+            # BFCL's protocol (imported classes only): the class fills its defaults from the scenario itself;
+            # the attributes are still set as given below, so a snapshot loads back to the same state.
+            self.env._load_scenario(copy.deepcopy(request["state"]))
         for key, value in request["state"].items():
             setattr(self.env, key, value)
         self.tools = {name: getattr(self.env, name) for name in request["tools"]}

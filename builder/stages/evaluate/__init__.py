@@ -32,6 +32,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from builder import __version__
+from builder.envs.lint import Contract
 from builder.envs.schema import EnvInterface
 from builder.envs.session import Session, SessionError
 from builder.envs.state_schema import generated_state_schema
@@ -69,9 +70,10 @@ logger = logging.getLogger(__name__)
 PROMPTS = ("evaluate_state", "evaluate_tester", "evaluate_checker")
 
 
-async def evaluate(env: Environment, ctx: StageContext) -> list[Record]:
-    """The environment accepted (with scores and evidence; the runner upserts it into the store) or a rejection."""
-    env, interface, default_state = await passing_gates(env, ctx)
+async def evaluate(env: Environment, ctx: StageContext, contract: Contract = "strict") -> list[Record]:
+    """The environment accepted (with scores and evidence; the runner upserts it into the store) or a rejection.
+    `contract`: the trust level its code is read under (envs/lint.py; imported environments: "import")."""
+    env, interface, default_state = await passing_gates(env, ctx, contract)
     agents = Agents(ctx.llm, ctx.config.evaluate, retries=ctx.config.llm.structured_retries, seed=ctx.config.run.seed)
     try:
         states, failures = await make_test_states(env, interface, default_state, ctx, agents)

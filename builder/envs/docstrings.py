@@ -166,7 +166,11 @@ def _returns(text: str, lines: list[str]) -> str | None:
         return google.group(1).strip()
     for title, start, end in _numpy_sections(lines):
         if title.lower() in ("returns", "return"):
-            return " ".join(line.strip() for line in lines[start:end] if line.strip()) or None
+            # `type` or `name : type` lines at the section's indent, each with its text indented below
+            body = [line for line in lines[start:end] if line.strip()]
+            base = min((len(line) - len(line.lstrip()) for line in body), default=0)
+            text = [line.strip() for line in body if len(line) - len(line.lstrip()) > base]
+            return " ".join(text or [line.strip() for line in body]) or None
     for index, line in enumerate(lines):
         match = REST_FIELD.match(line)
         if match and match.group(1).lower() in ("returns", "return"):

@@ -23,8 +23,10 @@ from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW
 
 
-def env_schema(path: Path, out: TextIO = sys.stdout, contract: Contract = "strict") -> int:
-    """Print the environment's tools as an OpenAI `tools` JSON list. Exit 1 if `contract` refuses the module."""
+def env_schema(path: Path, out: TextIO | None = None, contract: Contract = "strict") -> int:
+    """Print the environment's tools as an OpenAI `tools` JSON list. Exit 1 if `contract` refuses the module.
+    `out` defaults to the `sys.stdout` of the call."""
+    out = out or sys.stdout
     try:
         interface = inspect_source(_read(path), contract)
     except ContractError as error:

@@ -185,3 +185,11 @@ class Verification(Frozen):
     model_difficulty: Literal["easy", "medium", "hard"] = Field(description="The model's own rating of the task.")
     state_repairs: int = Field(description="Regenerations the initial state needed.")
     repairs: tuple[str, ...] = Field(description="The reason codes of the repair rounds, in order.")
+    check_errors: dict[int, str] = Field(
+        default_factory=dict, exclude_if=_empty, description="Checks that raised on the initial state, by index."
+    )
+    unverified_solvability: bool = Field(
+        False,
+        exclude_if=_empty,
+        description="No gold solution exists (an imported scenario): nothing proves it can be solved.",
+    )

@@ -31,6 +31,8 @@ from builder.stages.code import code
 from builder.stages.collect import collect
 from builder.stages.dedupe import dedupe
 from builder.stages.evaluate import evaluate
+from builder.stages.imports import IMPORT_STAGE, import_source, imported_scenarios, vet
+from builder.stages.imports.sources import Source
 from builder.stages.mine import mine
 from builder.stages.plan import plan
 from builder.stages.rollout import rollout, rollout_concurrency
@@ -55,6 +57,20 @@ STAGES: tuple[Stage, ...] = (
     ),
     BatchStage("select", select, input=Trajectory, output=Selection, persist="selections"),
 )
+
+
+def import_stages(source: Source, *, dual_agent: bool = False, more_scenarios: bool = False) -> tuple[Stage, ...]:
+    """The stages `python -m builder import` executes: the source's environments and scenarios re-verified
+    (`builder.stages.imports`) under the names rollout and select read (`evaluate`, `scenarios`), then the
+    pipeline's rollout and select, so an import run continues like a synthesis run."""
+    vetted = functools.partial(vet, source=source, dual_agent=dual_agent)
+    verified = functools.partial(imported_scenarios, source=source, more_scenarios=more_scenarios)
+    return (
+        BatchStage(IMPORT_STAGE, functools.partial(import_source, source=source), input=None, output=Environment),
+        ItemStage("evaluate", vetted, input=Environment, output=Environment, persist="environments"),
+        ItemStage("scenarios", verified, input=Environment, output=Scenario, persist="scenarios"),
+        *STAGES[-2:],
+    )
 
 
 class LazyModel:
@@ -129,9 +145,15 @@ def _signals_interrupt() -> Iterator[None]:
 
 
 async def run_pipeline(
-    config: BuildConfig, run_dir: Path, *, until: str | None = None, only: str | None = None
+    config: BuildConfig,
+    run_dir: Path,
+    *,
+    until: str | None = None,
+    only: str | None = None,
+    stages: Sequence[Stage] = STAGES,
 ) -> dict[str, StageStats]:
-    """Run the pipeline over `run_dir` (resuming whatever is already done there)."""
+    """Run the pipeline (`stages`: the synthesis stages, or `import_stages`) over `run_dir`, resuming whatever is
+    already done there."""
     with ExitStack() as stack:
 
         def open_client(on_call: Callable[[CallRecord], None]) -> LLMClient:
@@ -156,7 +178,7 @@ async def run_pipeline(
 
         try:
             return await run_stages(
-                STAGES, config, run_dir, until=until, only=only, llm=model.for_stage,
+                stages, config, run_dir, until=until, only=only, llm=model.for_stage,
                 rl_agent=rl_agent.for_stage if rl_agent is not None else None, sandbox=open_sandbox,
             )  # fmt: skip
         finally:

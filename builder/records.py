@@ -24,8 +24,9 @@ from builder.sandbox.world import DEFAULT_NOW, derive_seed, parse_now
 from builder.usage import Usage
 
 # 2: ChatMessage.reasoning_content, Scenario.now; 3: the selections table (was .selected); 4: `Usage` by the one
-# ledger rule (cached_calls, failed_calls and regrowths added; cache hits no longer count calls and tokens)
-SCHEMA_VERSION = 4
+# ledger rule (cached_calls, failed_calls and regrowths added; cache hits no longer count calls and tokens); 5:
+# `Provenance.origin` (imported records)
+SCHEMA_VERSION = 5
 
 
 def _decoded(value: Any) -> Any:
@@ -46,6 +47,18 @@ class Sampling(Frozen):
     seed: int | None = None
 
 
+class Origin(Frozen):
+    """Where an imported record came from, outside builder (`python -m builder import`): enough to find it again."""
+
+    source: Literal["envscaler", "classes"] = Field(description="The import format.")
+    location: str = Field(description="The file, folder or Hugging Face dataset id read.")
+    revision: str = Field(description="`sha256:<hex>` of the bytes read, or the Hub dataset's commit.")
+    ref: str = Field(description="The record's own id in the source: `env_1_rl`, `env_1_rl-task_3`, `api.py:Api`.")
+    split: Literal["train", "rl"] | None = Field(
+        None, description="The split the source gave it (EnvScaler's `_sft`/`_rl` suffix); None: builder's own."
+    )
+
+
 class Provenance(Frozen):
     """Where a record came from: enough to reproduce it and to trace it to its parents."""
 
@@ -55,6 +68,7 @@ class Provenance(Frozen):
     sampling: Sampling | None = None
     prompt_version: str | None = None
     parent_ids: tuple[str, ...] = ()
+    origin: Origin | None = Field(None, description="Imported records: their source (None: made by builder).")
 
 
 class Record(Frozen):
@@ -232,6 +246,12 @@ class Environment(Record):
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if value == {} else value  # rows of older builders stored "no evidence" as {}
+
+    @property
+    def contract(self) -> Literal["strict", "import"]:
+        """How strictly its code is linted before it runs (`builder.envs.lint.Contract`): imported code (it has a
+        `provenance.origin`) for information only; the sandbox is the boundary either way."""
+        return "import" if self.provenance.origin is not None else "strict"
 
 
 class Action(Frozen):

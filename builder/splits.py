@@ -8,14 +8,27 @@ they always agree.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 
-def is_rl_environment(env_id: str, rl_fraction: float) -> bool:
+def is_rl_environment(env_id: str, rl_fraction: float, declared: str | None = None) -> bool:
     """Whether an environment belongs to the held-out `rl` split rather than `train`.
 
     Pure and deterministic: the first 8 bytes of sha256(env_id), read as a fraction of 2**64, are compared with
     `rl_fraction` (`select.rl_env_fraction`). An environment therefore keeps its split across runs and releases,
     as long as the fraction is unchanged, and raising the fraction only moves environments from train to rl.
+    `declared` is the split an imported environment's source gave it (`Origin.split`: EnvScaler's `_rl`
+    suffix), which wins, so a release keeps the source's held-out environments held out.
     """
+    if declared is not None:
+        return declared == "rl"
     digest = hashlib.sha256(env_id.encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < rl_fraction
+
+
+def declared_split(provenance: Any) -> str | None:
+    """The split a record's source declared (`Provenance.origin.split`), from a record's provenance or its row."""
+    origin = provenance.get("origin") if isinstance(provenance, dict) else getattr(provenance, "origin", None)
+    if origin is None:
+        return None
+    return origin.get("split") if isinstance(origin, dict) else origin.split

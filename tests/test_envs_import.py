@@ -58,16 +58,25 @@ def test_import_warnings_are_counted_by_code():
 
 @pytest.mark.parametrize(
     ("source", "code"),
-    [
-        ("class A(\n", "syntax"),
-        ("X = 1\n", "no_env_class"),
-        ("class A:\n    def f(self) -> int:\n        return 1\nclass B:\n    pass\n", "multiple_env_classes"),
-    ],
+    [("class A(\n", "syntax"), ("X = 1\n", "no_env_class"), ("class A:\n    def _f(self):\n        pass\n", "no_env_class")],
 )
-def test_import_still_refuses_a_module_with_no_single_class(source, code):
+def test_import_still_refuses_a_module_with_no_class_to_load(source, code):
     with pytest.raises(ContractError) as raised:
         inspect_source(source, "import")
     assert [p.code for p in raised.value.problems] == [code]
+
+
+def test_import_takes_the_last_class_with_public_methods_and_lints_it():
+    source = (
+        "class File:\n    def __init__(self):\n        self.name = ''\n    def size(self) -> int:\n        return 0\n"
+        "class Api:\n    def get(self, key):\n        return key\n"
+        "class Empty:\n    pass\n"
+    )
+    interface = inspect_source(source, "import")
+    assert interface.class_name == "Api" and interface.tool_names == ("get",)
+    assert interface.warnings == {"missing_docstring": 1, "missing_type_hint": 2, "multiple_env_classes": 2}
+    with pytest.raises(ContractError):
+        inspect_source(source)
 
 
 def test_refused_knows_both_contracts_and_no_third():

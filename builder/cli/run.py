@@ -56,7 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = config_of(args)
     run_dir = args.run_dir or config.run.runs_root / f"run-{config_hash(config)}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    _log_to_file(run_dir / "builder.log")
+    log_to_file(run_dir / "builder.log")
     logger.info(
         "builder %s: run folder %s, config %s, profile %s",
         __version__, run_dir, config_hash(config), resolve_profile(args.profile),
@@ -65,20 +65,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     stats = asyncio.run(run_pipeline(config, run_dir, until=args.until, only=args.only))
     print(render_table(stats))
     print(f"\nstats: {run_dir / 'stats.json'}   log: {run_dir / 'builder.log'}")
-    last_stage = STAGES[-1].name
-    if config.hub.export_after_run and (args.only or args.until or last_stage) == last_stage:
-        from builder.publish.publish import export_after_run
-        from builder.publish.release import PublishError
-
-        try:
-            out, manifest = export_after_run(config, run_dir / "stats.json")
-        except PublishError as error:
-            print(f"no release candidate: {error}")
-            return EXIT_OK
-        logger.info("exported release candidate %s to %s", manifest["version"], out)
-        print(f"release candidate {manifest['version']}: {out} ({counts(manifest)})")
-        print(f"publish it with: python -m builder publish --version {manifest['version']} --run-dir {run_dir}")
+    if (args.only or args.until or STAGES[-1].name) == STAGES[-1].name:
+        export_candidate(config, run_dir)
     return EXIT_OK
+
+
+def export_candidate(config: BuildConfig, run_dir: Path) -> None:
+    """After a run that reached its last stage: export a release candidate (with `hub.export_after_run`)."""
+    if not config.hub.export_after_run:
+        return
+    from builder.publish.publish import export_after_run
+    from builder.publish.release import PublishError
+
+    try:
+        out, manifest = export_after_run(config, run_dir / "stats.json")
+    except PublishError as error:
+        print(f"no release candidate: {error}")
+        return
+    logger.info("exported release candidate %s to %s", manifest["version"], out)
+    print(f"release candidate {manifest['version']}: {out} ({counts(manifest)})")
+    print(f"publish it with: python -m builder publish --version {manifest['version']} --run-dir {run_dir}")
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -99,7 +105,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _log_to_file(path: Path) -> None:
+def log_to_file(path: Path) -> None:
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler.setLevel(logging.INFO)

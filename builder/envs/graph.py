@@ -21,7 +21,7 @@ from builder.envs.lint import Contract
 from builder.envs.probe import generate_arguments
 from builder.envs.schema import inspect_source
 from builder.envs.session import Session, SessionError, ToolResult
-from builder.envs.signatures import tool_methods
+from builder.envs.signatures import environment_class, tool_methods
 from builder.frozen import Frozen
 from builder.pyast import parse
 from builder.sandbox.runtime import Sandbox
@@ -98,7 +98,9 @@ def state_access(code: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]
     (`account = self.accounts[i]; account["balance"] -= x`): a heuristic that errs on yes. Private helpers the
     tool calls (`self._helper()`, transitively) count as the tool's own code.
     """
-    cls = next(node for node in parse(code).body if isinstance(node, ast.ClassDef))
+    cls = environment_class(parse(code))
+    if cls is None:
+        return {}
     methods = {node.name: node for node in cls.body if isinstance(node, ast.FunctionDef)}
     access = {}
     for tool in tool_methods(cls):

@@ -6,7 +6,7 @@ add new ones, never rename old ones.
 
 Two trust levels (`Contract`) read the same problems differently. `strict` (generated code) refuses a module with
 any problem. `import` (environments someone else wrote: BFCL-style classes, EnvScaler's release) refuses only
-what leaves nothing to load (`STRUCTURAL`: no parse, no single class) and reports the rest as information; the
+what leaves nothing to load (`STRUCTURAL`: no parse, no class) and reports the rest as information; the
 sandbox, which never trusted the lint, stays the boundary.
 """
 
@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from builder.envs.docstrings import parse_docstring
-from builder.envs.signatures import annotation_schema, tool_methods, tool_parameters
+from builder.envs.signatures import annotation_schema, environment_class, tool_methods, tool_parameters
 from builder.errors import BuilderError
 from builder.pyast import parse
 from builder.sandbox.allowed import ALLOWED_MODULES
@@ -67,8 +67,9 @@ MODULE_ATTRIBUTES = frozenset(
 # Which trust level the code is read under: `strict` refuses any problem, `import` only the STRUCTURAL ones.
 Contract = Literal["strict", "import"]
 CONTRACTS: tuple[Contract, ...] = ("strict", "import")
-# Without one parsable class there is nothing to load, whoever wrote the module.
-STRUCTURAL = frozenset({"syntax", "no_env_class", "multiple_env_classes"})
+# Without a parsable class with public methods there is nothing to load, whoever wrote the module. (Several
+# classes are fine under import: the environment is the last one, `signatures.environment_class`.)
+STRUCTURAL = frozenset({"syntax", "no_env_class"})
 DUNDER = re.compile(r"__\w+__")
 RESERVED_TOOLS = frozenset({"reset", "get_reward", "close", "step"})
 
@@ -115,8 +116,9 @@ def lint(source: str) -> list[Problem]:
         return [Problem(code="syntax", line=error.lineno or 0, message=f"syntax error: {error.msg}")]
     problems = _module_problems(tree) + _expression_problems(tree)
     classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
-    if len(classes) == 1:
-        problems += _class_problems(classes[0])
+    env = classes[0] if len(classes) == 1 else environment_class(tree)
+    if env is not None:
+        problems += _class_problems(env)
     unique = {(p.line, p.code, p.message): p for p in problems}
     return [unique[key] for key in sorted(unique)]
 

@@ -42,7 +42,7 @@ class ToolProblem(Problem):
 def probe_environment(
     sandbox: Sandbox, source: str, state: dict[str, Any] | None = None, now: str = DEFAULT_NOW,
     contract: Contract = "strict",
-) -> tuple[list[Problem], list[ToolResult]]:
+) -> tuple[list[Problem], list[ToolResult]]:  # fmt: skip
     """All problems found (empty: the environment behaves) and the results of the first pass of calls.
 
     Lint problems count under the strict contract; under import only those that leave nothing to load do (the

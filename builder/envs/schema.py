@@ -18,6 +18,7 @@ Imported code (`contract="import"`) may lack hints or use types with no schema: 
 its docstring names (Google `name (type):`, NumPy `name : type`, reST `:type name:`; envs/docstrings.py), else
 it is unconstrained (`{}`), and the lint problems behind it travel with the interface as counted warnings.
 Async methods and methods named like runtime hooks are never tools (strict refuses them; import leaves them out).
+A module may hold several classes under import: the environment is the last with public methods.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from builder.envs.docstrings import docstring_type_schema, parse_docstring
 from builder.envs.lint import RESERVED_TOOLS, Contract, ContractError, Problem, lint, problem_counts, refused
-from builder.envs.signatures import annotation_schema, tool_methods, tool_parameters
+from builder.envs.signatures import annotation_schema, environment_class, tool_methods, tool_parameters
 from builder.pyast import parse
 
 # transformers' get_json_schema rule: an argument text ending in `(choices: [...])` becomes an enum.
@@ -61,13 +62,15 @@ class EnvInterface(BaseModel):
 
 def inspect_source(source: str, contract: Contract = "strict") -> EnvInterface:
     """Lint `source` and derive its interface. Raises ContractError listing the problems `contract` refuses: every
-    one under strict; under import only a module with no single class (the others are the interface's
-    `problems`)."""
+    one under strict; under import only a module that does not parse or has no class with public methods (the
+    others are the interface's `problems`; the environment is the last such class, `environment_class`)."""
     problems = lint(source)
     refusing = refused(problems, contract)
     if refusing:
         raise ContractError(refusing)
-    cls = next(node for node in parse(source).body if isinstance(node, ast.ClassDef))
+    cls = environment_class(parse(source))
+    if cls is None:  # import only (strict refuses `no_tools` first): classes, none of them with public methods
+        raise ContractError([Problem(code="no_env_class", line=0, message="no class with public methods")])
     methods = [m for m in tool_methods(cls) if isinstance(m, ast.FunctionDef) and m.name not in RESERVED_TOOLS]
     tools = tuple(tool_schema(method) for method in methods)
     return EnvInterface(class_name=cls.name, tools=tools, contract=contract, problems=tuple(problems))

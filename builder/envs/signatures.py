@@ -15,6 +15,16 @@ from builder.pyast import parse
 JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
 
 
+def environment_class(tree: ast.Module) -> ast.ClassDef | None:
+    """The environment class of a module: the last top-level class with public methods (None: there is none).
+
+    Generated code has exactly one class (the strict lint refuses more); imported modules put their helpers first
+    (EnvScaler's TypedDicts, BFCL's File and Directory before the API class), so the last one is the environment.
+    """
+    classes = [node for node in tree.body if isinstance(node, ast.ClassDef) and tool_methods(node)]
+    return classes[-1] if classes else None
+
+
 def tool_methods(cls: ast.ClassDef) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
     """The public methods of `cls` in definition order (properties, static and class methods are not tools)."""
     methods = []
@@ -130,7 +140,7 @@ def _type_name(node: ast.expr) -> str:
 
 def tool_defaults(source: str) -> dict[str, dict[str, Any]]:
     """`{tool: {parameter: default}}` of the literal defaults in `source` (the schemas do not show them)."""
-    cls = next((node for node in parse(source).body if isinstance(node, ast.ClassDef)), None)
+    cls = environment_class(parse(source))
     found: dict[str, dict[str, Any]] = {}
     for method in tool_methods(cls) if cls is not None else []:
         for arg, default in tool_parameters(method):

@@ -10,7 +10,8 @@ ROW_MEANING = {
 
 _PROVENANCE = (
     "where the row came from: `builder_version`, `config_hash`, `model`, `sampling`, `prompt_version`, "
-    "`parent_ids` (ids of the records it was made from)"
+    "`parent_ids` (ids of the records it was made from), `origin` (imported rows: the source's format, location, "
+    "revision, the row's id there and the split it gave it; null otherwise)"
 )
 
 COLUMN_DOCS: dict[str, dict[str, str]] = {

@@ -21,7 +21,7 @@ from datasets import Features, List, Value
 from builder.envs.lint import ContractError
 from builder.envs.schema import inspect_source
 from builder.rollout.episode import INFRA_END_REASONS
-from builder.splits import is_rl_environment
+from builder.splits import declared_split, is_rl_environment
 
 CONFIG_SPLITS: dict[str, tuple[str, ...]] = {
     "environments": ("train", "rl"),
@@ -75,7 +75,11 @@ def build_tables(
     envs = envs.with_columns(
         pl.struct("code", "tools").map_elements(_derived_tools, return_dtype=pl.String).alias("tools")
     )
-    rl_ids = {env_id for env_id in envs["id"].to_list() if is_rl_environment(env_id, rl_fraction)}
+    rl_ids = {
+        env_id
+        for env_id, provenance in zip(envs["id"].to_list(), envs["provenance"].to_list(), strict=True)
+        if is_rl_environment(env_id, rl_fraction, declared_split(provenance))
+    }
     scen = _scenario_table(scenarios.filter(pl.col("env_id").is_in(envs["id"].implode())), trajectories, selections)
     env = _environment_table(envs, scen)
     chosen = selections.filter(pl.col("kind") == "sft")["subject_id"].implode()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from builder.envs.checks import checks_from_scenario, run_checks
+from builder.envs.lint import Contract
 from builder.envs.session import Session, diff_states
 from builder.records import Action
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED
@@ -32,7 +33,7 @@ class Grade:
 
 def gold_paths(
     sandbox: Any, code: str, initial_state: dict[str, Any], gold: Sequence[Action],
-    *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
+    *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED, contract: Contract = "strict",
 ) -> tuple[str, ...]:  # fmt: skip
     """The state paths the gold solution changes, from a replay in a fresh session at the scenario's `now` and
     `seed` (the episodes' own, so an id the gold generates is the one the agent's same call generates).
@@ -40,7 +41,7 @@ def gold_paths(
     Raises:
         SessionError, ContractError: the environment does not load or its state cannot be read.
     """
-    with Session(sandbox, code, initial_state, now=now, seed=seed) as session:
+    with Session(sandbox, code, initial_state, now=now, seed=seed, contract=contract) as session:
         before = session.snapshot()
         for action in gold:
             session.call(action.name, action.arguments)
@@ -71,17 +72,18 @@ def grade(
     checks: Sequence[str],
     initial_state: dict[str, Any],
     final_state: dict[str, Any],
-    allowed_paths: Sequence[str],
+    allowed_paths: Sequence[str] | None,
     *,
     collateral_zeroes_reward: bool,
     now: str = DEFAULT_NOW,
     seed: int = DEFAULT_SEED,
 ) -> Grade:
-    """Run the checks on the two snapshots (at the scenario's `now`) and apply the collateral-damage guard."""
+    """Run the checks on the two snapshots (at the scenario's `now`) and apply the collateral-damage guard
+    (`allowed_paths` None: the scenario has no gold solution to guard with)."""
     specs = checks_from_scenario(tuple(checks))
     verdict = run_checks(sandbox, specs, initial_state, final_state, now=now, seed=seed)
     changed = [change["path"] for change in diff_states(initial_state, final_state)]
-    collateral = collateral_paths(changed, allowed_paths)
+    collateral = collateral_paths(changed, allowed_paths) if allowed_paths is not None else ()
     reward = 0.0 if collateral and collateral_zeroes_reward else verdict.reward
     return Grade(
         reward=reward,

@@ -36,7 +36,7 @@ from builder.rollout.runner import SandboxRunner, in_thread
 from builder.rollout.user_sim import UserSimulator
 from builder.run.stage import Rejected, StageContext
 from builder.sandbox.world import DEFAULT_NOW, describe_now
-from builder.splits import is_rl_environment
+from builder.splits import declared_split, is_rl_environment
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class Player:
     max_tokens: int
 
 
-def player(ctx: StageContext, env_id: str) -> Player:
+def player(ctx: StageContext, env_id: str, declared: str | None = None) -> Player:
     """The agent of `env_id`'s scenarios: the RL agent in `rl` environments when `rollout.rl_agent_model` is
     set, else the synthesis model.
 
@@ -87,7 +87,7 @@ def player(ctx: StageContext, env_id: str) -> Player:
         RunError: `rollout.rl_agent_model` is set, but the pipeline gave the stage no RL agent model.
         ConfigError: the model's context has no room for a reply (see `conversation_limit`).
     """
-    rl = is_rl_environment(env_id, ctx.config.select.rl_env_fraction)
+    rl = is_rl_environment(env_id, ctx.config.select.rl_env_fraction, declared)
     rl_llm = rl_agent_config(ctx.config) if rl else None
     if rl_llm is None:
         return Player(ctx.llm, "rl" if rl else "train", conversation_limit(ctx.config.rollout, ctx.config.llm))
@@ -152,13 +152,14 @@ async def rollout(scenario: Scenario, ctx: StageContext) -> list[Record]:
         raise Rejected(ctx.reject(scenario, "no_user_script", "a conversational scenario needs a user script"))
     env = await asyncio.to_thread(load_environment, ctx, scenario)
     try:
-        allowed = await in_thread(
+        # No gold (an imported scenario): nothing to compare the agent's writes with, so no collateral guard.
+        allowed = None if not scenario.gold_actions else await in_thread(
             gold_paths, ctx.sandbox, env.code, scenario.initial_state, scenario.gold_actions,
-            now=scenario.now, seed=scenario.seed,
+            now=scenario.now, seed=scenario.seed, contract=env.contract,
         )  # fmt: skip
     except (SessionError, ContractError) as error:
         raise Rejected(ctx.reject(scenario, "env_load_failed", str(error)[:2000])) from None
-    agent = player(ctx, scenario.env_id)
+    agent = player(ctx, scenario.env_id, declared_split(env.provenance))
     samples = range(ctx.config.rollout.samples_per_scenario)
     trajectories = list(await asyncio.gather(*(_sample(ctx, scenario, env, allowed, i, agent) for i in samples)))
     solved = sum(t.solved for t in trajectories)
@@ -185,7 +186,12 @@ def _count_by_model(ctx: StageContext, agent: Player, trajectories: list[Traject
 
 
 async def _sample(
-    ctx: StageContext, scenario: Scenario, env: Environment, allowed: tuple[str, ...], index: int, agent: Player
+    ctx: StageContext,
+    scenario: Scenario,
+    env: Environment,
+    allowed: tuple[str, ...] | None,
+    index: int,
+    agent: Player,
 ) -> Trajectory:
     config = ctx.config.rollout
     sampling = agent_sampling(ctx, index)
@@ -202,7 +208,7 @@ async def _sample(
         )
     limits = Limits(config.max_turns, config.max_tool_calls, agent.max_tokens)
     state, now, seed = scenario.initial_state, scenario.now, scenario.seed
-    session = await in_thread(Session, ctx.sandbox, env.code, state, now=now, seed=seed)
+    session = await in_thread(Session, ctx.sandbox, env.code, state, now=now, seed=seed, contract=env.contract)
     try:
         episode = await run_episode(
             agent.model, tools, SandboxRunner(session), system=system,

@@ -33,7 +33,7 @@ from builder.llm.parsing import check_tool_call
 from builder.records import Environment, Record, Scenario, Selection, Trajectory
 from builder.rollout.episode import AGENT_DONE, INFRA_END_REASONS, USER_STOP
 from builder.run.stage import StageContext
-from builder.splits import is_rl_environment
+from builder.splits import declared_split, is_rl_environment
 
 SFT_REASONS = (
     "contaminated", "void", "not_solved", "cut", "collateral", "bad_reply", "malformed_call", "too_short", "too_long",
@@ -60,7 +60,8 @@ async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[
         graded = [t for t in group if t.end_reason not in INFRA_END_REASONS]
         rate = sum(t.solved for t in graded) / len(graded) if graded else 0.0
         env_id = group[0].env_id
-        if is_rl_environment(env_id, fraction):
+        env = environments.get(env_id)
+        if is_rl_environment(env_id, fraction, declared_split(env.provenance) if env is not None else None):
             results.append(_rl(ctx, scenario_id, env_id, rate, len(graded), contaminated.get(scenario_id)))
             continue
         for trajectory in group:
@@ -70,7 +71,8 @@ async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[
             else:
                 results.append(_selection(ctx, "sft", "train", trajectory.id, scenario_id, env_id, rate, len(graded)))
     ctx.stats.report = _report(trajectories, results, decontamination)
-    ctx.stats.report["splits"] = _split_sizes({t.env_id for t in trajectories}, fraction)
+    declared = {env_id: declared_split(env.provenance) for env_id, env in environments.items()}
+    ctx.stats.report["splits"] = _split_sizes({t.env_id for t in trajectories}, fraction, declared)
     return results
 
 
@@ -247,13 +249,13 @@ def _distribution(values: Sequence[int]) -> dict[str, float]:
     }  # fmt: skip
 
 
-def _split_sizes(env_ids: set[str], fraction: float) -> dict[str, Any]:
+def _split_sizes(env_ids: set[str], fraction: float, declared: dict[str, str | None]) -> dict[str, Any]:
     """Environments per split, with a warning when one split is empty (few environments, a small fraction).
 
     The split is a pure function of each id so that environments keep their split across releases; forcing an
     environment into an empty split would break that, so the operator is told instead.
     """
-    rl = sum(is_rl_environment(env_id, fraction) for env_id in env_ids)
+    rl = sum(is_rl_environment(env_id, fraction, declared.get(env_id)) for env_id in env_ids)
     sizes: dict[str, Any] = {"train_envs": len(env_ids) - rl, "rl_envs": rl}
     empty = [split for split in ("train", "rl") if env_ids and sizes[f"{split}_envs"] == 0]
     if empty:

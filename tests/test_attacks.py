@@ -112,7 +112,8 @@ def attack(world, body: str, state=None):
             "parameters": {"type": "object", "properties": {}, "required": []}}}  # fmt: skip
     if world["entry"] == "import_contract":
         interface = inspect_source(source, "import")  # informational lint: it must refuse nothing
-        assert interface.tool_names == ("go",) and {"import_not_allowed", "missing_docstring"} <= set(interface.warnings)
+        assert interface.tool_names == ("go",)
+        assert {"import_not_allowed", "missing_docstring"} <= set(interface.warnings)
     else:
         interface = EnvInterface(class_name="T", tools=(tool,))
     session = Session(world["sandbox"], source, state, interface=interface)

@@ -58,7 +58,11 @@ def test_import_warnings_are_counted_by_code():
 
 @pytest.mark.parametrize(
     ("source", "code"),
-    [("class A(\n", "syntax"), ("X = 1\n", "no_env_class"), ("class A:\n    def _f(self):\n        pass\n", "no_env_class")],
+    [
+        ("class A(\n", "syntax"),
+        ("X = 1\n", "no_env_class"),
+        ("class A:\n    def _f(self):\n        pass\n", "no_env_class"),
+    ],
 )
 def test_import_still_refuses_a_module_with_no_class_to_load(source, code):
     with pytest.raises(ContractError) as raised:
@@ -118,7 +122,9 @@ def test_file_system_schema_google_with_types_and_optional_markers():
     assert tools["ls"]["description"] == "List the contents of the current directory."
     assert tools["ls"]["parameters"] == {
         "type": "object",
-        "properties": {"a": {"type": "boolean", "description": "Show hidden files and directories. Defaults to False."}},
+        "properties": {
+            "a": {"type": "boolean", "description": "Show hidden files and directories. Defaults to False."}
+        },
     }
     touch = tools["touch"]["parameters"]
     assert touch["required"] == ["file_name"]
@@ -251,7 +257,7 @@ def test_strict_session_refuses_and_does_not_call_load_scenario(sandbox):
     source = (
         "class A:\n    def __init__(self):\n        self.n = 0\n"
         "    def _load_scenario(self, scenario: dict) -> None:\n        self.n = 99\n"
-        "    def get(self) -> int:\n        \"\"\"Get.\"\"\"\n        return self.n\n"
+        '    def get(self) -> int:\n        """Get."""\n        return self.n\n'
     )
     with Session(sandbox, source) as session:
         assert session.snapshot() == {"n": 0}
@@ -268,7 +274,8 @@ def test_bfcl_style_classes_pass_the_probe_under_import(sandbox, source):
 
 def test_getattr_and_vars_work_in_the_sandbox(sandbox):
     with Session(sandbox, FILE_SYSTEM, contract="import") as session:
-        assert session.call("run", {"command": "cat", "argument": "notes.txt"}).result == {"file_content": "hello world"}
+        cat = session.call("run", {"command": "cat", "argument": "notes.txt"})
+        assert cat.result == {"file_content": "hello world"}
         assert session.call("run", {"command": "_here"}).result == {"error": "_here: command not found"}
         assert session.call("state_size", {}).result == {"attributes": 4}
 

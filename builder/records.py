@@ -18,6 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, Field, computed_field, field_validator
 
 from builder import __version__
+from builder.envs.graph import ToolGraph
 from builder.evidence import Evaluation, Synthesis, Verification
 from builder.frozen import JSON, STORED_AS_JSON, Frozen
 from builder.sandbox.world import DEFAULT_NOW, derive_seed, parse_now
@@ -25,7 +26,7 @@ from builder.usage import Usage
 
 # 2: ChatMessage.reasoning_content, Scenario.now; 3: the selections table (was .selected); 4: `Usage` by the one
 # ledger rule (cached_calls, failed_calls and regrowths added; cache hits no longer count calls and tokens); 5:
-# `Provenance.origin` (imported records)
+# `Provenance.origin` (imported records), Scenario.method (tables without it read as "llm"), Environment.graph
 SCHEMA_VERSION = 5
 
 
@@ -241,8 +242,13 @@ class Environment(Record):
     synthesis: Annotated[Synthesis | None, STORED_AS_JSON] = Field(
         None, description="How the code was written: requests, regenerated pieces, automatic fixes, repairs."
     )
+    graph: Annotated[ToolGraph | None, STORED_AS_JSON] = Field(
+        None,
+        description="The tool dependency graph, extracted at evaluate from the first test state (None: "
+        "not accepted, or evaluated by an older builder).",
+    )
 
-    @field_validator("evaluation", "synthesis", mode="before")
+    @field_validator("evaluation", "synthesis", "graph", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if value == {} else value  # rows of older builders stored "no evidence" as {}
@@ -287,6 +293,12 @@ class Scenario(Record):
 
     env_id: str
     mode: Literal["non_conversational", "conversational"]
+    method: Literal["llm", "graph"] = Field(
+        "llm",
+        description="How it was made: llm (the model wrote state, task, checks and gold) or graph (a chain sampled "
+        "along the tool graph is the gold, the checks are derived from its diff, the model wrote only what the "
+        "user says). Not part of the id: the same scenario is the same whichever way it was found.",
+    )
     initial_state: JSON
     now: str = Field(
         DEFAULT_NOW,

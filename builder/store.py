@@ -185,14 +185,14 @@ class Store:
 
 def _upgraded(record_type: type[Record], frame: pl.DataFrame, expected: pl.Schema) -> pl.DataFrame:
     """`frame` as an older builder wrote it, brought to `expected` where nothing can be lost: columns added since
-    whose field defaults to None (e.g. `Scenario.now`) and struct fields added since (e.g. `reasoning_content` in
-    `messages`, `cached_calls` in `usage`) take their defaults. Anything else that differs is left as it is, for
-    the caller to report."""
+    whose field has a default (e.g. `Scenario.now`, `Scenario.method`) and struct fields added since (e.g.
+    `reasoning_content` in `messages`, `cached_calls` in `usage`) take their defaults. Anything else that differs
+    is left as it is, for the caller to report."""
     if frame.schema == expected:
         return frame
     fields = record_type.model_fields
     missing = [name for name in expected if name not in frame.columns]
-    if not all(name in fields and fields[name].default is None for name in missing):
+    if not all(name in fields and not fields[name].is_required() for name in missing):
         return frame
     for name, dtype in frame.schema.items():
         if name in expected and dtype != expected[name] and not _widens(dtype, expected[name]):

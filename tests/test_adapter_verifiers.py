@@ -22,8 +22,10 @@ import pytest
 vf = pytest.importorskip("verifiers.v1")
 
 from builder.adapters.verifiers import BuilderTaskset, BuilderTasksetConfig, ScenarioData, grade, hub_package  # noqa: E402
-from tests.fixtures.e2e_release import build_release  # noqa: E402
+from builder.envs.conversation import ENDED  # noqa: E402
+from tests.fixtures.e2e_release import OPENING, build_release, user_reply  # noqa: E402
 from tests.fixtures.teacher import GOLD  # noqa: E402
+from tests.llm_stub import StubServer, completion  # noqa: E402
 
 WRONG_DUE = [*GOLD[:2], {**GOLD[2], "arguments": {**GOLD[2]["arguments"], "due": "2024-07-30"}}]
 
@@ -130,7 +132,7 @@ def test_load_environment_and_one_rollout(package, release, monkeypatch):
         "agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}, "max_turns": 8},
     }))  # fmt: skip
     assert isinstance(env.taskset, BuilderTaskset) and env.taskset.config.split == "rl"
-    (task,) = list(env.taskset)  # the non-conversational scenario of the rl split
+    (task,) = list(env.taskset)  # the non-conversational scenario of the rl split (no user model configured)
     assert task.data.prompt.startswith("I'm Ada Palmer") and "borrow_book" not in task.data.prompt
     assert "The current date and time is" in task.data.system_prompt
 
@@ -180,3 +182,61 @@ def test_hub_package_pins_its_release(package, release, tmp_path):
     assert len(train) == len(rl) == 1 and train != rl  # the splits never share an environment
     with pytest.raises(ValueError, match="not a Python identifier"):
         hub_package(tmp_path / "bad", "lending-envs", str(release), None)
+
+
+def reply(message: str) -> dict:
+    return {"name": "reply_to_user", "arguments": {"message": message}}
+
+
+def conversational_episode(release, user_url: str, agent_url: str):
+    taskset = BuilderTaskset(BuilderTasksetConfig(path=str(release), task={"tools": {
+        "user_model": "user-sim", "user_base_url": user_url}}))  # fmt: skip
+    tasks = {task.data.scenario is not None: task for task in taskset}
+    assert len(tasks) == 2  # with a user model, both scenarios of the rl split
+    task = tasks[True]
+    assert task.data.prompt == "" and "reply_to_user" in task.data.system_prompt
+    env = vf.load_environment(vf.resolve_env_config({
+        "taskset": {"id": "lending_envs", "task": {"tools": {"user_model": "user-sim", "user_base_url": user_url}}},
+        "agent": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}, "max_turns": 10},
+    }))  # fmt: skip
+
+    async def rollout():
+        ctx = vf.ModelContext(
+            model="scripted", client=vf.EvalClientConfig(base_url=agent_url, api_key_var="SCRIPTED_KEY")
+        )
+        async with env.serving():
+            return await env.run_episode(task, ctx)
+
+    return asyncio.run(rollout())
+
+
+def test_a_conversational_scenario_is_one_episode_with_the_simulated_user(package, release, monkeypatch):
+    monkeypatch.setenv("SCRIPTED_KEY", "local")
+    question = "Could you give me your member id, the book and when you will bring it back?"
+    script = [reply(question), *GOLD, reply("Done: b3 is lent to you.")]
+    with (
+        StubServer(lambda body: (200, completion(user_reply(body["messages"])))) as user,
+        StreamingModel(agent(script)) as model,
+    ):
+        episode = conversational_episode(release, user.url, model.url)
+    assert episode.ok, episode.errors
+    (trace,) = episode.traces
+    assert trace.reward == 1.0 and trace.state.user_end == "user_stop"
+    first = model.requests[0]
+    assert [m["content"] for m in first["messages"] if m["role"] == "user"] == [OPENING]  # the user opened
+    assert "reply_to_user" in {t["function"]["name"] for t in first["tools"]}
+    results = [m["content"] for m in model.requests[-1]["messages"] if m["role"] == "tool"]
+    assert len(results) == len(script) and ENDED in results[-1]  # the user stopped after the confirmation
+    assert len(user.requests) == 3  # the opening (at setup), the answer to the question, the stop
+
+
+def test_a_conversational_episode_whose_user_fails_is_void(package, release, monkeypatch):
+    monkeypatch.setenv("SCRIPTED_KEY", "local")
+    with (
+        StubServer(lambda body: (400, {"error": {"message": "bad request"}})) as user,
+        StreamingModel(agent(GOLD)) as model,
+    ):
+        episode = conversational_episode(release, user.url, model.url)
+    (trace,) = episode.traces
+    assert not episode.ok and "no opening message" in str(trace.errors) and not trace.rewards  # no reward
+    assert model.requests == []  # the agent never ran

@@ -185,7 +185,8 @@ def test_card_has_every_section_and_its_plots_exist(release_config, tmp_path):
     assert [c["config_name"] for c in front["configs"]] == ["environments", "scenarios", "sft"]
     assert front["configs"][0]["data_files"][1] == {"split": "rl", "path": "data/environments/rl-*"}
     for heading in ("## Load it", "## Train with TRL", "### SFT", "### GRPO", "### Another trainer", "## Columns",
-                    "### Kept and dropped", "### Models and sampling", "### Cost", "## Plots",
+                    "### Kept and dropped", "### Tool dependency graphs", "### Models and sampling", "### Cost",
+                    "## Plots",
                     "## Version and changelog"):  # fmt: skip
         assert heading in card
     assert "Environment code is code" in card and "$" not in card.replace("$ ", "")
@@ -193,9 +194,51 @@ def test_card_has_every_section_and_its_plots_exist(release_config, tmp_path):
     assert "| export: environments | 4 | 3 | 1 | status_rejected: 1 |" in card
     assert "`agent-model` | temperature=1.0, max_tokens=512 | 4 |" in card
     plots = [line.split("](")[1].rstrip(")") for line in card.splitlines() if line.startswith("![")]
-    assert len(plots) == 6 and all((out / plot).read_bytes()[:4] == b"\x89PNG" for plot in plots)
-    assert "assets/token_lengths.png" in plots
+    assert len(plots) == 7 and all((out / plot).read_bytes()[:4] == b"\x89PNG" for plot in plots)
+    assert "assets/token_lengths.png" in plots and "assets/tool_graphs.png" in plots
     assert (out / "chat_template.jinja").read_text() == chatml_tools_template().read_text()
+
+
+def test_the_tool_graph_is_published_with_its_environment_and_summarized_in_the_card(release_config, tmp_path):
+    from datasets import load_dataset
+
+    from builder.envs.graph import ToolGraph
+    from builder.store import Store
+
+    out = tmp_path / "release" / "0.1.0"
+    export_release(release_config, "0.1.0", out)
+    stored = {env.id: env.graph for env in Store(release_config.store.path).environments("accepted")}
+    published = {}
+    for split in ("train", "rl"):
+        rows = load_dataset(str(out), "environments", split=split, cache_dir=str(tmp_path / "cache"))
+        assert rows.features["graph"].dtype == "string"
+        published |= {row["env_id"]: row["graph"] for row in rows}
+    assert published.keys() == stored.keys()
+    for env_id, text in published.items():  # JSON of nodes and typed edges, as evaluate stored it; null without
+        assert (text and ToolGraph.model_validate_json(text)) == stored[env_id]
+    rl_graph = json.loads(next(text for env_id, text in published.items() if is_rl_environment(env_id, 0.3)))
+    assert list(rl_graph) == ["nodes", "edges", "truncated"] and {e["kind"] for e in rl_graph["edges"]} == {
+        "data",
+        "state",
+    }
+    assert list(rl_graph["nodes"][0]) == ["name", "parameters", "reads", "writes"]
+    card = (out / "README.md").read_text()
+    # train: library_loans (borrow feeds its 2 other tools) and clinic_booking, evaluated before graphs were
+    # stored; rl: bank_transfers (transfer feeds 3).
+    assert "| split | environments with a graph | tools | feeds and is fed | feeds only | is fed only |" in card
+    assert "| `train` | 1 of 2 | 3 | 0 | 1 | 2 | 0 | 2 | 2 |" in card
+    assert "| `rl` | 1 of 1 | 4 | 0 | 1 | 3 | 0 | 3 | 3 |" in card
+
+
+def test_tool_roles_count_each_tool_by_its_data_edges():
+    from builder.publish.plots import tool_roles
+
+    graph = {"nodes": [{"name": n} for n in "abcd"], "edges": [
+        {"kind": "data", "source": "a", "target": "b"}, {"kind": "data", "source": "b", "target": "c"},
+        {"kind": "state", "source": "a", "target": "d"},
+    ]}  # fmt: skip
+    assert tool_roles(graph) == {"feeds only": 1, "feeds and is fed": 1, "is fed only": 1, "no data edge": 1}
+    assert tool_roles({"nodes": [{"name": "a"}], "edges": []}) == {"no data edge": 1}
 
 
 def test_card_reports_token_lengths_and_the_max_length_that_cuts_none(release_config, tmp_path):

@@ -7,9 +7,11 @@ import polars as pl
 import pytest
 
 from builder.config import SandboxConfig, load_config
+from builder.envs.graph import extract_graph
 from builder.envs.lint import Problem
 from builder.envs.probe import ToolProblem
 from builder.envs.schema import inspect_source
+from builder.envs.session import SessionError
 from builder.envs.state_schema import generated_state_schema
 from builder.llm import (
     ChatRequest,
@@ -41,7 +43,7 @@ from builder.stages.plan import plan
 from builder.stages.scenarios.state import reference_problems
 from builder.stats import StageStats
 from builder.store import Store
-from builder.tables import from_frame, to_row
+from builder.tables import from_frame, from_row, to_row
 from builder.usage import Usage
 from tests.fixtures.ledger import attempt
 from tests.fixtures.run_tables import pipeline_stage
@@ -167,6 +169,25 @@ async def test_good_environment_is_accepted_with_evidence(tmp_path, sandbox):
     )
     assert "reports failure and the state is unchanged" in refused.messages[1].content
     assert accepted.id == env.id and accepted.evaluation.score == 1.0
+
+
+async def test_an_accepted_environment_carries_its_tool_graph_from_the_first_test_state(tmp_path, sandbox):
+    (accepted,) = await evaluate(environment("bank"), context(tmp_path, scripted(), sandbox))
+    first = accepted.evaluation.test_states[0]
+    assert accepted.graph == extract_graph(sandbox, accepted.code, first.state, now=first.now)  # reproducible
+    data = {(e.source, e.target, e.input) for e in accepted.graph.edges if e.kind == "data"}
+    assert ("list_accounts", "get_account", "account_id") in data  # an account id from a listing, found by running
+    assert {"transfer", "freeze_account"} <= set(accepted.graph.writers())
+    assert from_row(Environment, to_row(accepted)).graph == accepted.graph  # stored as JSON, read back as is
+
+
+async def test_a_graph_that_cannot_be_extracted_leaves_the_verdict_and_no_graph(tmp_path, sandbox, monkeypatch):
+    def broken(*args, **kwargs):
+        raise SessionError("load_failed", "the environment did not load")
+
+    monkeypatch.setattr("builder.stages.evaluate.extract_graph", broken)
+    (accepted,) = await evaluate(environment("bank"), context(tmp_path, scripted(), sandbox))
+    assert (accepted.status, accepted.graph) == ("accepted", None)
 
 
 async def test_evidence_usage_is_the_ledger_of_the_stage_and_the_client(tmp_path, sandbox):

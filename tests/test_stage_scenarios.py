@@ -389,7 +389,8 @@ async def test_stage_in_the_runner_counts_yield_cost_and_duplicates(tmp_path, sa
         BatchStage("environments", source, input=None, output=Environment),
         pipeline_stage("scenarios"),
     )
-    config = load_config(None, [f'store.path="{tmp_path / "store"}"', "scenarios.per_environment=2"])
+    overrides = [f'store.path="{tmp_path / "store"}"', "scenarios.per_environment=2", 'scenarios.method="llm"']
+    config = load_config(None, overrides)
     model = scripted()
     stats = await run_stages(
         stages, config, tmp_path / "run",
@@ -507,13 +508,13 @@ async def test_an_unexpected_error_costs_only_its_slot(tmp_path, sandbox, monkey
 
     build = stage._build
 
-    async def flaky(env, ctx, slot, example):
+    async def flaky(env, ctx, slot, example, start):
         if slot == 1:
             raise ValueError("bug in slot 1")
-        return await build(env, ctx, slot, example)
+        return await build(env, ctx, slot, example, start)
 
     monkeypatch.setattr(stage, "_build", flaky)
-    ctx = context(tmp_path, scripted(), sandbox, "scenarios.per_environment=2")
+    ctx = context(tmp_path, scripted(), sandbox, "scenarios.per_environment=2", 'scenarios.method="llm"')
     plain, talk, rejection = await scenarios(environment("bank"), ctx)
     assert (plain.mode, talk.mode) == ("non_conversational", "conversational")
     assert rejection.reason == "exception:ValueError" and rejection.subject_id.endswith("/scenario-1")

@@ -1,21 +1,25 @@
 """A release's scenarios as a `verifiers` taskset (`pip install builder[verifiers]`; verifiers' v1 API).
 
-`BuilderTaskset` loads the non-conversational scenarios of one split of a release (`path`: a release folder or
-a Hub dataset repo id, `revision`, `split`, default `rl`) as tasks whose prompt is the rollouts' system prompt
-and task. Each rollout's tools are its environment's: verifiers starts a task-scoped tool server
-(`SandboxToolset`, an MCP server in its own process, `python -m builder.adapters.verifiers`) that plays the
-scenario in a builder sandbox session and pushes the environment's state into the rollout's `EpisodeState`
-after every call. The reward is the share of the scenario's checks that pass on that final state.
+`BuilderTaskset` loads the scenarios of one split of a release (`path`: a release folder or a Hub dataset repo
+id, `revision`, `split`, default `rl`) as tasks whose prompt is the rollouts' system prompt and task. Each
+rollout's tools are its environment's: verifiers starts a task-scoped tool server (`SandboxToolset`, an MCP
+server in its own process, `python -m builder.adapters.verifiers`) that plays the scenario in a builder sandbox
+session and pushes the environment's state into the rollout's `EpisodeState` after every call. The reward is the
+share of the scenario's checks that pass on that final state.
+
+Conversational scenarios are episodes too, as in the TRL path (`builder.envs.conversation`), when the taskset is
+given a user model (`--env.taskset.task.tools.user-model`, `...user-base-url`, `...user-api-key-var`; left out
+without one): the task's setup asks builder's simulated user for the opening message, which becomes the
+prompt; the tool server adds a `reply_to_user` tool whose result is the user's answer, with builder's leak
+guard; once the user has ended the conversation every tool call is refused. An episode whose user failed or
+kept leaking raises `vf.TaskError` at scoring, so it carries no reward (rollouts void such episodes).
 
     import verifiers.v1 as vf
-from pydantic import Field
-    env = vf.load_environment(vf.EnvConfig(taskset={"id": "builder.adapters.verifiers", "path": REPO,
-                                                     "revision": "v0.1.0"}))
+    hub_package(Path("pkg"), "my_envs", REPO, "v0.1.0")  # then `pip install ./pkg`
+    env = vf.load_environment(vf.resolve_env_config({"taskset": {"id": "my_envs"}}))
 
 `hub_package(folder, name, path, revision)` writes the package an Environments Hub upload is (a `pyproject.toml`
-and a module exporting its taskset through `__all__`), pinned to one release. Conversational scenarios are
-left out: verifiers drives users with its own `UserSimEnv`, which this adapter does not wire to builder's
-simulator yet.
+and a module exporting its taskset through `__all__`), pinned to one release.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import keyword
+import logging
+import os
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,10 +38,15 @@ import verifiers.v1 as vf
 from pydantic import Field
 
 from builder.envs.checks import checks_from_scenario, run_checks
+from builder.envs.conversation import REPLY_TOOL, Conversation, SimulatedUser, scenario_from_row
+from builder.envs.schema import inspect_source
 from builder.envs.trainer import LiveEnvironment, agent_prompt, column, environment_code, scenario_world, tool_method
+from builder.records import ChatMessage
 from builder.sandbox.runtime import Sandbox
 
 __all__ = ["BuilderTaskset"]  # verifiers' loader takes the one Taskset a module exports
+
+logger = logging.getLogger(__name__)
 
 
 class ScenarioData(vf.TaskData):
@@ -47,21 +58,48 @@ class ScenarioData(vf.TaskData):
     initial_state: dict[str, Any]
     checks: list[str]
     now: str
+    scenario: dict[str, Any] | None = None
+    """A conversational scenario's published row, for the simulated user (None: non-conversational)."""
 
 
 class EpisodeState(vf.State):
     final_state: dict[str, Any] | None = None
     """The environment's state after the last tool call (None: no call was made)."""
+    user_end: str | None = None
+    """Why the simulated user ended the conversation (`user_stop`, `user_leak`, `user_error`; None: it goes on)."""
 
 
-class SandboxToolset(vf.Toolset[vf.ToolsetConfig, EpisodeState]):
-    """The task's environment tools (bare names, the published schemas' signatures) over a sandbox session."""
+class SandboxToolsetConfig(vf.ToolsetConfig):
+    user_model: str | None = None
+    """The model that plays the user of conversational scenarios (None: they are left out)."""
+    user_base_url: str = "http://127.0.0.1:8000/v1"
+    """Its OpenAI-compatible endpoint."""
+    user_api_key_var: str | None = None
+    """The environment variable holding its API key (None: a local server that needs none)."""
+
+    def simulated_user(self) -> SimulatedUser:
+        assert self.user_model is not None
+        key = os.environ.get(self.user_api_key_var, "") if self.user_api_key_var else "local"
+        return SimulatedUser.endpoint(self.user_base_url, self.user_model, api_key=key or "local")
+
+
+def conversation(config: SandboxToolsetConfig, data: ScenarioData, tool_names: list[str]) -> Conversation:
+    """The simulated user of a conversational task (builder's `UserSimulator`: its answers depend only on the
+    conversation so far, so the task's setup and the tool server each hold one)."""
+    assert data.scenario is not None
+    return Conversation(config.simulated_user(), scenario_from_row(data.scenario), tool_names)
+
+
+class SandboxToolset(vf.Toolset[SandboxToolsetConfig, EpisodeState]):
+    """The task's environment tools (bare names, the published schemas' signatures) over a sandbox session, and
+    `reply_to_user` for a conversational task."""
 
     TOOL_PREFIX = None
 
-    def __init__(self, config: vf.ToolsetConfig) -> None:
+    def __init__(self, config: SandboxToolsetConfig) -> None:
         super().__init__(config)
         self._live: LiveEnvironment | None = None
+        self._conversation: Conversation | None = None
 
     async def setup_task(self, task: Any) -> None:
         data: ScenarioData = task  # a task-scoped server is handed the rollout's task data
@@ -69,6 +107,10 @@ class SandboxToolset(vf.Toolset[vf.ToolsetConfig, EpisodeState]):
         self._live = LiveEnvironment({"code": data.code}, scenario)  # its own sandbox, in this server process
         self._live.reset()
         self._exit_stack.callback(self._live.close)
+        if data.scenario is not None:  # the task's setup made the opening the prompt: the user has spoken once
+            names = [tool["function"]["name"] for tool in self._live.tools]
+            self._conversation = conversation(self.config, data, names)
+            self._conversation.messages.append(ChatMessage(role="user", content=data.prompt_text))
 
     def register(self, mcp: Any) -> None:
         assert self._live is not None, "verifiers sets the task up before registering tools"
@@ -76,6 +118,15 @@ class SandboxToolset(vf.Toolset[vf.ToolsetConfig, EpisodeState]):
             function = tool["function"]
             mcp.add_tool(self._with_state(self._tool(function)), name=function["name"],
                          description=function.get("description") or function["name"])  # fmt: skip
+        if self._conversation is not None:
+            mcp.add_tool(self._with_state(self.reply_to_user), name=REPLY_TOOL)
+
+    def reply_to_user(self, message: Annotated[str, Field(description="What to tell or ask the user.")]) -> str:
+        """Send a message to the user and wait for the answer."""
+        assert self._conversation is not None
+        answer = self._conversation.reply(message)  # blocking: the simulator runs on its own loop thread
+        self.state.user_end = self._conversation.end_reason
+        return answer
 
     def _tool(self, function: dict[str, Any]) -> Callable[..., str]:
         method = tool_method(function)
@@ -101,7 +152,7 @@ class SandboxToolset(vf.Toolset[vf.ToolsetConfig, EpisodeState]):
 
 
 class ScenarioTaskConfig(vf.TaskConfig):
-    tools: vf.ToolsetConfig = vf.ToolsetConfig()
+    tools: SandboxToolsetConfig = SandboxToolsetConfig()
 
 
 class ScenarioTask(vf.Task[ScenarioData, EpisodeState, ScenarioTaskConfig]):
@@ -109,9 +160,22 @@ class ScenarioTask(vf.Task[ScenarioData, EpisodeState, ScenarioTaskConfig]):
     def toolsets(cls, config: ScenarioTaskConfig) -> list[vf.Toolset]:
         return [SandboxToolset(config.tools)]
 
+    async def setup(self, trace: vf.Trace) -> None:
+        """A conversational task's prompt is the simulated user's opening message (asked here, before the agent
+        starts); a user that gives none voids the episode."""
+        if self.data.scenario is None:
+            return
+        talk = conversation(self.config.tools, self.data, list(inspect_source(self.data.code).tool_names))
+        opening = await asyncio.to_thread(talk.open)
+        if opening is None:
+            raise vf.TaskError(f"the simulated user gave no opening message ({talk.end_reason}: {talk.detail})")
+        trace.task.data = trace.task.data.model_copy(update={"prompt": opening})
+
     @vf.reward(weight=1.0)
     async def checks(self, trace: vf.Trace) -> float:
         """Share of the scenario's checks passed on the final state (the initial one if no tool ran)."""
+        if trace.state.user_end not in (None, "user_stop"):
+            raise vf.TaskError(f"the simulated user failed ({trace.state.user_end}): the episode is void")
         final = trace.state.final_state
         return await asyncio.to_thread(grade, self.data, self.data.initial_state if final is None else final)
 
@@ -142,17 +206,26 @@ class BuilderTaskset(vf.Taskset[ScenarioTask, BuilderTasksetConfig]):
         envs = load_dataset(config.path, "environments", split=config.split, revision=config.revision)
         scenarios = load_dataset(config.path, "scenarios", split=config.split, revision=config.revision)
         by_id = {row["env_id"]: row for row in envs}
+        talks = config.task.tools.user_model is not None
+        left_out = 0
         for row in scenarios:
-            if row["mode"] != "non_conversational":
+            conversational = row["mode"] == "conversational"
+            if conversational and not talks:
+                left_out += 1
                 continue
             environment = by_id[row["env_id"]]
             state = column(row, "initial_state")
+            prompt_name = "rollout_conversation_tool" if conversational else "rollout_task"
             yield ScenarioTask(ScenarioData(
-                id=row["scenario_id"], name=row["scenario_id"], prompt=row["task"],
-                system_prompt=agent_prompt("rollout_task", row, environment), scenario_id=row["scenario_id"],
+                id=row["scenario_id"], name=row["scenario_id"],
+                prompt="" if conversational else row["task"],  # the user's opening, asked at setup
+                system_prompt=agent_prompt(prompt_name, row, environment), scenario_id=row["scenario_id"],
                 env_id=row["env_id"], code=environment_code(environment), initial_state=state,
                 checks=list(column(row, "checks")), now=scenario_world(row)[0],
+                scenario=dict(row) if conversational else None,
             ), config.task)  # fmt: skip
+        if left_out:
+            logger.warning("%d conversational scenario(s) left out: no user model (task.tools.user_model)", left_out)
 
 
 PYPROJECT = """[project]

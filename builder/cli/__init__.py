@@ -1,7 +1,8 @@
 """The command line: parse arguments and dispatch to one small function per subcommand.
 
-Each module holds one group of commands, its parser and its handlers: `run` (run, stats, config), `env`, `bench`,
-`serve`, `release` (export, publish, hub serve), `imports` (import envscaler|classes); `common` holds what they share.
+Each module holds one group of commands, its parser and its handlers: `run` (run, stats, config), `imports`
+(import envscaler|classes), `env`, `scenarios`, `bench`, `serve`, `release` (export, publish, hub serve); `common`
+holds what they share.
 Exit codes: 0 success, 1 failure, 2 usage error (bad arguments or config), 130/143 stopped by SIGINT/SIGTERM.
 """
 
@@ -13,7 +14,7 @@ import os
 import sys
 
 from builder import __version__
-from builder.cli import bench, env, imports, release, run, serve
+from builder.cli import bench, env, imports, release, run, scenarios, serve
 from builder.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, logger
 from builder.errors import BuilderError, ConfigError
 from builder.run.executor import Interrupted
@@ -28,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"builder {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details to stderr")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for group in (run, imports, env, bench, serve, release):  # in the order `--help` lists them
+    for group in (run, imports, env, scenarios, bench, serve, release):  # in the order `--help` lists them
         group.add_commands(commands)
     return parser
 

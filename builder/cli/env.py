@@ -16,7 +16,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     check.add_argument("path", type=Path, metavar="ENV.py")
     check.add_argument("--state", type=Path, metavar="STATE.json", help="initial state (default: __init__'s)")
     check.add_argument("--json", action="store_true", help="print one JSON report")
-    _add_now_option(check)
+    add_now_option(check)
     add_config_options(check)
     _add_contract_option(check)
     check.set_defaults(handler=cmd_env_check)
@@ -30,7 +30,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     form = graph.add_mutually_exclusive_group()
     form.add_argument("--json", action="store_const", dest="form", const="json", help="print one JSON object")
     form.add_argument("--dot", action="store_const", dest="form", const="dot", help="print Graphviz DOT")
-    _add_now_option(graph)
+    add_now_option(graph)
     add_config_options(graph)
     _add_contract_option(graph)
     graph.set_defaults(handler=cmd_env_graph, form="text")
@@ -40,7 +40,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     replay.add_argument("--calls", type=Path, required=True, metavar="CALLS.json")
     replay.add_argument("--checks", type=Path, metavar="CHECKS.py", help="file of check_*(initial, final) functions")
     replay.add_argument("--json", action="store_true", help="print one JSON object")
-    _add_now_option(replay)
+    add_now_option(replay)
     add_config_options(replay)
     _add_contract_option(replay)
     replay.set_defaults(handler=cmd_env_replay)
@@ -54,7 +54,8 @@ def _add_contract_option(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _add_now_option(parser: argparse.ArgumentParser) -> None:
+def add_now_option(parser: argparse.ArgumentParser) -> None:
+    """`--now DATE-TIME`, the sandbox clock (also the `scenarios` command's)."""
     from builder.sandbox.world import DEFAULT_NOW
 
     parser.add_argument(

@@ -144,6 +144,13 @@ class ScenariosConfig(Section):
     min_gold_calls: int = Field(
         3, ge=1, description="Fewest tool calls the gold sequence of a task may have (look-ups included)."
     )
+    method: Literal["llm", "graph", "both"] = Field(
+        "both",
+        description="How scenarios are made: llm (the model writes state, task, checks and gold, each verified), "
+        "graph (tool chains sampled along the environment's dependency graph from its default and test states "
+        "are the gold, checks are derived from their state diff, the model only words the user's request), "
+        "both (the per_environment slots alternate, llm first).",
+    )
 
 
 class RolloutConfig(Section):

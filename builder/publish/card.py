@@ -3,11 +3,13 @@
 The front matter has `configs:` (data_files per split), `dataset_info` (features, num_bytes, num_examples),
 license, tags and task categories; `datasets` reads it back without warnings and checks the row counts against it.
 The body is `string.Template` text with `$placeholders` filled by the small renderers below. The TRL examples
-are the code the card shows and the CI runs (tests/integration/test_trl_sft.py runs `SFT_EXAMPLE` as rendered).
+are the code the card shows and the CI runs (tests/integration/test_trl_sft.py runs `SFT_EXAMPLE` as rendered,
+tests/test_trainer_grpo.py and tests/integration/test_trl_grpo.py `GRPO_EXAMPLE`).
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +24,7 @@ from huggingface_hub import DatasetCardData
 
 from builder.publish.columns import COLUMN_DOCS, ROW_MEANING
 from builder.publish.export import CONFIG_SPLITS, SplitFiles, features_of
-from builder.publish.plots import value_label
+from builder.publish.plots import TOOL_ROLES, tool_roles, value_label
 from builder.publish.release import PublishError
 from builder.publish.tokens import LENGTH_STEP, TokenStats
 from builder.stats import StageStats
@@ -72,7 +74,8 @@ trainer = SFTTrainer(model=MODEL, args=args, train_dataset=sft)
 trainer.train()"""
 )
 
-# GRPO on the `rl` split: builder's sandboxed environments as TRL's environment_factory, rewarded by the checks.
+# GRPO on the `rl` split, both modes: builder's sandboxed environments as TRL's environment_factory, rewarded by
+# the checks; conversational scenarios talk to a simulated user (tests/test_trainer_grpo.py runs it as rendered).
 GRPO_EXAMPLE = Template(
     """import torch
 from datasets import load_dataset
@@ -80,23 +83,29 @@ from huggingface_hub import hf_hub_download
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 from trl.chat_template_utils import qwen3_template
+from builder.envs.conversation import SimulatedUser
 from builder.envs.trainer import trl_environment_factories, trl_prompt_row
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 environments = load_dataset("$repo", "environments", split="rl", revision="$tag")
 by_id = {row["env_id"]: row for row in environments}
 rl = load_dataset("$repo", "scenarios", split="rl", revision="$tag")
-rl = rl.filter(lambda row: row["mode"] == "non_conversational")
 rl = rl.map(lambda row: trl_prompt_row(row, by_id[row["env_id"]]))
+# Conversational scenarios need a model to play the user: any OpenAI-compatible server (vLLM, ...). Without one,
+# keep rl.filter(lambda row: row["mode"] == "non_conversational") and drop `user=`.
+user = SimulatedUser.endpoint("http://127.0.0.1:8000/v1", "Qwen/Qwen3-8B")
 template = hf_hub_download("$repo", "$chat_template", repo_type="dataset", revision="$tag")
 tokenizer = AutoTokenizer.from_pretrained(MODEL)
 # The packaged template writes tool calls as Qwen3 does; with Qwen3's own tokenizer drop these two lines.
 tokenizer.chat_template = open(template).read()
 tokenizer.response_template = qwen3_template
-args = GRPOConfig(output_dir="grpo-out", bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+args = GRPOConfig(
+    output_dir="grpo-out", max_completion_length=2048,  # the whole multi-turn episode: calls, results, replies
+    bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+)
 trainer = GRPOTrainer(
     model=MODEL, processing_class=tokenizer, args=args, train_dataset=rl,
-    environment_factory=trl_environment_factories(environments, rl),
+    environment_factory=trl_environment_factories(environments, rl, user=user),
 )
 trainer.train()"""
 )
@@ -126,6 +135,7 @@ def _fill(template: Template, inputs: CardInputs, tag: str) -> str:
         load_examples=_load_examples(inputs.repo, tag),
         columns=_columns(inputs.tables),
         stats=_stats(inputs.stats, inputs.export_counts),
+        graphs=_graphs(inputs.tables),
         models=_models(inputs.tables),
         tokens=_tokens(inputs.stats, inputs.tables),
         token_stats=_token_stats(inputs.tokens),
@@ -240,6 +250,20 @@ def _stats(stats: dict[str, StageStats], export_counts: dict[str, dict]) -> str:
 
 def _reasons(dropped: dict[str, int]) -> str:
     return ", ".join(f"{reason}: {count}" for reason, count in sorted(dropped.items()) if count) or "–"
+
+
+def _graphs(tables: dict[str, dict[str, pl.DataFrame]]) -> str:
+    """Per split: environments with a tool graph, their tools by data edges, and edges by kind."""
+    rows = ["| split | environments with a graph | tools | " + " | ".join(TOOL_ROLES) + " | data edges | state edges |",
+            "|---|---|---|" + "---|" * len(TOOL_ROLES) + "---|---|"]  # fmt: skip
+    for split, frame in tables["environments"].items():
+        graphs = [json.loads(text) for text in frame["graph"].drop_nulls().to_list()]
+        roles = sum((tool_roles(graph) for graph in graphs), Counter())
+        kinds = Counter(edge["kind"] for graph in graphs for edge in graph["edges"])
+        cells = [f"`{split}`", f"{len(graphs)} of {frame.height}", sum(roles.values())]
+        cells += [roles[role] for role in TOOL_ROLES] + [kinds["data"], kinds["state"]]
+        rows.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    return "\n".join(rows)
 
 
 def _models(tables: dict[str, dict[str, pl.DataFrame]]) -> str:

@@ -30,6 +30,11 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "num_scenarios": "number of scenarios of this environment in this release",
         "scores": 'JSON: quality scores by name, e.g. `{"dual_agent": 0.91}`',
         "evaluation": "JSON: evidence behind the acceptance (gate results, tester/checker summary)",
+        "graph": "JSON: the tool dependency graph, `nodes` (each tool's `name`, `parameters`, the state attributes it "
+        "`reads` and `writes`) and typed `edges`: `data` (`source`'s result field `output` carries values `target`'s "
+        "parameter `input` accepts, with an `example`, found by running the tools in the sandbox) and `state` "
+        "(`source` writes attribute `output`, which `target` reads); `truncated`: the probe budget ran out. Extracted "
+        "from the first of `evaluation.test_states`; null for environments evaluated before graphs were stored",
         "plan_id": "id of the environment plan the code was written from",
         "schema_version": "version of the record layout",
         "provenance": _PROVENANCE,

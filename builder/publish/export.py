@@ -31,7 +31,7 @@ CONFIG_SPLITS: dict[str, tuple[str, ...]] = {
 
 ENVIRONMENT_COLUMNS = (
     "env_id", "name", "class_name", "description", "domain", "code", "code_sha256", "tools", "num_tools",
-    "state_schema", "num_scenarios", "scores", "evaluation", "plan_id", "schema_version", "provenance",
+    "state_schema", "num_scenarios", "scores", "evaluation", "graph", "plan_id", "schema_version", "provenance",
 )  # fmt: skip
 SCENARIO_COLUMNS = (
     "scenario_id", "env_id", "mode", "task", "initial_state", "now", "user", "checklist", "checks", "gold_actions",

@@ -1,4 +1,5 @@
-"""PNG plots for the dataset card: domains, tools per environment, pass rates, rewards, turns and token lengths.
+"""PNG plots for the dataset card: domains, tools per environment, tool dependency graphs, pass rates, rewards, turns
+and token lengths.
 
 Counts and rates that take few values (a pass rate of k rollouts, tools, turns) get one bar per value, so no
 bin merges two of them; token lengths, which take many, a histogram.
@@ -9,6 +10,7 @@ no display is needed. PNGs are written without a software/date stamp, so equal d
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -35,6 +37,7 @@ def write_plots(
     plots = {
         "Environments per domain": ("domains.png", _bars(Counter(environments["domain"].to_list()), "environments")),
         "Tools per environment": ("tools_per_environment.png", _value_bars(environments["num_tools"], "tools")),
+        "Tool dependency graphs": ("tool_graphs.png", _graphs(environments["graph"].drop_nulls().to_list())),
         "Scenario pass rate of the rollouts": (
             "pass_rates.png",
             _value_bars(scenarios["pass_rate"], "pass rate (share of rollouts solved)"),
@@ -79,6 +82,42 @@ def _value_bars(values: pl.Series, xlabel: str) -> Figure:
         _no_data(axes)
     axes.set_xlabel(xlabel)
     axes.set_ylabel("count")
+    return figure
+
+
+TOOL_ROLES = ("feeds and is fed", "feeds only", "is fed only", "no data edge")
+
+
+def tool_roles(graph: dict) -> Counter:
+    """The tools of one graph by their data edges: whether a result of theirs feeds another tool's parameter,
+    whether one of their parameters is fed by another tool's result, both, or neither."""
+    data = [edge for edge in graph["edges"] if edge["kind"] == "data"]
+    roles: Counter = Counter()
+    for node in graph["nodes"]:
+        feeds = any(edge["source"] == node["name"] for edge in data)
+        fed = any(edge["target"] == node["name"] for edge in data)
+        roles[{(True, True): TOOL_ROLES[0], (True, False): TOOL_ROLES[1], (False, True): TOOL_ROLES[2],
+               (False, False): TOOL_ROLES[3]}[(feeds, fed)]] += 1  # fmt: skip
+    return roles
+
+
+def _graphs(graphs: list[str]) -> Figure:
+    """Left: the graphs' edges by kind; right: their tools by data edges (what chains of calls can be made of)."""
+    figure = Figure(figsize=(8, 3.2), dpi=100, layout="constrained")
+    edges_axes, tools_axes = figure.subplots(1, 2)
+    decoded = [json.loads(text) for text in graphs]
+    kinds = Counter(edge["kind"] for graph in decoded for edge in graph["edges"])
+    roles = sum((tool_roles(graph) for graph in decoded), Counter())
+    edges_axes.bar(range(2), [kinds["data"], kinds["state"]], width=0.6)
+    edges_axes.set_xticks(range(2), ["data (result → parameter)", "state (write → read)"], fontsize=8)
+    edges_axes.set_ylabel("edges")
+    tools_axes.bar(range(len(TOOL_ROLES)), [roles[role] for role in TOOL_ROLES], width=0.6)
+    tools_axes.set_xticks(range(len(TOOL_ROLES)), TOOL_ROLES, rotation=20, ha="right", fontsize=8)
+    tools_axes.set_ylabel("tools")
+    for axes in (edges_axes, tools_axes):
+        axes.yaxis.set_major_locator(MaxNLocator(integer=True))
+        if not decoded:
+            _no_data(axes)
     return figure
 
 

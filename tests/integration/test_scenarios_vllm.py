@@ -2,7 +2,8 @@
 
 The 135M model rarely writes a state, task, checks and gold sequence that all verify, so this asserts structure
 only: the server accepted and answered every request, and every slot ends as a verified scenario or a rejection
-for what the model wrote (never a refused request or a prompt that did not fit).
+for what the model wrote (never a refused request or a prompt that did not fit). With the graph method the
+model only words sampled chains: its scenarios pass every gate whatever it writes, or its wording is refused.
 """
 
 from pathlib import Path
@@ -69,3 +70,46 @@ async def test_scenarios_with_the_real_model(tmp_path):
     for scenario in kept:
         assert scenario.verification.verified and all(scenario.verification.checks_on_final)
         assert len(scenario.checks) == len(scenario.checklist) and scenario.gold_actions
+
+
+async def test_graph_scenarios_worded_by_the_real_model(tmp_path):
+    # The graph method: the chains, their checks and gold come from the sandbox (the bank's default state always
+    # gives chains), so whatever the 135M model writes, each slot is a verified graph scenario or a clean refusal
+    # of its wording; never a chain problem, a refused request or a prompt that did not fit.
+    config = load_config(
+        None,
+        [
+            f'store.path="{tmp_path / "store"}"',
+            'scenarios.method="graph"',
+            "scenarios.per_environment=2",
+            "scenarios.repair_attempts=1",
+            "llm.max_tokens=512",
+            "llm.structured_retries=1",
+        ],
+        profile="cpu",
+    )
+    interface = inspect_source(BANK)
+    env = Environment(
+        provenance={"config_hash": config_hash(config)}, plan_id="plan-bank", name="retail_bank",
+        class_name=interface.class_name, description="A small retail bank: customers, accounts and transfers.",
+        domain="finance", code=BANK, tools=list(interface.tools), state_schema={}, status="accepted",
+    )  # fmt: skip
+    stats = StageStats("scenarios")
+    with open_llm(config.llm, tmp_path, on_call=stats.add_call) as llm, Sandbox(config.sandbox) as sandbox:
+        ctx = StageContext(config, config_hash(config), tmp_path, stats, llm=llm, open_sandbox=lambda: sandbox)
+        results = await scenarios(env, ctx)
+        calls = llm.totals
+    assert calls.calls >= 2 and calls.failed_calls == 0 and calls.completion_tokens > 0, calls
+    attempts = config.scenarios.repair_attempts + config.llm.structured_retries + 1
+    assert calls.calls <= 2 * attempts  # only the wording is asked of the model
+    kept = [r for r in results if isinstance(r, Scenario)]
+    rejections = [r for r in results if isinstance(r, Rejection)]
+    assert len({r.subject_id for r in rejections}) + len({s.verification.scenario_group for s in kept}) == 2
+    for rejection in rejections:
+        assert rejection.reason in {"request_invalid", "request_leaks", "task_underspecified"}, rejection
+    for scenario in kept:
+        assert scenario.method == "graph" and scenario.verification.verified
+        assert all(scenario.verification.checks_on_final) and not all(scenario.verification.checks_on_initial)
+        assert scenario.task.strip() and len(scenario.checks) == len(scenario.checklist) >= 2
+    graph = stats.report["methods"]["graph"]
+    assert graph["slots"] == 2 and graph["calls"] == calls.calls

@@ -17,6 +17,9 @@
    (`state_text`); a prompt too long for the model's context is retried with fewer records.
 4. Score = (pass + warning) / judged calls over `evaluate.calls` calls; accepted at `keep_score` or above and
    upserted into the store by the runner; the per-call verdicts are the evidence (`Environment.evaluation`).
+5. An accepted environment gets its tool dependency graph (`Environment.graph`, `builder.envs.graph`), extracted
+   from its first test state: here the sandbox is open and the state is one the check just exercised, so the
+   graph is computed once per environment and export publishes it as stored.
 
 Rejection reasons: gates_failed, no_valid_test_state, tester_invalid, checker_invalid, low_score, llm_request,
 prompt_too_long, session_failed.
@@ -32,7 +35,8 @@ from collections.abc import Awaitable
 from typing import Any
 
 from builder import __version__
-from builder.envs.lint import Contract
+from builder.envs.graph import ToolGraph, extract_graph
+from builder.envs.lint import Contract, ContractError
 from builder.envs.schema import EnvInterface
 from builder.envs.session import Session, SessionError
 from builder.envs.state_schema import generated_state_schema
@@ -106,9 +110,20 @@ async def evaluate(env: Environment, ctx: StageContext, contract: Contract = "st
             "reason": None,
             "scores": {"dual_agent": evidence.score, "tool_coverage": evidence.tool_coverage},
             "evaluation": evidence,
+            "graph": await asyncio.to_thread(tool_graph, ctx.sandbox, env, states[0], contract),
         }
     )
     return [accepted]
+
+
+def tool_graph(sandbox: Any, env: Environment, state: TestState, contract: Contract = "strict") -> ToolGraph | None:
+    """The tool dependency graph from a test state (`builder env graph` with that state gives the same); None
+    when the extraction fails: the graph describes the environment, it does not judge it."""
+    try:
+        return extract_graph(sandbox, env.code, state.state, now=state.now, contract=contract)
+    except (ContractError, SessionError) as error:
+        logger.warning("evaluate: no tool graph for %s: %s", env.id, error)
+        return None
 
 
 # ------------------------------------------------------------------------------------------- test states

@@ -24,32 +24,32 @@ mode in `scenarios.modes` (the runner upserts them into the store).
 Each request is shown what it needs, not the whole module (`views`): the interface (class header and
 tool schemas) and the state for the state, task and gold; the state schema, the records the gold names and the
 source of the gold's state-changing methods for a check, which is written after the gold.
+
+That is the `llm` method. `scenarios.method` picks it, the `graph` method (`graph_method`: a chain sampled along
+the tool graph is the gold, the checks are derived from its diff, the model words only the user's request, under
+the same gates) or both, the slots alternating llm, graph, llm, ... Each scenario records its method; the
+stage's stats report both side by side (`method_stats`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import traceback
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from builder.envs.lint import ContractError
 from builder.envs.session import SessionError, diff_states
 from builder.errors import BuilderError
-from builder.evidence import Verification
 from builder.prompts import prompt_version
-from builder.records import (
-    Environment,
-    Record,
-    Rejection,
-    Scenario,
-    UserScript,
-    scenario_seed,
-)
+from builder.records import Environment, Record, Rejection, Scenario, scenario_seed
 from builder.run.stage import Rejected, StageContext
+from builder.stages.scenarios.emitted import Words, scenario_records
+from builder.stages.scenarios.graph_method import State, graph_chains, graph_scenario, start_states
+from builder.stages.scenarios.method_stats import report_methods
 from builder.stages.scenarios.requests import (
     Draft,
     _fill,
@@ -60,7 +60,9 @@ from builder.stages.scenarios.requests import (
     _task,
     _user_texts,
 )
+from builder.stages.scenarios.verbalise import Spent
 from builder.stages.scenarios.verify import Evidence, default_state, verify
+from builder.usage import Usage
 
 logger = logging.getLogger(__name__)
 
@@ -70,22 +72,34 @@ REASONS = (
     "not_accepted", "env_load_failed", "state_invalid", "state_load_failed", "state_too_small", "state_inconsistent",
     "task_invalid", "check_invalid", "gold_invalid", "check_broken", "gold_call_failed", "task_underspecified",
     "too_few_calls", "no_state_change", "gold_nondeterministic", "already_solved", "gold_fails_checks",
-    "negative_control_failed", "duplicate", "llm_request", "prompt_too_long",
+    "negative_control_failed", "duplicate", "llm_request", "prompt_too_long", "no_chain", "request_invalid",
+    "request_leaks",
 )  # fmt: skip
+Made = list[Scenario] | Rejection  # what one slot makes
+OnSlot = Callable[[int, str, Made], None]
 
 
-async def scenarios(env: Environment, ctx: StageContext) -> list[Record]:
+async def scenarios(
+    env: Environment, ctx: StageContext, *, start: State | None = None, on_slot: OnSlot | None = None
+) -> list[Record]:
     """Verified scenarios of one environment (each in every configured mode) and one rejection per failed slot.
+
+    `start` is a (state, now) every slot starts from (the standalone command's state; it must load): the llm
+    method then writes no state and the graph method samples from it alone. `on_slot(slot, method, made)` is
+    told of each slot as it ends (progress).
 
     Rejects the whole environment with `not_accepted` (its status is not "accepted") or `env_load_failed` (its
     default state does not load). Slot rejections have subject `<env id>/scenario-<slot>` and these reasons:
     state_invalid, state_load_failed, state_too_small, state_inconsistent, task_invalid, check_invalid,
     gold_invalid, check_broken, gold_call_failed, task_underspecified, too_few_calls, no_state_change,
     gold_nondeterministic, already_solved, gold_fails_checks, negative_control_failed, duplicate, llm_request,
-    prompt_too_long (and `exception:<Type>` for a slot that hit an unexpected error, logged with its traceback).
+    prompt_too_long; for the graph method also no_chain (fewer verified chains than slots), request_invalid
+    and request_leaks (`verbalise`); and `exception:<Type>` for a slot that hit an unexpected error, logged
+    with its traceback.
 
     Adds to `ctx.stats.report` `verified_slots` and `per_verified_slot` (model calls and prompt tokens of the
-    stage so far per verified slot; a slot is emitted once per mode, so `per_kept` is per record).
+    stage so far per verified slot; a slot is emitted once per mode, so `per_kept` is per record), and the
+    figures per method (`method_stats`).
     """
     if env.status != "accepted":
         raise Rejected(ctx.reject(env, "not_accepted", f"status is {env.status!r}; only accepted environments"))
@@ -93,21 +107,61 @@ async def scenarios(env: Environment, ctx: StageContext) -> list[Record]:
         example = await asyncio.to_thread(default_state, ctx.sandbox, env.code)
     except (SessionError, ContractError) as error:
         raise Rejected(ctx.reject(env, "env_load_failed", str(error)[:2000])) from None
-    count = ctx.config.scenarios.per_environment
-    slots = await asyncio.gather(*(_slot(env, ctx, slot, example) for slot in range(count)))
+    methods = slot_methods(ctx.config.scenarios.method, ctx.config.scenarios.per_environment)
+    llm_slots = [slot for slot, method in enumerate(methods) if method == "llm"]
+    graph_slots = [slot for slot, method in enumerate(methods) if method == "graph"]
+    spent = {slot: Spent() for slot in graph_slots}
+
+    async def llm(slot: int) -> Made:
+        return await _slot(env, ctx, slot, "llm", lambda: _build(env, ctx, slot, example, start), on_slot)
+
+    async def graph() -> tuple[list[Made], Counter[str]]:
+        if not graph_slots:
+            return [], Counter()
+        states = [start] if start is not None else start_states(env, example)
+        found, dropped = await graph_chains(env, ctx, len(graph_slots), states)
+
+        async def one(index: int, slot: int) -> Made:
+            if index < len(found):
+                chain = found[index]
+                return await _slot(env, ctx, slot, "graph", lambda: graph_scenario(env, ctx, chain, spent[slot]),
+                                   on_slot)  # fmt: skip
+            detail = (
+                f"{len(found)} verified chains for {len(graph_slots)} slots from {len(states)} start states "
+                f"(dropped: {json.dumps(dict(sorted(dropped.items())))})"
+            )
+            rejection = _reject_slot(ctx, env, slot, "no_chain", detail)
+            if on_slot is not None:
+                on_slot(slot, "graph", rejection)
+            return rejection
+
+        return list(await asyncio.gather(*(one(i, slot) for i, slot in enumerate(graph_slots)))), dropped
+
+    llm_made, (graph_made, dropped) = await asyncio.gather(asyncio.gather(*map(llm, llm_slots)), graph())
+    made = dict(zip(llm_slots, llm_made, strict=True)) | dict(zip(graph_slots, graph_made, strict=True))
     results: list[Record] = []
+    outcomes: list[tuple[str, Made]] = []
     seen: set[str] = set()
-    for slot, made in enumerate(slots):
-        if isinstance(made, Rejection):
-            results.append(made)
-        elif made[0].id in seen:
-            results.append(_reject_slot(ctx, env, slot, "duplicate", "the same state and task as an earlier slot"))
-        else:
-            seen.add(made[0].id)
-            results.extend(made)
+    for slot in range(len(methods)):
+        result = made[slot]
+        if not isinstance(result, Rejection) and result[0].id in seen:
+            result = _reject_slot(ctx, env, slot, "duplicate", "the same state and task as an earlier slot")
+        elif not isinstance(result, Rejection):
+            seen.add(result[0].id)
+        outcomes.append((methods[slot], result))
+        results += [result] if isinstance(result, Rejection) else result
     kept = [record for record in results if isinstance(record, Scenario)]
     _report_cost(ctx, len(kept) // max(1, len(ctx.config.scenarios.modes)))
+    graph_usage = sum((s.usage for s in spent.values()), Usage())
+    report_methods(ctx, env, outcomes, graph_usage, dropped)
     return results
+
+
+def slot_methods(method: str, count: int) -> list[str]:
+    """The method of each of `count` slots: all one method, or for `both` alternating llm, graph, llm, ..."""
+    if method == "both":
+        return ["llm" if slot % 2 == 0 else "graph" for slot in range(count)]
+    return [method] * count
 
 
 def _report_cost(ctx: StageContext, verified: int) -> None:
@@ -123,9 +177,19 @@ def _report_cost(ctx: StageContext, verified: int) -> None:
         }
 
 
-async def _slot(env: Environment, ctx: StageContext, slot: int, example: dict[str, Any]) -> list[Scenario] | Rejection:
+async def _slot(
+    env: Environment, ctx: StageContext, slot: int, method: str, build: Callable[[], Awaitable[list[Scenario]]],
+    on_slot: OnSlot | None,
+) -> Made:  # fmt: skip
+    made = await _made(env, ctx, slot, build)
+    if on_slot is not None:
+        on_slot(slot, method, made)
+    return made
+
+
+async def _made(env: Environment, ctx: StageContext, slot: int, build: Callable[[], Awaitable[list[Scenario]]]) -> Made:
     try:
-        return await _build(env, ctx, slot, example)
+        return await build()
     except Rejected as verdict:
         rejection = verdict.rejection
         if rejection.subject_id == env.id:  # from `ask`: give it this slot's subject, so slots do not collide
@@ -157,9 +221,14 @@ def _reject_slot(
 # ------------------------------------------------------------------------------------------- verification
 
 
-async def _build(env: Environment, ctx: StageContext, slot: int, example: dict[str, Any]) -> list[Scenario]:
+async def _build(
+    env: Environment, ctx: StageContext, slot: int, example: dict[str, Any], start: State | None
+) -> list[Scenario]:
     config = ctx.config.scenarios
-    state, now, state_repairs = await _initial_state(env, ctx, slot, example)
+    if start is None:
+        state, now, state_repairs = await _initial_state(env, ctx, slot, example)
+    else:
+        (state, now), state_repairs = start, 0
     draft = await _task(env, ctx, state, now)
     await _fill(env, ctx, state, draft)
     repairs: list[str] = []
@@ -233,16 +302,6 @@ def _gold_feedback(draft: Draft, evidence: Evidence) -> str:
     return "\n".join(lines)
 
 
-def _difficulty(evidence: Evidence) -> Literal["easy", "medium", "hard"]:
-    """From the verified gold sequence, not the model's opinion: calls and state changes it needs."""
-    calls, changes = len(evidence.gold), len(evidence.state_changing_calls)
-    if changes >= 3 or calls >= 7:
-        return "hard"
-    if changes >= 2 or calls >= 4:
-        return "medium"
-    return "easy"
-
-
 def _scenarios(
     env: Environment,
     ctx: StageContext,
@@ -252,43 +311,15 @@ def _scenarios(
     state_repairs: int,
     repairs: Sequence[str],
 ) -> list[Scenario]:
-    task = " ".join(draft.task.task.split())
-    group = hashlib.sha256(json.dumps([env.id, state, task], sort_keys=True).encode()).hexdigest()[:16]
-    verification = Verification(
-        scenario_group=group,
-        gold=evidence.gold,
-        state_changing_calls=evidence.state_changing_calls,
-        gold_state_changes=tuple(diff_states(state, evidence.final_state)[:200]),
-        checks_on_initial=evidence.checks_on_initial,
-        checks_on_final=evidence.checks_on_final,
-        negative_control=evidence.negative_control,
-        vacuous_checks=evidence.vacuous_checks,
-        model_difficulty=draft.task.difficulty,
-        state_repairs=state_repairs,
-        repairs=tuple(repairs),
-    )
-    user = UserScript(
-        profile=draft.task.user_profile,
-        known_up_front=draft.task.known_up_front,
-        reveal_when_asked=draft.task.reveal_when_asked,
-        ending=draft.task.ending,
-    )
     versions = "+".join(prompt_version(name) for name in PROMPTS)
     provenance = ctx.provenance([env], model=ctx.llm.model_id, sampling=_sampling(ctx), prompt_version=versions)
-    return [
-        Scenario(
-            provenance=provenance,
-            env_id=env.id,
-            mode=mode,
-            initial_state=state,
-            now=draft.now,
-            task=task,
-            user=user if mode == "conversational" else None,
-            checklist=tuple(draft.task.checklist),
-            checks=tuple(draft.checks),
-            gold_actions=tuple(draft.gold),
-            difficulty=_difficulty(evidence),
-            verification=verification,
-        )
-        for mode in ctx.config.scenarios.modes
-    ]
+    task = draft.task
+    words = Words(
+        task=task.task, user_profile=task.user_profile, known_up_front=task.known_up_front,
+        reveal_when_asked=task.reveal_when_asked, ending=task.ending, difficulty=task.difficulty,
+    )  # fmt: skip
+    return scenario_records(
+        env, ctx, method="llm", provenance=provenance, state=state, now=draft.now, words=words,
+        checklist=task.checklist, checks=draft.checks, gold=draft.gold, evidence=evidence,
+        state_repairs=state_repairs, repairs=repairs,
+    )  # fmt: skip

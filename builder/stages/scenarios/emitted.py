@@ -1,0 +1,98 @@
+"""A verified slot as the records the scenarios stage emits: one `Scenario` per configured mode, whichever method
+made it, with its `Verification` built from the verifier's evidence."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from builder.envs.session import diff_states
+from builder.evidence import Verification
+from builder.records import Action, Environment, Provenance, Scenario, UserScript
+from builder.run.stage import StageContext
+from builder.stages.scenarios.verify import Evidence
+
+Difficulty = Literal["easy", "medium", "hard"]
+
+
+@dataclass(frozen=True)
+class Words:
+    """What the user says (the model's part of a scenario, under either method) and the model's rating."""
+
+    task: str
+    user_profile: str
+    known_up_front: str
+    reveal_when_asked: str
+    ending: str
+    difficulty: Difficulty
+
+
+def difficulty(evidence: Evidence) -> Difficulty:
+    """From the verified gold sequence, not the model's opinion: calls and state changes it needs."""
+    calls, changes = len(evidence.gold), len(evidence.state_changing_calls)
+    if changes >= 3 or calls >= 7:
+        return "hard"
+    if changes >= 2 or calls >= 4:
+        return "medium"
+    return "easy"
+
+
+def scenario_records(
+    env: Environment,
+    ctx: StageContext,
+    *,
+    method: Literal["llm", "graph"],
+    provenance: Provenance,
+    state: dict[str, Any],
+    now: str,
+    words: Words,
+    checklist: Sequence[str],
+    checks: Sequence[str],
+    gold: Sequence[Action],
+    evidence: Evidence,
+    state_repairs: int,
+    repairs: Sequence[str],
+) -> list[Scenario]:
+    """The slot's scenario in every mode of `scenarios.modes` (they share a `scenario_group`)."""
+    task = " ".join(words.task.split())
+    group = hashlib.sha256(json.dumps([env.id, state, task], sort_keys=True).encode()).hexdigest()[:16]
+    verification = Verification(
+        scenario_group=group,
+        gold=evidence.gold,
+        state_changing_calls=evidence.state_changing_calls,
+        gold_state_changes=tuple(diff_states(state, evidence.final_state)[:200]),
+        checks_on_initial=evidence.checks_on_initial,
+        checks_on_final=evidence.checks_on_final,
+        negative_control=evidence.negative_control,
+        vacuous_checks=evidence.vacuous_checks,
+        model_difficulty=words.difficulty,
+        state_repairs=state_repairs,
+        repairs=tuple(repairs),
+    )
+    user = UserScript(
+        profile=words.user_profile,
+        known_up_front=words.known_up_front,
+        reveal_when_asked=words.reveal_when_asked,
+        ending=words.ending,
+    )
+    return [
+        Scenario(
+            provenance=provenance,
+            env_id=env.id,
+            mode=mode,
+            method=method,
+            initial_state=state,
+            now=now,
+            task=task,
+            user=user if mode == "conversational" else None,
+            checklist=tuple(checklist),
+            checks=tuple(checks),
+            gold_actions=tuple(gold),
+            difficulty=difficulty(evidence),
+            verification=verification,
+        )
+        for mode in ctx.config.scenarios.modes
+    ]

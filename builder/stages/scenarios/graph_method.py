@@ -1,0 +1,130 @@
+"""The graph method: scenarios whose gold is a tool chain sampled along the environment's dependency graph, whose
+checks are derived from the chain's state diff, and of which the model writes only what the user says.
+
+Chains start from the states an accepted environment already has (no model call): its default state (what
+`__init__` builds) when that holds any data, then the test states the evaluate stage wrote and ran; the
+standalone command starts from the state it is given. The graph is extracted once, from the first state that
+loads. Each state gets an equal share of the chains (plus one spare), each chain is verified with its derived
+checks by the same gates as any scenario (negative control included), and the verified ones are taken in turn
+from each state, so the slots see different states.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from builder.envs.graph import extract_graph
+from builder.envs.lint import ContractError
+from builder.envs.session import SessionError
+from builder.json_values import leaves
+from builder.prompts import prompt_version
+from builder.records import Environment, Scenario, scenario_seed
+from builder.run.stage import StageContext
+from builder.sandbox.runtime import Sandbox
+from builder.sandbox.world import DEFAULT_NOW
+from builder.stages.scenarios.chains import Chain, sample_chains
+from builder.stages.scenarios.derived_checks import CheckItem, derive_items, verify_chain
+from builder.stages.scenarios.emitted import Words, scenario_records
+from builder.stages.scenarios.requests import _sampling
+from builder.stages.scenarios.verbalise import PROMPT, Spent, verbalise
+from builder.stages.scenarios.verify import Evidence
+
+MAX_CALLS = 8  # the longest chain sampled (the issue's bound)
+
+State = tuple[dict[str, Any], str]  # a state and the scenario's `now` on it
+
+
+@dataclass(frozen=True)
+class Found:
+    """A chain that passed every gate with its derived checks, and where it started."""
+
+    chain: Chain
+    now: str
+    items: tuple[CheckItem, ...]
+    checks: tuple[str, ...]
+    evidence: Evidence
+
+
+def start_states(env: Environment, default: dict[str, Any]) -> list[State]:
+    """The states chains start from: the default state if it holds any value, then evaluate's test states."""
+    states = [(default, DEFAULT_NOW)] if any(True for _ in leaves(default)) else []
+    if env.evaluation is not None:
+        states += [(test.state, test.now) for test in env.evaluation.test_states]
+    return states
+
+
+def find_chains(
+    sandbox: Sandbox, env: Environment, states: Sequence[State], count: int, min_calls: int
+) -> tuple[list[Found], Counter[str]]:
+    """Up to `count` verified chains from `states` (blocking: run it in a thread) and why attempts were dropped
+    (the sampler's reasons, the verifier's, and `state_load_failed` for a state that does not load)."""
+    dropped: Counter[str] = Counter()
+    if not states or count < 1:
+        return [], dropped
+    graph = None
+    for state, now in states:
+        try:
+            graph = extract_graph(sandbox, env.code, state, now=now, seed=scenario_seed(env.id, now))
+            break
+        except (SessionError, ContractError):
+            continue
+    if graph is None:
+        dropped["state_load_failed"] += len(states)
+        return [], dropped
+    share = math.ceil(count / len(states)) + 1
+    per_state: list[list[Found]] = []
+    for state, now in states:
+        seed = scenario_seed(env.id, now)
+        try:
+            sampled = sample_chains(sandbox, env.code, graph, state, share, seed=seed, min_calls=min_calls,
+                                    max_calls=MAX_CALLS, now=now, env_seed=seed)  # fmt: skip
+        except SessionError:
+            dropped["state_load_failed"] += 1
+            continue
+        dropped.update(sampled.dropped)
+        kept = []
+        for chain in sampled.chains:
+            checks, evidence = verify_chain(sandbox, env.code, chain, now=now, seed=seed)
+            if evidence.reason is not None:
+                dropped[evidence.reason] += 1
+                continue
+            items = tuple(derive_items(chain.initial_state, chain.final_state))
+            kept.append(Found(chain=chain, now=now, items=items, checks=tuple(checks), evidence=evidence))
+        per_state.append(kept)
+    taken = [kept[turn] for turn in range(share) for kept in per_state if turn < len(kept)]
+    return taken[:count], dropped
+
+
+async def graph_chains(
+    env: Environment, ctx: StageContext, count: int, states: Sequence[State]
+) -> tuple[list[Found], Counter[str]]:
+    """`find_chains` in a thread, with at least `scenarios.min_gold_calls` calls per chain (at most 8)."""
+    min_calls = min(ctx.config.scenarios.min_gold_calls, MAX_CALLS)
+    return await asyncio.to_thread(find_chains, ctx.sandbox, env, states, count, min_calls)
+
+
+async def graph_scenario(env: Environment, ctx: StageContext, found: Found, spent: Spent) -> list[Scenario]:
+    """The scenario of a verified chain in every mode, once the model has worded it (`verbalise`); `spent` is
+    this slot's own (its refusals are the scenario's repairs).
+
+    Raises:
+        Rejected: no usable wording (see `verbalise`).
+    """
+    request = await verbalise(env, ctx, found.chain, found.items, found.now, spent)
+    words = Words(
+        task=request.task, user_profile=request.user_profile, known_up_front=request.known_up_front,
+        reveal_when_asked=request.reveal_when_asked, ending=request.ending, difficulty=request.difficulty,
+    )  # fmt: skip
+    provenance = ctx.provenance(
+        [env], model=ctx.llm.model_id, sampling=_sampling(ctx), prompt_version=prompt_version(PROMPT)
+    )
+    return scenario_records(
+        env, ctx, method="graph", provenance=provenance, state=found.chain.initial_state, now=found.now,
+        words=words, checklist=[item.describe() for item in found.items], checks=found.checks,
+        gold=found.chain.actions, evidence=found.evidence, state_repairs=0, repairs=spent.refused,
+    )  # fmt: skip

@@ -1,0 +1,66 @@
+"""The scenarios stage's figures per method (`ctx.stats.report["methods"]`, in stats.json): what each method costs
+and gives per verified slot, so `llm` and `graph` can be compared in one run.
+
+Per method: `slots` tried and `verified`, `yield` (verified / slots), model `calls`, `prompt_tokens` and
+`completion_tokens` with `per_verified` (each divided by verified slots; a slot is emitted once per mode),
+`mean_chain_length` (gold calls per verified slot), `tools_covered` (distinct tools the verified golds call,
+summed over environments) and `tool_coverage` (over the tools of the environments the method ran on); for graph
+also `chains_dropped` (the sampler's and verifier's reasons). The graph method's usage is what its own requests
+cost; the llm method's is the rest of the stage's (the stage makes no other model calls).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from builder.records import Environment, Rejection, Scenario
+from builder.run.stage import StageContext
+from builder.usage import Usage
+
+COUNTERS = ("slots", "verified", "gold_calls", "tools_covered", "tools_offered")
+USAGE = ("calls", "prompt_tokens", "completion_tokens")
+
+
+def report_methods(
+    ctx: StageContext,
+    env: Environment,
+    outcomes: Sequence[tuple[str, list[Scenario] | Rejection]],
+    graph_usage: Usage,
+    chains_dropped: Mapping[str, int],
+) -> None:
+    """Add one environment's slots (method, what the slot made) to the report; `graph_usage` is what its graph
+    requests cost."""
+    methods = ctx.stats.report.setdefault("methods", {})
+    for method in ("llm", "graph"):
+        made = [result for name, result in outcomes if name == method]
+        if not made:
+            continue
+        entry = methods.setdefault(method, dict.fromkeys(COUNTERS + USAGE, 0))
+        verified = [result[0] for result in made if not isinstance(result, Rejection)]
+        entry["slots"] += len(made)
+        entry["verified"] += len(verified)
+        entry["gold_calls"] += sum(len(scenario.gold_actions) for scenario in verified)
+        entry["tools_covered"] += len({action.name for scenario in verified for action in scenario.gold_actions})
+        entry["tools_offered"] += len(env.tools)
+    if "graph" in methods:
+        graph = methods["graph"]
+        for name in USAGE:
+            graph[name] += getattr(graph_usage, name)
+        dropped = graph.setdefault("chains_dropped", {})
+        for reason, count in chains_dropped.items():
+            dropped[reason] = dropped.get(reason, 0) + count
+    if "llm" in methods:
+        spent_by_graph = methods.get("graph", {})
+        for name in USAGE:
+            methods["llm"][name] = max(0, getattr(ctx.stats.usage, name) - spent_by_graph.get(name, 0))
+    for entry in methods.values():
+        _derive(entry)
+
+
+def _derive(entry: dict) -> None:
+    verified = entry["verified"]
+    entry["yield"] = round(verified / entry["slots"], 4) if entry["slots"] else None
+    entry["per_verified"] = {name: round(entry[name] / verified, 1) for name in USAGE} if verified else None
+    entry["mean_chain_length"] = round(entry["gold_calls"] / verified, 2) if verified else None
+    offered = entry["tools_offered"]
+    entry["tool_coverage"] = round(entry["tools_covered"] / offered, 4) if offered else None

@@ -1,0 +1,246 @@
+"""Verbalising a sampled chain: the model writes what the user says (the request, the user script) for a chain
+whose gold actions and checks are already fixed and verified; the model's quality cannot touch them.
+
+A reply is refused, and re-asked with the reasons (`builder.llm.reask`, through the stage's `repaired`), when
+- it is no valid JSON object of the fields asked for (`request_invalid`);
+- it names what a user cannot know (`request_leaks`): a value the chain creates (an id-like string of a call's
+  result or the final state that the initial state does not hold: a new record's id, a generated code, a
+  timestamp), or a tool's name. Values of the initial state are the user's world and may be named;
+- in some mode, what the user says leaves a literal argument of the chain ungrounded (`task_underspecified`,
+  the sufficiency rule of `sufficiency`): the assistant would have to guess it.
+
+The request is sent as a plain chat request with the response format attached, not through `structured`, so
+the loop sees every reply (invalid ones too) and the cost of each: the graph method's model usage is what these
+requests cost (`Spent`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from builder.envs.signatures import tool_defaults
+from builder.llm import ChatRequest, LLMRequestError, PromptTooLongError, Reply
+from builder.llm.errors import LLMError
+from builder.llm.parsing import parse_structured, response_format
+from builder.llm.reask import Refusal
+from builder.prompts import prompt
+from builder.records import ChatMessage, Environment
+from builder.run.stage import Rejected, StageContext
+from builder.stages._llm import repaired, shrinking, system_user
+from builder.stages.evaluate.source import environment_text, now_text
+from builder.stages.scenarios.chains import Chain
+from builder.stages.scenarios.derived_checks import CheckItem
+from builder.stages.scenarios.requests import _sampling
+from builder.stages.scenarios.sufficiency import unsupported_arguments
+from builder.stages.scenarios.views import SHRINK_LEVELS, involved_state, state_text
+from builder.usage import Usage
+
+PROMPT = "scenario_request"
+RESULT_CHARS = (400, 200, 80)  # a call's result shown in the request, by shrink level
+_ID_LIKE = re.compile(r"^(?=.*[\d_\-])[\w\-.:]{2,80}$")  # one token with a digit, `_` or `-`: an id, a code, a date
+_FENCE = re.compile(r"```(?:json)?\s*\n(.*?)\n\s*```", re.DOTALL)
+
+
+class UserRequest(BaseModel):
+    """What the user says for a chain (string caps close every string of a constrained decoder)."""
+
+    task: str = Field(description="The user's full request, first person.", max_length=1200)
+    user_profile: str = Field(max_length=600)
+    known_up_front: str = Field(max_length=600)
+    reveal_when_asked: str = Field(max_length=600)
+    ending: str = Field(max_length=300)
+    difficulty: Literal["easy", "medium", "hard"]
+
+
+@dataclass
+class Spent:
+    """Model usage of the graph method's requests (mutable: every reply adds to it), and why replies were refused."""
+
+    usage: Usage = Usage()
+    refused: list[str] = field(default_factory=list)
+
+
+def user_texts(request: UserRequest, modes: Sequence[str]) -> dict[str, str]:
+    """What the user says in each mode (the sufficiency gate's text): the task, or the user script."""
+    said = {
+        "non_conversational": request.task,
+        "conversational": f"{request.known_up_front}\n{request.reveal_when_asked}",
+    }
+    return {mode: said[mode] for mode in modes}
+
+
+def created_values(chain: Chain, now: str) -> list[str]:
+    """Id-like strings the chain's results or final state hold and its initial state does not, sorted: values
+    only the system sets, which no user knows before the calls (the scenario's own date-time excepted)."""
+    before = _values(chain.initial_state)
+    after = _values(chain.final_state) | {s for call in chain.calls for s in _values(call.result)}
+    known = before | {now, now[:10]}
+    return sorted(value for value in after - known if _ID_LIKE.match(value))
+
+
+def leaks(request: UserRequest, created: Sequence[str], tool_names: Sequence[str]) -> list[str]:
+    """What the user's words name that a user cannot know: created values and tool names (case-insensitive,
+    as whole tokens)."""
+    text = " ".join(
+        [request.task, request.user_profile, request.known_up_front, request.reveal_when_asked, request.ending]
+    )
+    problems = [
+        f"it names {value!r}, which the user cannot know: the system creates it during the calls"
+        for value in created
+        if _names(text, value)
+    ]
+    problems += [
+        f"it names the tool {name!r}; a user does not know the tools"
+        for name in tool_names
+        if "_" in name and _names(text, name)
+    ]
+    return problems
+
+
+def parse_reply(text: str | None) -> UserRequest:
+    """The reply's JSON object: the whole reply, or else its last fenced block (a capable model writes prose
+    around it). Raises ValueError with a message for the model."""
+    try:
+        return parse_structured(text, UserRequest)
+    except ValueError as error:
+        blocks = _FENCE.findall(text or "")
+        if not blocks:
+            raise
+        first = error
+    try:
+        return parse_structured(blocks[-1], UserRequest)
+    except ValueError as error:
+        raise ValueError(f"{error} (and the whole reply: {first})") from None
+
+
+async def verbalise(
+    env: Environment, ctx: StageContext, chain: Chain, items: Sequence[CheckItem], now: str, spent: Spent
+) -> UserRequest:
+    """The user's words for `chain` that pass the leak and sufficiency gates, asked for at most
+    `scenarios.repair_attempts + llm.structured_retries + 1` times; the prompt built smaller while too long.
+
+    Raises:
+        Rejected: every reply was refused (its last reason: request_invalid, request_leaks,
+            task_underspecified), or the request failed (llm_request, prompt_too_long).
+        LLMRequestError: the server could not be reached after every retry.
+    """
+    config = ctx.config.scenarios
+    created = created_values(chain, now)
+    names = [tool["function"]["name"] for tool in env.tools]
+    results = [call.result for call in chain.calls]
+    defaults = tool_defaults(env.code)
+    attempts = config.repair_attempts + ctx.config.llm.structured_retries + 1
+
+    async def at(shrink: int) -> UserRequest:
+        messages = system_user(prompt(PROMPT), request_text(env, chain, items, now, created, shrink))
+        first = ChatRequest(
+            messages=tuple(messages), response_format=response_format(UserRequest), sampling=_sampling(ctx)
+        )
+
+        async def ask_once(conversation: list[ChatMessage], sample: int) -> UserRequest | Refusal:
+            reply = await _chat(ctx, env, first.resampled(sample, conversation), spent)
+            try:
+                request = parse_reply(reply.content)
+            except ValueError as error:
+                feedback = f"Your reply was not valid: {error}. Answer with the JSON object in a ```json fence."
+                return _refused(spent, "request_invalid", str(error), reply.content, feedback)
+            problems = leaks(request, created, names)
+            reason = "request_leaks"
+            if not problems:
+                reason = "task_underspecified"
+                texts = user_texts(request, config.modes)
+                problems = [
+                    f"{_WHERE[mode]} does not give {problem}"
+                    for mode, text in texts.items()
+                    for problem in unsupported_arguments(chain.actions, results, text, env.tools, now, defaults)
+                ]
+            if not problems:
+                return request
+            feedback = (
+                "This reply was refused:\n- " + "\n- ".join(problems) + "\nA value the calls take that no earlier "
+                "call returns must be stated by the user, exactly as the call uses it; a value the system creates "
+                "must never be. Reply with the corrected JSON object."
+            )
+            return _refused(spent, reason, "; ".join(problems), request.model_dump_json(), feedback)
+
+        return await repaired(ctx, env, messages, ask_once, attempts=attempts)
+
+    return await shrinking(ctx, PROMPT, range(SHRINK_LEVELS), at)
+
+
+_WHERE = {"non_conversational": "the task", "conversational": "the user script (known_up_front, reveal_when_asked)"}
+
+
+def request_text(
+    env: Environment, chain: Chain, items: Sequence[CheckItem], now: str, created: Sequence[str], shrink: int = 0
+) -> str:
+    """The verbalisation request: the environment, `Now`, the records involved, the calls (each argument with
+    where it comes from), the changes and the values the system creates."""
+    involved = involved_state(chain.initial_state, list(chain.actions))
+    lines = []
+    for number, call in enumerate(chain.calls, 1):
+        lines.append(f"{number}. {call.name}({json.dumps(call.arguments, ensure_ascii=False)})")
+        for parameter, value in call.arguments.items():
+            origin = call.sources.get(parameter, "state")
+            where = f"from call {origin.split()[1]}" if origin.startswith("result ") else "the user must give it"
+            if origin == "schema" or isinstance(value, bool):
+                where = "a choice the tool lists: the user's wish implies it, no need to name the value"
+            lines.append(f"   - {parameter} = {json.dumps(value, ensure_ascii=False)}: {where}")
+        result = json.dumps(call.result, ensure_ascii=False)
+        limit = RESULT_CHARS[shrink]
+        lines.append(f"   result: {result if len(result) <= limit else result[:limit] + ' …'}")
+    changes = "\n".join(f"- {item.describe()}" for item in items if item.kind != "untouched")
+    return (
+        f"# Environment {env.name} ({env.domain})\n{environment_text(env.description, env.code)}\n\n"
+        f"## Now\n{now_text(now)}\n\n"
+        f"## Records the calls involve (before the calls; other records exist)\n{state_text(involved, shrink)}\n\n"
+        f"## The calls, in order\n" + "\n".join(lines) + "\n\n"
+        f"## What changes (nothing else may)\n{changes}\n\n"
+        f"## Values the user cannot know (the system creates them)\n{', '.join(created) or '(none)'}\n\n"
+        "Write what the user says."
+    )
+
+
+async def _chat(ctx: StageContext, env: Environment, request: ChatRequest, spent: Spent) -> Reply:
+    """One reply, its cost added to `spent`; a refused or too long request becomes a rejection (as `ask`)."""
+    try:
+        reply = await ctx.llm.chat(request)
+    except PromptTooLongError as error:
+        spent.usage += error.cost
+        raise Rejected(ctx.reject(env, "prompt_too_long", str(error)[:2000])) from error
+    except LLMRequestError as error:
+        spent.usage += error.cost
+        if error.retryable:
+            raise
+        raise Rejected(ctx.reject(env, "llm_request", str(error)[:2000])) from None
+    except LLMError as error:
+        spent.usage += error.cost
+        raise
+    spent.usage += reply.cost
+    return reply
+
+
+def _refused(spent: Spent, reason: str, detail: str, shown: str | None, feedback: str) -> Refusal:
+    spent.refused.append(reason)
+    return Refusal(reason, detail[:2000], feedback, shown=shown or "", raw=(shown or "")[:20000])
+
+
+def _values(value: Any) -> set[str]:
+    """The strings of a JSON value and the keys of its records (a key whose value is an object): its values, not
+    its field names."""
+    if isinstance(value, dict):
+        keys = {key for key, item in value.items() if isinstance(key, str) and isinstance(item, dict)}
+        return keys.union(*map(_values, value.values()))
+    if isinstance(value, list):
+        return set().union(*map(_values, value))
+    return {value} if isinstance(value, str) else set()
+
+
+def _names(text: str, value: str) -> bool:
+    return re.search(rf"(?<![\w\-]){re.escape(value)}(?![\w\-])", text, re.IGNORECASE) is not None

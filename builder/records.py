@@ -243,9 +243,7 @@ class Environment(Record):
         None, description="How the code was written: requests, regenerated pieces, automatic fixes, repairs."
     )
     graph: Annotated[ToolGraph | None, STORED_AS_JSON] = Field(
-        None,
-        description="The tool dependency graph, extracted at evaluate from the first test state (None: "
-        "not accepted, or evaluated by an older builder).",
+        None, description="Tool dependency graph from evaluate's first test state (None: not accepted, or older)."
     )
 
     @field_validator("evaluation", "synthesis", "graph", mode="before")
@@ -255,8 +253,7 @@ class Environment(Record):
 
     @property
     def contract(self) -> Literal["strict", "import"]:
-        """How strictly its code is linted before it runs (`builder.envs.lint.Contract`): imported code (it has a
-        `provenance.origin`) for information only; the sandbox is the boundary either way."""
+        """How strictly its code is linted (`envs.lint.Contract`): imported code (with an origin) for information."""
         return "import" if self.provenance.origin is not None else "strict"
 
 

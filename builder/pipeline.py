@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -21,11 +22,13 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from builder.config import BuildConfig, LLMConfig
+from builder.errors import ConfigError
 from builder.llm import CallRecord, ChatRequest, LLMClient, Reply, open_llm
+from builder.llm.base import ServerCall
 from builder.llm.connect import RL_AGENT_SERVER_LOG, rl_agent_config, served_model_id
 from builder.records import ChatMessage, Environment, EnvPlan, Scenario, SeedTask, Selection, Topic, Trajectory
 from builder.run.executor import Interrupted, run_stages
-from builder.run.stage import BatchStage, ItemStage, Stage
+from builder.run.stage import BatchStage, ItemStage, Stage, StageResources
 from builder.sandbox.runtime import Sandbox
 from builder.stages.code import code
 from builder.stages.collect import collect
@@ -116,6 +119,11 @@ class LazyModel:
         if self._stats is not None:
             self._stats.add_call(record)
 
+    def count_server_call(self, call: ServerCall) -> None:
+        """Count an attempt on one of the model's servers in the running stage (a pool's `on_server_call`)."""
+        if self._stats is not None:
+            self._stats.add_server_call(call)
+
     async def chat(self, request: ChatRequest) -> Reply:
         return await self._started().chat(request)
 
@@ -131,7 +139,11 @@ class LazyModel:
 
 @contextmanager
 def _signals_interrupt() -> Iterator[None]:
-    """Within the block, SIGINT and SIGTERM raise `Interrupted` in the main thread at once."""
+    """Within the block, SIGINT and SIGTERM raise `Interrupted` in the main thread at once (a Ray actor runs its
+    stages off the main thread, where signals are not delivered anyway: there the block changes nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
     def interrupt(signum: int, frame: object) -> None:
         raise Interrupted(signum)
@@ -144,6 +156,49 @@ def _signals_interrupt() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+def open_resources(config: BuildConfig, run_dir: Path, stack: ExitStack) -> StageResources:
+    """The models and the sandbox of a process running the pipeline's stages, each started on first use and
+    closed by `stack` (the driver's, or a Ray actor's)."""
+
+    def open_client(on_call: Callable[[CallRecord], None]) -> LLMClient:
+        on_server_call = model.count_server_call
+        return stack.enter_context(open_llm(config.llm, Path(run_dir), on_call=on_call, on_server_call=on_server_call))
+
+    model = LazyModel(config.llm, open_client)
+    rl_llm = rl_agent_config(config)
+    rl_agent = None
+    if rl_llm is not None:
+
+        def open_rl_agent(on_call: Callable[[CallRecord], None]) -> LLMClient:
+            on_server_call = rl_agent.count_server_call
+            return stack.enter_context(
+                open_llm(
+                    rl_llm,
+                    Path(run_dir),
+                    on_call=on_call,
+                    on_server_call=on_server_call,
+                    server_log=RL_AGENT_SERVER_LOG,
+                )
+            )
+
+        rl_agent = LazyModel(rl_llm, open_rl_agent)
+
+    @functools.cache
+    def open_sandbox() -> Sandbox:
+        # Refuses to start (SandboxUnavailable) when this machine lacks a layer of sandbox.required_layers.
+        return stack.enter_context(Sandbox(config.sandbox))
+
+    async def aclose() -> None:
+        await model.aclose()
+        if rl_agent is not None:
+            await rl_agent.aclose()
+
+    return StageResources(
+        llm=model.for_stage, rl_agent=rl_agent.for_stage if rl_agent is not None else None, sandbox=open_sandbox,
+        aclose=aclose,
+    )  # fmt: skip
+
+
 async def run_pipeline(
     config: BuildConfig,
     run_dir: Path,
@@ -152,36 +207,32 @@ async def run_pipeline(
     only: str | None = None,
     stages: Sequence[Stage] = STAGES,
 ) -> dict[str, StageStats]:
-    """Run the pipeline (`stages`: the synthesis stages, or `import_stages`) over `run_dir`, resuming whatever is
-    already done there."""
+    """Run the pipeline (`stages`: the synthesis stages, or `import_stages`) over `run_dir` (resuming whatever is
+    already done there), its item stages where `executor.kind` says: in this process, or on Ray actors
+    (`run.ray_executor`)."""
     with ExitStack() as stack:
+        resources = open_resources(config, Path(run_dir), stack)
+        items = None
+        if config.executor.kind == "ray":
+            from builder.run.ray_executor import RayItems
 
-        def open_client(on_call: Callable[[CallRecord], None]) -> LLMClient:
-            return stack.enter_context(open_llm(config.llm, Path(run_dir), on_call=on_call))
-
-        model = LazyModel(config.llm, open_client)
-        rl_llm = rl_agent_config(config)
-        rl_agent = None
-        if rl_llm is not None:
-
-            def open_rl_agent(on_call: Callable[[CallRecord], None]) -> LLMClient:
-                return stack.enter_context(
-                    open_llm(rl_llm, Path(run_dir), on_call=on_call, server_log=RL_AGENT_SERVER_LOG)
-                )
-
-            rl_agent = LazyModel(rl_llm, open_rl_agent)
-
-        @functools.cache
-        def open_sandbox() -> Sandbox:
-            # Refuses to start (SandboxUnavailable) when this machine lacks a layer of sandbox.required_layers.
-            return stack.enter_context(Sandbox(config.sandbox))
-
+            _check_servers_for_actors(config)
+            items = stack.enter_context(RayItems(config, Path(run_dir), open_resources))
         try:
             return await run_stages(
-                stages, config, run_dir, until=until, only=only, llm=model.for_stage,
-                rl_agent=rl_agent.for_stage if rl_agent is not None else None, sandbox=open_sandbox,
+                stages, config, run_dir, until=until, only=only, llm=resources.llm, rl_agent=resources.rl_agent,
+                sandbox=resources.sandbox, items=items,
             )  # fmt: skip
         finally:
-            await model.aclose()
-            if rl_agent is not None:
-                await rl_agent.aclose()
+            await resources.aclose()
+
+
+def _check_servers_for_actors(config: BuildConfig) -> None:
+    """Ray actors reach model servers by URL: each starting a managed vLLM server of its own would not fit."""
+    if not (config.llm.url or config.llm.urls):
+        raise ConfigError(
+            "executor.kind = ray needs the model servers the actors reach: set llm.url or llm.urls "
+            "(e.g. start one with `python -m builder serve`)"
+        )
+    if config.rollout.rl_agent_model is not None and config.rollout.rl_agent_url is None:
+        raise ConfigError("executor.kind = ray with rollout.rl_agent_model needs rollout.rl_agent_url")

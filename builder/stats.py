@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from builder.llm.base import CallRecord
+from builder.llm.base import CallRecord, ServerCall
 from builder.usage import Usage
 
 DERIVED = ("tokens_per_kept", "yield", "per_kept")  # keys of `to_json` computed from the counters, not state
@@ -28,6 +28,27 @@ _FLAT_USAGE = {
 
 
 @dataclass
+class ServerStats:
+    """What one model server did for a stage: attempts answered and failed, their tokens and summed time."""
+
+    requests: int = 0
+    failures: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    busy_s: float = 0.0
+
+    def to_json(self, wall_s: float) -> dict:
+        """The counters plus `mean_in_flight` (busy time over the stage's wall time, Little's law) and
+        `completion_tok_s` (its completion tokens per second of the stage's wall time)."""
+        return {
+            **asdict(self),
+            "busy_s": round(self.busy_s, 3),
+            "mean_in_flight": round(self.busy_s / wall_s, 2) if wall_s else None,
+            "completion_tok_s": round(self.completion_tokens / wall_s, 2) if wall_s else None,
+        }
+
+
+@dataclass
 class StageStats:
     """Counters of one stage. Mutable on purpose: the runner and the model layer add to it while it runs."""
 
@@ -40,6 +61,8 @@ class StageStats:
     llm_latency_s: float = 0.0  # wall time of the requests sent to the server (cache hits take none)
     wall_s: float = 0.0
     report: dict = field(default_factory=dict)  # a stage's own summary (e.g. select's rates and decontamination)
+    servers: dict[str, ServerStats] = field(default_factory=dict)  # per model server URL (`add_server_call`)
+    executor: dict = field(default_factory=dict)  # --executor ray: per-actor throughput, where time went (last try)
 
     @property
     def dropped_total(self) -> int:
@@ -50,6 +73,15 @@ class StageStats:
         self.usage += record.usage
         if not record.cached:
             self.llm_latency_s += record.latency_s
+
+    def add_server_call(self, call: ServerCall) -> None:
+        """Count one attempt on a model server; usable directly as a pool's `on_server_call` observer."""
+        server = self.servers.setdefault(call.url, ServerStats())
+        server.requests += call.ok
+        server.failures += not call.ok
+        server.prompt_tokens += call.prompt_tokens
+        server.completion_tokens += call.completion_tokens
+        server.busy_s += call.latency_s
 
     @property
     def tokens_per_kept(self) -> float | None:
@@ -62,6 +94,7 @@ class StageStats:
         data = asdict(self)
         data["dropped"] = dict(sorted(self.dropped.items()))
         data["usage"] = self.usage.model_dump()
+        data["servers"] = {url: server.to_json(self.wall_s) for url, server in sorted(self.servers.items())}
         data["tokens_per_kept"] = self.tokens_per_kept
         decided = self.kept + self.dropped_total
         data["yield"] = round(self.kept / decided, 4) if decided else None
@@ -86,6 +119,10 @@ class StageStats:
             flat["calls"] = flat.get("calls", 0) - flat.get("failed_calls", 0)
         data["usage"] = Usage.model_validate(data.get("usage", flat))
         data["dropped"] = Counter(data.get("dropped", {}))
+        data["servers"] = {
+            url: ServerStats(**{key: server[key] for key in ServerStats.__dataclass_fields__ if key in server})
+            for url, server in data.get("servers", {}).items()
+        }
         return cls(**data)
 
 

@@ -48,8 +48,8 @@ class StubServer:
     """Serves `respond(body) -> (status, json)` for POST /v1/chat/completions; records request bodies.
 
     `kill()` stops it the way a crashed server stops. Like vLLM, it can also answer POST /tokenize
-    (`tokenize(body) -> (status, json)`, bodies recorded in `tokenized`; 404 without it) and GET /version
-    (`{"version": version}` when given).
+    (`tokenize(body) -> (status, json)`, bodies recorded in `tokenized`; 404 without it), GET /version
+    (`{"version": version}` when given) and GET /metrics (the Prometheus text `metrics`, when given).
     """
 
     def __init__(
@@ -59,11 +59,13 @@ class StubServer:
         *,
         tokenize: Responder | None = None,
         version: str | None = None,
+        metrics: str | None = None,
     ) -> None:
         self.respond = respond
         self.delay_s = delay_s
         self.tokenize = tokenize
         self.version = version
+        self.metrics = metrics
         self.requests: list[dict[str, Any]] = []
         self.killed = threading.Event()
         self.tokenized: list[dict[str, Any]] = []
@@ -78,6 +80,8 @@ class StubServer:
                     return
                 if self.path == "/version" and stub.version is not None:
                     self._send(200, {"version": stub.version})
+                elif self.path == "/metrics" and stub.metrics is not None:
+                    self._send(200, stub.metrics)
                 else:
                     self._send(200, {"status": "ok"})
 
@@ -103,10 +107,11 @@ class StubServer:
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
 
-            def _send(self, status: int, data: dict[str, Any]) -> None:
-                raw = json.dumps(data).encode()
+            def _send(self, status: int, data: dict[str, Any] | str) -> None:
+                text = isinstance(data, str)
+                raw = data.encode() if text else json.dumps(data).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/plain" if text else "application/json")
                 self.send_header("Content-Length", str(len(raw)))
                 self.end_headers()
                 self.wfile.write(raw)

@@ -57,3 +57,16 @@ async def test_every_token_is_counted_across_workers() -> None:
 
     tokens, seconds = await count_tokens(list(range(100)), work, 7)
     assert tokens == sum(range(100)) and seconds > 0
+
+
+def test_bench_reports_the_kv_ceiling_and_the_machine_load(tmp_path: Path) -> None:
+    metrics = 'vllm:cache_config_info{block_size="16",kv_cache_size_tokens="2700",num_gpu_blocks="10"} 1.0\n'
+    with StubServer(respond, metrics=metrics) as stub:
+        config = LLMConfig(url=stub.url, max_concurrency=4)
+        result = run_bench(config, tmp_path, requests=4, max_tokens=16, server_concurrency=4, pacing_requests=0)
+    # Requests of 27 tokens (11 prompt + 16 completion): 2700 tokens of cache hold 100 of them.
+    assert result.kv_ceiling == 100 and "KV-cache ceiling: 100 in flight" in result.to_text()
+    assert all(load >= 0 for load in result.load_average) and "machine load" in result.to_text()
+    with StubServer(respond) as stub:
+        plain = run_bench(LLMConfig(url=stub.url), tmp_path, requests=2, max_tokens=4, pacing_requests=0)
+    assert plain.kv_ceiling is None and "not reported" in plain.to_text()

@@ -30,6 +30,14 @@ from builder.stages.code.pieces import extract_code
 from builder.stats import StageStats
 
 USER = (ChatMessage(role="user", content="Write the method."),)
+
+
+def spanning(tokens: int) -> tuple[ChatMessage, ...]:
+    """A prompt long enough to hold `tokens` tokens (one character each), so the client cannot rule out that it
+    does and measures it (a short prompt whose budget surely fits is sent unmeasured)."""
+    return (ChatMessage(role="user", content="Write the method." + " w" * (tokens // 2)),)
+
+
 CONTEXT = 32768
 
 # What a capable model writes: a long method, the wall clock and fresh ids (not a two-line toy reply).
@@ -110,7 +118,7 @@ def test_client_for_takes_thinking_and_context_from_the_config() -> None:
 async def test_budget_is_capped_at_what_the_context_leaves() -> None:
     model = ScriptedModel(lambda request: "ok", prompt_tokens=sized(30000))
     llm, _ = client(model)
-    await llm.chat(ChatRequest(messages=USER, sampling=Sampling(max_tokens=4096)))
+    await llm.chat(ChatRequest(messages=spanning(30000), sampling=Sampling(max_tokens=4096)))
     budget = model.requests[0].sampling.max_tokens
     assert budget == CONTEXT - 30000 - CONTEXT_MARGIN_TOKENS
     assert 30000 + budget <= CONTEXT
@@ -128,7 +136,7 @@ async def test_too_long_a_prompt_raises_before_anything_is_sent() -> None:
     model = ScriptedModel(lambda request: "never", prompt_tokens=sized(CONTEXT - 100))
     llm, records = client(model)
     with pytest.raises(PromptTooLongError) as caught:
-        await llm.chat(ChatRequest(messages=USER, sampling=Sampling(max_tokens=4096)))
+        await llm.chat(ChatRequest(messages=spanning(CONTEXT), sampling=Sampling(max_tokens=4096)))
     error = caught.value
     assert (error.prompt_tokens, error.context_tokens, error.min_completion) == (CONTEXT - 100, CONTEXT, 256)
     assert "llm.max_model_len" in str(error) and not error.retryable
@@ -140,10 +148,25 @@ async def test_a_small_budget_needs_only_itself() -> None:
     model = ScriptedModel(lambda request: "ok", prompt_tokens=sized(CONTEXT - 200 - CONTEXT_MARGIN_TOKENS))
     llm, _ = client(model)
     with pytest.raises(PromptTooLongError):
-        await llm.chat(ChatRequest(messages=USER, sampling=Sampling(max_tokens=4096)))
-    await llm.chat(ChatRequest(messages=USER, sampling=Sampling(max_tokens=64)))
+        await llm.chat(ChatRequest(messages=spanning(CONTEXT), sampling=Sampling(max_tokens=4096)))
+    await llm.chat(ChatRequest(messages=spanning(CONTEXT), sampling=Sampling(max_tokens=64)))
     assert [r.sampling.max_tokens for r in model.requests] == [64]
     assert MIN_COMPLETION_TOKENS == 256
+
+
+async def test_a_budget_that_surely_fits_is_sent_without_measuring_the_prompt() -> None:
+    measured: list[ChatRequest] = []
+
+    def count(request: ChatRequest) -> int:
+        measured.append(request)
+        return 10
+
+    model = ScriptedModel(lambda request: "ok", prompt_tokens=count)
+    llm, _ = client(model)
+    await llm.chat(ChatRequest(messages=USER, sampling=Sampling(max_tokens=4096)))  # fits whatever its size
+    assert measured == [] and model.requests[0].sampling.max_tokens == 4096
+    await llm.chat(ChatRequest(messages=USER, sampling=Sampling(max_tokens=CONTEXT - 100)))  # might not fit
+    assert len(measured) == 1 and model.requests[1].sampling.max_tokens == CONTEXT - 100
 
 
 async def test_structured_raises_prompt_too_long_too() -> None:

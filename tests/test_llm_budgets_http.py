@@ -44,10 +44,15 @@ def plan_request(config: BuildConfig, text: str = "Plan a library lending desk."
     return ChatRequest(messages=(SYSTEM, ChatMessage(role="user", content=text)), sampling=sampling)
 
 
+# A prompt long enough that a 4096-token budget might not fit beside it in 32768 (one token per character), so
+# the client measures it; a shorter one is sent unmeasured.
+LONG_TEXT = "Plan a library lending desk." + " desk" * 6000
+
+
 def test_gpu_profile_sends_thinking_off_and_measures_the_prompt(tmp_path: Path) -> None:
     with vllm(lambda body: (200, completion("ok")), tokenize=lambda body: (200, tokenized(812))) as stub:
         config = gpu_config(stub.url)
-        ask(config, tmp_path, plan_request(config))
+        ask(config, tmp_path, plan_request(config, LONG_TEXT))
     body = stub.requests[0]
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
     assert body["max_tokens"] == config.plan.max_tokens == 4096
@@ -82,7 +87,7 @@ def test_a_prompt_too_long_for_the_context_never_reaches_the_server(tmp_path: Pa
     with vllm(lambda body: (200, completion("ok")), tokenize=lambda body: (200, tokenized(32700))) as stub:
         config = gpu_config(stub.url)
         with pytest.raises(PromptTooLongError) as caught:
-            ask(config, tmp_path, plan_request(config))
+            ask(config, tmp_path, plan_request(config, LONG_TEXT + " desk" * 1000))
     assert stub.requests == [] and len(stub.tokenized) == 1
     assert (caught.value.prompt_tokens, caught.value.context_tokens) == (32700, 32768)
 
@@ -123,7 +128,7 @@ def test_reasoning_is_never_sent_back(tmp_path: Path) -> None:
     history = (
         ChatMessage(role="user", content="Borrow isbn 1"),
         ChatMessage(role="assistant", content="Done.", reasoning_content="The member exists, so borrow."),
-        ChatMessage(role="user", content="Thanks, and renew it."),
+        ChatMessage(role="user", content="Thanks, and renew it." + LONG_TEXT),
     )
     with vllm(lambda body: (200, completion("ok")), tokenize=lambda body: (200, tokenized(50))) as stub:
         ask(gpu_config(stub.url), tmp_path, ChatRequest(messages=history))

@@ -71,3 +71,26 @@ def test_the_limit_stays_within_its_bounds() -> None:
     assert max(server.windows(limit, 8)) == 40
     with pytest.raises(ValueError, match="outside"):
         InFlightLimit(50, high=40)
+
+
+def test_the_kv_cache_caps_the_limit_at_the_requests_it_holds() -> None:
+    now = [0.0]
+    # 2,000 tokens of cache; each answer is 10 completion tokens and 90 prompt tokens: 20 requests fit.
+    limit = InFlightLimit(16, high=256, kv_tokens=2000, clock=lambda: now[0])
+    assert limit.ceiling == 256  # nothing answered yet: no size known
+    for _ in range(3):
+        for _ in range(max(8, limit.current)):
+            limit.started(limit.current)
+            now[0] += 10 / limit.current  # throughput grows with every request more in flight
+            limit.answered(10, prompt_tokens=90)
+    assert limit.ceiling == 20 and limit.current == 20  # it would have gone on to 36
+
+
+def test_a_limit_above_the_cache_comes_down_when_requests_grow() -> None:
+    now = [0.0]
+    limit = InFlightLimit(64, high=256, kv_tokens=6400, clock=lambda: now[0])
+    for _ in range(64):
+        limit.started(64)
+        now[0] += 0.1
+        limit.answered(100, prompt_tokens=300)  # 400 tokens a request: 16 fit
+    assert limit.current == 16

@@ -178,14 +178,27 @@ async def test_a_server_that_fails_its_probe_stays_out() -> None:
     assert not pool.endpoints[0].up and a.asked == 1  # probed, not sent requests
 
 
-async def test_a_pool_with_every_server_out_fails_at_once() -> None:
+async def test_the_last_server_in_rotation_stays_in_it_for_the_clients_retries() -> None:
+    a, b = Flaky("a"), Flaky("b")
+    a.alive = b.alive = False
+    pool = pool_of(a, b)
+    with pytest.raises(TransientLLMError, match="no server of 2 answered: connection refused"):
+        await pool.chat(ask(1))
+    assert [e.up for e in pool.endpoints] == [False, True]  # b failed too, but is the last one left
+    b.alive = True
+    assert (await pool.chat(ask(2))).content == "b"  # tried again at once, no probe needed
+    assert (a.asked, b.asked) == (1, 2)
+
+
+async def test_a_pool_of_one_keeps_trying_its_server() -> None:
     a = Flaky("a")
     a.alive = False
     pool = pool_of(a)
-    with pytest.raises(TransientLLMError, match="connection refused"):
-        await pool.chat(ask(1))
-    with pytest.raises(TransientLLMError, match="none is in rotation"):
-        await pool.chat(ask(2))
+    for index in range(2):
+        with pytest.raises(TransientLLMError, match="no server of 1 answered: connection refused"):
+            await pool.chat(ask(index))
+    a.alive = True
+    assert (await pool.chat(ask(2))).content == "a" and a.asked == 3 and pool.endpoints[0].up
 
 
 def test_an_empty_pool_is_refused() -> None:

@@ -120,14 +120,15 @@ def test_created_values_and_leaks():
     from builder.stages.scenarios.chains import Chain, ChainCall
 
     call = ChainCall(name="borrow_book", arguments={"book_id": "b1"}, sources={"book_id": "state"},
-                     result={"success": True, "loan_id": "L4", "message": "book lent"}, changed=True)  # fmt: skip
+                     result={"success": True, "loan_id": "L4", "message": "book lent", "updated": ["due_date"]},
+                     changed=True)  # fmt: skip
     chain = Chain(
         calls=(call,),
         initial_state={"loans": {"L1": {"book_id": "b1"}}, "books": {"b1": {"copies": 2}}},
-        final_state={"loans": {"L1": {"book_id": "b1"}, "L4": {"book_id": "b1", "due": "2024-06-15"}},
+        final_state={"loans": {"L1": {"book_id": "b1"}, "L4": {"book_id": "b1", "due_date": "2024-06-15"}},
                      "books": {"b1": {"copies": 1}}},
     )  # fmt: skip
-    # Field names and prose are no values; the scenario's own date is the user's.
+    # Field names (also a result naming one: "due_date") and prose are no values; the scenario's date is the user's.
     assert created_values(chain, "2024-06-15T09:00:00") == ["L4"]
     assert created_values(chain, "2024-06-01T09:00:00") == ["2024-06-15", "L4"]
     said = UserRequest(task="Lend me b1, loan l4 please", user_profile="", known_up_front="",

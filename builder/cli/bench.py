@@ -1,5 +1,5 @@
-"""`bench sandbox`, `bench llm` and `bench rollout`: measure the runtime, the model client and the rollouts on this
-machine."""
+"""`bench sandbox`, `bench llm`, `bench rollout` and `bench scale`: measure the runtime, the model client, the
+rollouts and the Ray executor on this machine."""
 
 from __future__ import annotations
 
@@ -43,6 +43,22 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     rollout.add_argument("--real", action="store_true", help="use the configured model server")
     rollout.set_defaults(handler=cmd_bench_rollout)
 
+    scale = bench_commands.add_parser(
+        "scale",
+        help="items/s of a sandbox-heavy stage: local executor against 1 and 2 Ray actors",
+        description="Scenario verification of a small environment, after one scripted model call of fixed "
+        "latency per item, under the local executor and on 1 and 2 Ray actors (needs builder[ray]; see the README, "
+        "Running on a cluster).",
+    )
+    add_config_options(scale)
+    scale.add_argument("--json", action="store_true", help="print one JSON object")
+    scale.add_argument("--items", type=int, default=200, metavar="N", help="items per executor (default 200)")
+    scale.add_argument(
+        "--latency-ms", type=float, default=20.0, metavar="MS", help="scripted model reply time (default 20)"
+    )
+    scale.add_argument("--ray-address", metavar="ADDR", help="Ray cluster to use (default: executor.ray_address)")
+    scale.set_defaults(handler=cmd_bench_scale)
+
 
 def cmd_bench_sandbox(args: argparse.Namespace) -> int:
     from builder.sandbox.bench import bench_sandbox
@@ -64,4 +80,15 @@ def cmd_bench_rollout(args: argparse.Namespace) -> int:
     config = config_of(args)
     run_dir = config.run.runs_root / "bench-rollout"
     print(main(config, run_dir, as_json=args.json, episodes=args.episodes, latency_ms=args.latency_ms, real=args.real))
+    return EXIT_OK
+
+
+def cmd_bench_scale(args: argparse.Namespace) -> int:
+    from builder.bench_scale import bench_scale
+
+    if args.ray_address is not None:
+        args.overrides.append(f"executor.ray_address={args.ray_address}")
+    config = config_of(args)
+    run_dir = config.run.runs_root / "bench-scale"
+    print(bench_scale(config, run_dir, items=args.items, latency_ms=args.latency_ms, as_json=args.json))
     return EXIT_OK

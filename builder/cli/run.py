@@ -31,6 +31,17 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="run folder (default: <run.runs_root>/run-<config hash>, so the same config resumes the same run)",
     )
+    run.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        help="where item stages run: local (default, this process) or ray (actors of a Ray cluster; see the "
+        "README, Running on a cluster); same as --set executor.kind=KIND",
+    )
+    run.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="Ray cluster to join, e.g. 10.0.0.5:6379 (same as --set executor.ray_address=ADDR)",
+    )
     which = run.add_mutually_exclusive_group()
     which.add_argument("--until", choices=stage_names, metavar="STAGE", help="stop after this stage")
     which.add_argument("--only", choices=stage_names, metavar="STAGE", help="run just this stage")
@@ -53,6 +64,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from builder.pipeline import STAGES, run_pipeline
 
+    for key, value in (("kind", args.executor), ("ray_address", args.ray_address)):
+        if value is not None:
+            args.overrides.append(f"executor.{key}={value}")
     config = config_of(args)
     run_dir = args.run_dir or config.run.runs_root / f"run-{config_hash(config)}"
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ every section), `infrastructure` and `stages` (the sections), `tree` (`BuildConf
 `loading` (profiles, files, overrides) and `printing` (`to_toml`).
 """
 
-from builder.config.infrastructure import HubConfig, LLMConfig, RunConfig, SandboxConfig, StoreConfig
+from builder.config.infrastructure import ExecutorConfig, HubConfig, LLMConfig, RunConfig, SandboxConfig, StoreConfig
 from builder.config.loading import PROFILES, load_config, resolve_profile
 from builder.config.printing import to_toml
 from builder.config.section import Section
@@ -31,6 +31,7 @@ __all__ = [
     "BuildConfig",
     "CodeConfig",
     "EvaluateConfig",
+    "ExecutorConfig",
     "HubConfig",
     "LLMConfig",
     "MineConfig",

@@ -1,5 +1,5 @@
 """The sections of the infrastructure every stage shares: the run folder, the model server, the sandbox, the
-store and the Hub."""
+store, the Hub and the executor that runs the stages."""
 
 from __future__ import annotations
 
@@ -80,16 +80,17 @@ class LLMConfig(Section):
     max_concurrency: int = Field(
         16,
         ge=1,
-        description="Requests in flight at once, so vLLM can batch them; with llm.urls the starting number per "
-        "server, which llm.adaptive_concurrency then moves.",
+        description="Requests in flight per server at the start, so vLLM can batch them; "
+        "llm.adaptive_concurrency then moves it (with it off, the fixed number).",
     )
     adaptive_concurrency: bool = Field(
         True,
-        description="With llm.urls: raise and lower each server's requests in flight by the throughput it "
-        "answers with (between 1 and llm.max_in_flight_per_server).",
+        description="Raise and lower each server's requests in flight by the throughput it answers with "
+        "(between 1 and llm.max_in_flight_per_server, and no more than its KV cache holds when vLLM reports "
+        "it); false keeps each server at llm.max_concurrency.",
     )
     max_in_flight_per_server: int = Field(
-        256, ge=1, description="With llm.urls: the most requests one server is given at once."
+        256, ge=1, description="The most requests one server is given at once (the adaptive limit's ceiling)."
     )
     request_timeout_s: float = Field(300.0, gt=0, description="A single request is abandoned after this long.")
     max_retries: int = Field(4, ge=0, description="Retries on connection errors, timeouts and 5xx (never 4xx).")
@@ -117,7 +118,7 @@ class LLMConfig(Section):
             raise ValueError("set llm.url (one server) or llm.urls (several), not both")
         if len(set(self.urls)) != len(self.urls):
             raise ValueError("llm.urls lists a server twice")
-        if self.urls and self.max_concurrency > self.max_in_flight_per_server:
+        if self.max_concurrency > self.max_in_flight_per_server:
             raise ValueError("llm.max_concurrency exceeds llm.max_in_flight_per_server")
         return self
 
@@ -190,3 +191,46 @@ class HubConfig(Section):
         description="Python with olah installed, for `hub serve` (None: this one if it has olah, else a private "
         "venv made on first use under ~/.cache/builder).",
     )
+
+
+class ExecutorConfig(Section):
+    kind: Literal["local", "ray"] = Field(
+        "local",
+        description="Where item stages run: local (this process) or ray (actors of a Ray cluster, each with its "
+        "own model client and sandbox; the driver keeps the run folder and the store). Same tables either way.",
+    )
+    ray_address: str | None = Field(
+        None,
+        description="Ray cluster to join (e.g. 10.0.0.5:6379); None: $RAY_ADDRESS, else the cluster `ray start` "
+        "made on this machine, else a Ray started inside this process for the run.",
+    )
+    actors: int = Field(0, ge=0, description="Ray actors in all (0: one per executor.actor_cpus CPUs of the cluster).")
+    actors_per_node: int = Field(
+        0, ge=0, description="Ray actors on each alive node instead of executor.actors (0: use executor.actors)."
+    )
+    actor_cpus: float = Field(1.0, gt=0, description="CPUs Ray reserves for each actor.")
+    items_in_flight: int = Field(
+        0, ge=0, description="Inputs one actor works on at once (0: the stage's own concurrency, as local)."
+    )
+    batch_size: int = Field(
+        2, ge=1, description="Inputs per call to an actor; results are journaled when their call returns."
+    )
+    sandbox_workers: int = Field(
+        4, ge=1, description="Threads per actor for blocking work (sandbox sessions), so sandbox processes at once."
+    )
+    max_item_losses: int = Field(
+        3,
+        ge=1,
+        description="An input in flight on this many actors that died stops the run (it may be what kills them).",
+    )
+    worker_setup: str | None = Field(
+        None,
+        description="Dotted path of a function every Ray worker process calls when it starts (Ray's "
+        "worker_process_setup_hook), e.g. to set up logging or credentials on the nodes.",
+    )
+
+    @model_validator(mode="after")
+    def _one_way_to_count_actors(self) -> ExecutorConfig:
+        if self.actors and self.actors_per_node:
+            raise ValueError("set executor.actors or executor.actors_per_node, not both")
+        return self

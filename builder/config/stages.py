@@ -182,6 +182,11 @@ class RolloutConfig(Section):
     rl_agent_url: str | None = Field(
         None, description="OpenAI-compatible endpoint (…/v1) serving rollout.rl_agent_model (None: start one)."
     )
+    rl_agent_urls: tuple[str, ...] = Field(
+        (),
+        description="Several endpoints serving rollout.rl_agent_model, instead of rollout.rl_agent_url: "
+        "balanced, paced and routed around failures as llm.urls.",
+    )
     rl_agent_max_model_len: int | None = Field(
         None,
         ge=256,
@@ -190,7 +195,9 @@ class RolloutConfig(Section):
         "rl episode is cut at min(rollout.max_tokens, this context minus the reply budget).",
     )
     user_model: str | None = Field(
-        None, description="Served model name of the user simulator (None: the agent's model on the same server)."
+        None,
+        description="Served model name of the user simulator on the llm.url (or llm.urls) servers (None: the "
+        "synthesis model, the same client).",
     )
     user_temperature: float = Field(0.7, ge=0, le=2, description="User-simulator sampling temperature.")
     user_retries: int = Field(
@@ -203,13 +210,17 @@ class RolloutConfig(Section):
     @model_validator(mode="after")
     def _rl_agent_named(self) -> RolloutConfig:
         if self.rl_agent_model is None:
-            for key in ("rl_agent_url", "rl_agent_max_model_len"):
-                if getattr(self, key) is not None:
+            for key in ("rl_agent_url", "rl_agent_urls", "rl_agent_max_model_len"):
+                if getattr(self, key) not in (None, ()):
                     raise ValueError(
                         f"rollout.{key} is set but rollout.rl_agent_model is not: set rollout.rl_agent_model "
                         f"to the RL agent's model (with rl_agent_url: the name that endpoint serves it under), or "
                         f"unset rollout.{key}"
                     )
+        if self.rl_agent_url and self.rl_agent_urls:
+            raise ValueError("set rollout.rl_agent_url (one server) or rollout.rl_agent_urls (several), not both")
+        if len(set(self.rl_agent_urls)) != len(self.rl_agent_urls):
+            raise ValueError("rollout.rl_agent_urls lists a server twice")
         return self
 
 

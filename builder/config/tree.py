@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from builder.config.infrastructure import HubConfig, LLMConfig, RunConfig, SandboxConfig, StoreConfig
+from builder.config.infrastructure import ExecutorConfig, HubConfig, LLMConfig, RunConfig, SandboxConfig, StoreConfig
 from builder.config.section import Section
 from builder.config.stages import (
     CodeConfig,
@@ -33,11 +33,13 @@ class BuildConfig(Section):
     select: SelectConfig = SelectConfig()
     store: StoreConfig = StoreConfig()
     hub: HubConfig = HubConfig()
+    executor: ExecutorConfig = ExecutorConfig()
 
 
 # Keys that change how a run executes but not what it produces: a resumed run may change them freely.
-# Whole sections: where the store and the Hub live and how releases are published never change a run's output.
-OPERATIONAL_SECTIONS = frozenset({"store", "hub"})
+# Whole sections: where the store and the Hub live, how releases are published and where the stages execute never
+# change a run's output.
+OPERATIONAL_SECTIONS = frozenset({"store", "hub", "executor"})
 OPERATIONAL_KEYS = frozenset(
     {
         "run.runs_root",
@@ -56,6 +58,7 @@ OPERATIONAL_KEYS = frozenset(
         "llm.extra_server_args",
         "llm.server_tok_s",
         "rollout.rl_agent_url",
+        "rollout.rl_agent_urls",
     }
 )
 

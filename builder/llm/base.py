@@ -140,6 +140,20 @@ class CallRecord(_Frozen):
         )
 
 
+class ServerCall(_Frozen):
+    """One attempt of a request on one server of a pool (`pool.EndpointPool`), reported to its `on_server_call`.
+
+    Per-server figures, apart from the ledger: a request that failed on one server and was answered by another
+    is one call in `CallRecord` and two attempts here.
+    """
+
+    url: str
+    ok: bool = True
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = Field(0.0, description="Wall time of the attempt, from the slot taken to the reply.")
+
+
 # `ChatRequest.tool_choice` values that are not tool names.
 TOOL_CHOICE_KEYWORDS = ("auto", "required", "none")
 

@@ -2,10 +2,11 @@
 
 In one run against one server it measures (a) the server's own best throughput with many concurrent raw HTTP
 requests, and (b) the throughput through the full client path (cache off) at the same offered load, the
-server's requests in flight paced as with `llm.urls` (`pacing.InFlightLimit`, starting at llm.max_concurrency;
-fixed there with llm.adaptive_concurrency off), after an untimed pacing pass in which the limit finds the
-server's knee. It reports b/a (target >= 0.95), the limit reached, and the time the client adds per request
-(p50, p99): wall time of `chat` minus the HTTP exchange, measured with transport hooks.
+server's requests in flight paced as in a run (`connect.server_limit`: starting at llm.max_concurrency, bounded
+by the KV cache the server reports; fixed with llm.adaptive_concurrency off), after an untimed pacing pass in
+which the limit finds the server's knee. It reports b/a, the adaptive client's throughput over the server's best
+at the same offered load (target >= 0.95), the limit reached, and the time the client adds per request (p50,
+p99): wall time of `chat` minus the HTTP exchange, measured with transport hooks.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import os
 import statistics
 import time
 from contextlib import ExitStack
@@ -25,9 +27,8 @@ from pydantic import BaseModel
 
 from builder.config import LLMConfig
 from builder.llm.base import ChatRequest
-from builder.llm.connect import SERVER_LOG, client_for
+from builder.llm.connect import SERVER_LOG, client_for, server_limit
 from builder.llm.openai_backend import OpenAIChatModel
-from builder.llm.pacing import InFlightLimit
 from builder.llm.pool import Endpoint, EndpointPool
 from builder.llm.server import VLLMServer
 from builder.records import ChatMessage, Sampling
@@ -48,6 +49,8 @@ class BenchResult(BaseModel):
     server_concurrency: int
     client_concurrency: int  # the client's in-flight limit at the end (where pacing took it)
     start_concurrency: int  # where it started (llm.max_concurrency)
+    kv_ceiling: int | None = None  # the most in flight the server's KV cache holds (None: it reports no size)
+    load_average: tuple[float, float] = (0.0, 0.0)  # this machine's 1-minute load at the start and the end
 
     def summary(self) -> dict[str, float]:
         return {key: round(getattr(self, key), 3) for key in SUMMARY_KEYS}
@@ -62,6 +65,8 @@ class BenchResult(BaseModel):
                 f"{self.start_concurrency} -> {self.client_concurrency}): {self.client_tok_s:.1f} tok/s",
                 f"ratio client/server: {self.ratio:.3f}  {verdict}",
                 f"client overhead per request: p50 {self.overhead_p50_ms:.2f} ms, p99 {self.overhead_p99_ms:.2f} ms",
+                f"KV-cache ceiling: {self.kv_ceiling if self.kv_ceiling is not None else 'not reported'} in flight",
+                f"machine load (1 min) at start / end: {self.load_average[0]:.2f} / {self.load_average[1]:.2f}",
             ]
         )
 
@@ -100,6 +105,7 @@ def run_bench(
 async def _measure(
     config: LLMConfig, url: str, requests: int, max_tokens: int, concurrency: int, pacing: int
 ) -> BenchResult:
+    load_start = os.getloadavg()[0]
     bodies = [_body(config.served_model_name, index, max_tokens) for index in range(requests)]
     # All raw requests run at once and each lasts the whole phase: a slow server must not time them out.
     timeout = max(config.request_timeout_s, 3600.0)
@@ -112,11 +118,7 @@ async def _measure(
         timeout_s=config.request_timeout_s,
         http_client_factory=_timed_http_client,
     )
-    limit = InFlightLimit(
-        min(config.max_concurrency, config.max_in_flight_per_server),
-        high=config.max_in_flight_per_server,
-        fixed=not config.adaptive_concurrency,
-    )
+    limit = server_limit(config, url)
     pool = EndpointPool([Endpoint(url=url, backend=backend, limit=limit)])
     # Every request generates exactly max_tokens (`ignore_eos`), so each ends at "length": never grow it. The
     # pool paces the server; the client's own bound must not.
@@ -152,6 +154,8 @@ async def _measure(
         server_concurrency=concurrency,
         client_concurrency=limit.current,
         start_concurrency=start_limit,
+        kv_ceiling=limit.ceiling if limit.kv_tokens is not None else None,
+        load_average=(load_start, os.getloadavg()[0]),
     )
 
 

@@ -41,6 +41,10 @@ MIN_COMPLETION_TOKENS = 256
 # characters escaped (6 characters each, so 2 tokens). Tokenizers average about 4 characters a token on English
 # and code, and the JSON keys stand in for the template's own tokens, so this overestimates.
 ESTIMATE_CHARS_PER_TOKEN = 3
+# A prompt holds at most one token per byte of its text (every token of a byte-level or byte-fallback tokenizer
+# covers at least one byte), and its ASCII JSON has at least one character per byte (escapes take more); the
+# chat template adds its own text (role markers, a tools preamble, a default system prompt), allowed for here.
+TEMPLATE_ALLOWANCE_TOKENS = 512
 _MEASURED_PROMPTS = 4096  # prompt sizes remembered (growths and repeated samples of one prompt reuse them)
 
 
@@ -68,7 +72,9 @@ class LLMClient:
     Budgets: the prompt is measured (the backend's `count_prompt_tokens`, else a conservative estimate) and
     `max_tokens` is capped at `context_tokens - prompt - CONTEXT_MARGIN_TOKENS`, so no request is sent whose
     prompt and budget exceed the context. If that leaves less than min(budget, MIN_COMPLETION_TOKENS), nothing is
-    sent and `PromptTooLongError` is raised. A reply cut at its budget (`finish_reason == "length"`) is asked
+    sent and `PromptTooLongError` is raised. A budget that fits beside the largest size the prompt could have
+    (`prompt_token_bound`) is sent without measuring: the budget is the same, and the measurement is a round trip
+    to the server before the request can start. A reply cut at its budget (`finish_reason == "length"`) is asked
     again with the budget doubled, up to `max_budget_growths` times and never past the context; the last reply is
     returned (still "length" if even the largest budget was used up).
 
@@ -140,12 +146,19 @@ class LLMClient:
         request = self._prepare(request)
         if self.context_tokens is None:
             return await self._answer(request, regrowth=0)
-        prompt_tokens = await self._prompt_tokens(request)
-        request = self._fitted(request, prompt_tokens)
+        prompt_tokens: int | None = None
+        wanted = request.sampling.max_tokens
+        if wanted is None or self._room(prompt_token_bound(request)) < wanted:
+            prompt_tokens = await self._prompt_tokens(request)
+            request = self._fitted(request, prompt_tokens)
         reply = await self._answer(request, regrowth=0)
         cost = reply.cost
         for growth in range(1, self.max_budget_growths + 1):
-            if reply.finish_reason != "length" or (larger := self._grown(request, prompt_tokens)) is None:
+            if reply.finish_reason != "length":
+                break
+            if prompt_tokens is None:
+                prompt_tokens = await self._prompt_tokens(request)  # only now does the exact room matter
+            if (larger := self._grown(request, prompt_tokens)) is None:
                 break
             # A distinct request (its budget is part of the cache key), so a rerun replays both replies.
             request = larger
@@ -358,6 +371,12 @@ def prompt_key(request: ChatRequest) -> str:
     content = [request.wire_messages(), list(request.tools), request.extra.get("chat_template_kwargs")]
     canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def prompt_token_bound(request: ChatRequest) -> int:
+    """A size the prompt cannot exceed (see TEMPLATE_ALLOWANCE_TOKENS)."""
+    text = json.dumps([request.wire_messages(), list(request.tools)], ensure_ascii=True)
+    return len(text) + TEMPLATE_ALLOWANCE_TOKENS
 
 
 def estimate_prompt_tokens(request: ChatRequest) -> int:

@@ -7,19 +7,19 @@ config derived from it by `rl_agent_config`, and its own server log.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from builder.config import BuildConfig, LLMConfig
-from builder.llm.base import CallRecord, ChatModel
+from builder.llm.base import CallRecord, ChatModel, ServerCall
 from builder.llm.cache import ResponseCache
 from builder.llm.client import LLMClient
 from builder.llm.errors import ServerError
 from builder.llm.openai_backend import OpenAIChatModel
 from builder.llm.pacing import InFlightLimit
 from builder.llm.pool import Endpoint, EndpointPool
-from builder.llm.server import VLLMServer, check_external_server
+from builder.llm.server import VLLMServer, check_external_server, kv_cache_tokens
 from builder.llm.weights import EMBEDDED_MODEL, EMBEDDED_MODEL_CONTEXT
 from builder.records import Sampling
 
@@ -42,8 +42,9 @@ def rl_agent_config(config: BuildConfig) -> LLMConfig | None:
     thinking mode, dtype, tensor parallelism, extra vLLM arguments), so the policy gets its own defaults: for
     the builtin SmolLM2 the packaged ChatML+tools template and, on CPU, the dtype `server_command` picks; it
     plays without a reasoning mode. The context is `rollout.rl_agent_max_model_len`, else `llm.max_model_len`
-    capped at 8192 for the builtin model. With `rollout.rl_agent_url` the model is used there under the name
-    `rl_agent_model`; else a managed server loads it.
+    capped at 8192 for the builtin model. With `rollout.rl_agent_url` (or `rollout.rl_agent_urls`, several
+    servers paced and balanced as `llm.urls`) the model is used there under the name `rl_agent_model`; else a
+    managed server loads it.
     """
     rollout = config.rollout
     if rollout.rl_agent_model is None:
@@ -53,10 +54,12 @@ def rl_agent_config(config: BuildConfig) -> LLMConfig | None:
         context = config.llm.max_model_len
         if rollout.rl_agent_model == EMBEDDED_MODEL:
             context = min(context, EMBEDDED_MODEL_CONTEXT)
+    served = rollout.rl_agent_url or rollout.rl_agent_urls
     derived = {
         "model": rollout.rl_agent_model,
         "url": rollout.rl_agent_url,
-        "served_model_name": rollout.rl_agent_model if rollout.rl_agent_url else config.llm.served_model_name,
+        "urls": rollout.rl_agent_urls,
+        "served_model_name": rollout.rl_agent_model if served else config.llm.served_model_name,
         "max_model_len": context,
         "chat_template": None,
         "reasoning_parser": None,
@@ -74,19 +77,22 @@ def open_llm(
     run_dir: Path,
     *,
     on_call: Callable[[CallRecord], None] | None = None,
+    on_server_call: Callable[[ServerCall], None] | None = None,
     cache: bool | None = None,
     server_log: str = SERVER_LOG,
 ) -> Iterator[LLMClient]:
-    """Yield an `LLMClient` for `config`, starting a managed vLLM server unless `config.url` (or `config.urls`,
-    several servers balanced by `pool.EndpointPool`) is set.
+    """Yield an `LLMClient` for `config`, starting a managed vLLM server unless `config.url` (or `config.urls`)
+    is set.
 
-    The server log goes to `run_dir/<server_log>` and replies are cached in `run_dir/llm_cache.sqlite`
-    (unless `cache`, or else `config.cache`, is false; the key includes the model id, so two models sharing
-    the file never share replies). The server is stopped when the block ends, whether by return, error or
-    Ctrl-C.
+    Every case goes through `pool.EndpointPool` (the managed server and `config.url` are a pool of one), so
+    each server's requests in flight are paced by its throughput and every attempt on a server is reported to
+    `on_server_call`. The server log goes to `run_dir/<server_log>` and replies are cached in
+    `run_dir/llm_cache.sqlite` (unless `cache`, or else `config.cache`, is false; the key includes the model
+    id, so two models sharing the file never share replies). The server is stopped when the block ends,
+    whether by return, error or Ctrl-C.
 
-    With `config.url`, a vLLM outside the supported range (its `/version`) is warned about; a server that does
-    not report a vLLM version is only used through the OpenAI API (prompts are then measured by estimate).
+    With `config.url(s)`, a vLLM outside the supported range (its `/version`) is warned about; a server that
+    does not report a vLLM version is only used through the OpenAI API (prompts are then measured by estimate).
 
     Raises:
         ServerError: the managed server cannot start (see `VLLMServer.start`).
@@ -94,39 +100,18 @@ def open_llm(
     run_dir = Path(run_dir)
     use_cache = config.cache if cache is None else cache
     with ExitStack() as stack:
-        if config.urls:
-            response_cache = stack.enter_context(ResponseCache(run_dir / CACHE_FILE)) if use_cache else None
-            pool = endpoint_pool(config)
-            # The pool paces each server; the client's bound only keeps the total within what they can take, and
-            # its timeout spans queueing for a free server and re-routes (each attempt has request_timeout_s).
-            whole = {
-                "max_concurrency": pool.capacity,
-                "request_timeout_s": config.request_timeout_s * (len(pool.endpoints) + 1),
-            }
-            yield client_for(
-                config.model_copy(update=whole),
-                pool,
-                model_id=served_model_id(config),
-                cache=response_cache,
-                on_call=on_call,
-            )
-            return
-        if config.url:
-            is_vllm = check_external_server(config.url) is not None
-            url, context = config.url, config.max_model_len
+        if config.urls or config.url:
+            urls, context, seeds = config.urls or (str(config.url),), config.max_model_len, True
         else:
             server = stack.enter_context(VLLMServer(config, run_dir / server_log))
-            is_vllm, url, context = True, server.url, server.max_model_len
-        # vLLM on CPU crashes (EngineDeadError "CPU Generator does not use offset") when a seeded request's prompt
-        # is prefilled in chunks, as long agent prompts are: its managed server gets no per-request seeds.
-        seeds = config.url is not None or server.device != "cpu"
+            # vLLM on CPU crashes (EngineDeadError "CPU Generator does not use offset") when a seeded request's
+            # prompt is prefilled in chunks, as long agent prompts are: its managed server gets no per-request seeds.
+            urls, context, seeds = (server.url,), server.max_model_len, server.device != "cpu"
         response_cache = stack.enter_context(ResponseCache(run_dir / CACHE_FILE)) if use_cache else None
-        backend = OpenAIChatModel(
-            url, config.served_model_name, timeout_s=config.request_timeout_s, tokenize=is_vllm, seeds=seeds
-        )
+        pool = endpoint_pool(config, urls, seeds=seeds, on_server_call=on_server_call)
         yield client_for(
-            config,
-            backend,
+            over_pool(config, pool),
+            pool,
             model_id=served_model_id(config),
             cache=response_cache,
             on_call=on_call,
@@ -134,17 +119,46 @@ def open_llm(
         )
 
 
-def endpoint_pool(config: LLMConfig) -> EndpointPool:
-    """The pool over `config.urls`: one backend per server, each starting at llm.max_concurrency in flight."""
+def endpoint_pool(
+    config: LLMConfig,
+    urls: Sequence[str],
+    *,
+    seeds: bool = True,
+    on_server_call: Callable[[ServerCall], None] | None = None,
+) -> EndpointPool:
+    """The pool over `urls`, serving `config.served_model_name`: one backend and one `server_limit` per server."""
     endpoints = []
-    for url in config.urls:
+    for url in urls:
         is_vllm = check_external_server(url) is not None
-        backend = OpenAIChatModel(url, config.served_model_name, timeout_s=config.request_timeout_s, tokenize=is_vllm)
-        limit = InFlightLimit(
-            config.max_concurrency, high=config.max_in_flight_per_server, fixed=not config.adaptive_concurrency
+        backend = OpenAIChatModel(
+            url, config.served_model_name, timeout_s=config.request_timeout_s, tokenize=is_vllm, seeds=seeds
         )
-        endpoints.append(Endpoint(url=url, backend=backend, limit=limit))
-    return EndpointPool(endpoints)
+        endpoints.append(Endpoint(url=url, backend=backend, limit=server_limit(config, url)))
+    return EndpointPool(endpoints, on_server_call=on_server_call)
+
+
+def over_pool(config: LLMConfig, pool: EndpointPool) -> LLMConfig:
+    """`config` for the client over `pool`. The pool paces each server; the client's bound only keeps the total
+    within what they can take, and its timeout spans queueing for a free server and re-routes (each attempt
+    has llm.request_timeout_s)."""
+    whole = {
+        "max_concurrency": pool.capacity,
+        "request_timeout_s": config.request_timeout_s * (len(pool.endpoints) + 1),
+    }
+    return config.model_copy(update=whole)
+
+
+def server_limit(config: LLMConfig, url: str) -> InFlightLimit:
+    """The in-flight limit of the server at `url`: it starts at llm.max_concurrency and, with
+    llm.adaptive_concurrency, moves by the throughput it answers with, up to llm.max_in_flight_per_server and
+    what its KV cache holds if it reports that (vLLM's /metrics); fixed at llm.max_concurrency otherwise."""
+    kv_tokens = kv_cache_tokens(url) if config.adaptive_concurrency else None
+    return InFlightLimit(
+        config.max_concurrency,
+        high=config.max_in_flight_per_server,
+        fixed=not config.adaptive_concurrency,
+        kv_tokens=kv_tokens,
+    )
 
 
 def client_for(

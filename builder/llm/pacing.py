@@ -5,8 +5,11 @@ made 0.72 of the best), above it requests only queue for the KV cache and wait l
 after each window of answered requests it compares the window's completion tokens/s with the previous window's
 and keeps moving the limit the way that helped and turns round when it hurt. A change within the noise means the
 knee is passed: a server whose KV cache is full queues what it cannot batch, so more in flight stops paying; the
-limit goes back to the smaller value, which did as well, and stays until the throughput changes. `high` is the
-hard ceiling.
+limit goes back to the smaller value, which did as well, and stays until the throughput changes.
+
+Two ceilings bound it: `high` (llm.max_in_flight_per_server) and, when the server reports the size of its KV
+cache (`kv_tokens`, from vLLM's /metrics), as many requests as the cache holds at the mean size (prompt +
+completion) of the requests answered so far: beyond that vLLM preempts or queues, so more in flight cannot help.
 
 Only windows in which the limit was reached count: a server offered fewer requests than its limit answers with
 the demand's throughput, which says nothing about a higher limit.
@@ -40,6 +43,7 @@ class InFlightLimit:
         low: int = 1,
         high: int = 256,
         fixed: bool = False,
+        kv_tokens: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not low <= start <= high:
@@ -48,6 +52,9 @@ class InFlightLimit:
         self.low = low
         self.high = high
         self.fixed = fixed
+        self.kv_tokens = kv_tokens
+        self._request_tokens = 0  # prompt + completion tokens of every answered request, for their mean size
+        self._requests = 0
         self._clock = clock
         self._direction = 1
         self._previous: float | None = None  # tokens/s of the last window that counted
@@ -57,7 +64,18 @@ class InFlightLimit:
     def started(self, in_flight: int) -> None:
         self._saturated = self._saturated or in_flight >= self.current
 
-    def answered(self, completion_tokens: int) -> None:
+    @property
+    def ceiling(self) -> int:
+        """The most the limit may reach now: `high`, or fewer when that many requests of the mean size seen so
+        far would not fit the server's KV cache."""
+        if self.kv_tokens is None or not self._requests:
+            return self.high
+        fits = self.kv_tokens * self._requests // max(1, self._request_tokens)
+        return max(self.low, min(self.high, fits))
+
+    def answered(self, completion_tokens: int, prompt_tokens: int = 0) -> None:
+        self._request_tokens += prompt_tokens + completion_tokens
+        self._requests += 1
         self._tokens += completion_tokens
         self._answers += 1
         elapsed = self._clock() - self._start
@@ -66,6 +84,7 @@ class InFlightLimit:
         rate = self._tokens / elapsed
         if self._saturated and not self.fixed:
             self._step(rate)
+            self.current = min(self.current, self.ceiling)  # requests grew: fewer fit the cache
         self._reset()
 
     def _step(self, rate: float) -> None:
@@ -82,7 +101,7 @@ class InFlightLimit:
         factor = GROWTH if self._direction > 0 else SHRINK
         moved = math.ceil(self.current * factor) if self._direction > 0 else math.floor(self.current * factor)
         self._before = self.current
-        self.current = max(self.low, min(self.high, moved))
+        self.current = max(self.low, min(self.ceiling, moved))
 
     def _reset(self) -> None:
         self._start = self._clock()

@@ -6,7 +6,12 @@ waits when every server is at its limit. A server that fails a request (connecti
 5xx: a `TransientLLMError`) is taken out of rotation and the request is sent to another at once, so a server
 that dies mid-run loses none of its requests. A server out of rotation is probed (`GET …/v1/models`, which
 every OpenAI-compatible server answers) at most every `probe_interval_s` and comes back when it answers. Only
-when every server has failed the request does it fail, with `TransientLLMError`, for the client's backoff.
+when every server has failed the request does it fail, with `TransientLLMError`, for the client's backoff. The
+last server in rotation stays in it whatever it answers: with nothing else to try, the client's backoff paces
+the retries, as with one server (`llm.url` and the managed server are a pool of one).
+
+Every attempt on a server is reported to `on_server_call` (a `ServerCall`), for per-server figures in the
+stage statistics; the ledger does not see them (a re-routed request is one call there).
 
 The pool sits under `LLMClient`, so the response cache, budgets, retries and the usage ledger do not change: a
 request answered by its second server is one call, with the usage of the reply that came back. A 4xx is the
@@ -22,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.llm.base import ChatModel, ChatRequest, Reply
+from builder.llm.base import ChatModel, ChatRequest, Reply, ServerCall
 from builder.llm.errors import TransientLLMError
 from builder.llm.pacing import InFlightLimit
 
@@ -41,8 +46,9 @@ class Endpoint:
     probed_at: float = float("-inf")
     answered: int = 0
     failed: int = 0
+    prompt_tokens: int = 0
     completion_tokens: int = 0
-    busy_s: float = 0.0  # summed request time, for the mean latency
+    busy_s: float = 0.0  # summed time of the answered requests, for the mean latency
     probing: bool = field(default=False, repr=False)
 
     def load(self) -> float:
@@ -55,6 +61,7 @@ class Endpoint:
             "in_flight_limit": self.limit.current,
             "answered": self.answered,
             "failed": self.failed,
+            "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "mean_latency_s": round(self.busy_s / self.answered, 3) if self.answered else 0.0,
         }
@@ -67,6 +74,7 @@ class EndpointPool:
         endpoints: The servers, each with its own backend and in-flight limit.
         probe_interval_s: Least time between two health probes of a server out of rotation.
         probe_timeout_s: How long a probe may take.
+        on_server_call: Called after every attempt on a server, answered or failed.
         clock: Injected for tests.
     """
 
@@ -76,6 +84,7 @@ class EndpointPool:
         *,
         probe_interval_s: float = 2.0,
         probe_timeout_s: float = 5.0,
+        on_server_call: Callable[[ServerCall], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not endpoints:
@@ -83,6 +92,7 @@ class EndpointPool:
         self.endpoints = list(endpoints)
         self.probe_interval_s = probe_interval_s
         self.probe_timeout_s = probe_timeout_s
+        self.on_server_call = on_server_call
         self._clock = clock
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Condition | None = None
@@ -109,17 +119,29 @@ class EndpointPool:
                 reply = await endpoint.backend.chat(request)
             except TransientLLMError as error:
                 errors.append(str(error))
+                self._report(ServerCall(url=endpoint.url, ok=False, latency_s=self._clock() - start))
                 await self._failed(endpoint, error)
                 continue
             finally:
                 await self._release(endpoint)
+            usage = reply.usage
+            elapsed = self._clock() - start
             endpoint.answered += 1
-            endpoint.completion_tokens += reply.usage.completion_tokens
-            endpoint.busy_s += self._clock() - start
-            endpoint.limit.answered(reply.usage.completion_tokens)
+            endpoint.prompt_tokens += usage.prompt_tokens
+            endpoint.completion_tokens += usage.completion_tokens
+            endpoint.busy_s += elapsed
+            endpoint.limit.answered(usage.completion_tokens, usage.prompt_tokens)
+            self._report(
+                ServerCall(
+                    url=endpoint.url,
+                    prompt_tokens=usage.prompt_tokens,
+                    completion_tokens=usage.completion_tokens,
+                    latency_s=elapsed,
+                )
+            )
             return reply
-        detail = "; ".join(errors) if errors else "none is in rotation"
-        raise TransientLLMError(f"no server of {len(self.endpoints)} answered: {detail}")
+        # Never empty: the last server in rotation stays in it, so every request is tried somewhere.
+        raise TransientLLMError(f"no server of {len(self.endpoints)} answered: {'; '.join(errors)}")
 
     async def count_prompt_tokens(self, request: ChatRequest) -> int | None:
         """The prompt's size as the least loaded server in rotation counts it (None: it cannot tell)."""
@@ -138,7 +160,7 @@ class EndpointPool:
                 await close()
 
     def summary(self) -> list[dict[str, Any]]:
-        """Per server: in rotation or not, its current in-flight limit, requests answered and failed."""
+        """Per server: in rotation or not, its current in-flight limit, requests answered and failed, tokens."""
         return [endpoint.summary() for endpoint in self.endpoints]
 
     async def _acquire(self, tried: set[Endpoint]) -> Endpoint | None:
@@ -164,8 +186,14 @@ class EndpointPool:
             endpoint.in_flight -= 1
             changed.notify_all()
 
+    def _report(self, call: ServerCall) -> None:
+        if self.on_server_call is not None:
+            self.on_server_call(call)
+
     async def _failed(self, endpoint: Endpoint, error: TransientLLMError) -> None:
         endpoint.failed += 1
+        if not any(other.up for other in self.endpoints if other is not endpoint):
+            return  # the last in rotation stays: the client's backoff paces its retries
         if endpoint.up:
             logger.warning("model server %s is out of rotation: %s", endpoint.url, error)
         endpoint.up = False

@@ -108,6 +108,31 @@ def check_external_server(url: str) -> str | None:
     return version
 
 
+_CACHE_CONFIG = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def kv_cache_tokens(url: str) -> int | None:
+    """The tokens the KV cache of the vLLM server at `url` holds, from the `vllm:cache_config_info` gauge of its
+    `/metrics` (`kv_cache_size_tokens`, else `num_gpu_blocks` x `block_size`); None when it reports none."""
+    try:
+        answer = httpx.get(f"{server_root(url)}/metrics", timeout=5.0)
+    except httpx.HTTPError:
+        return None
+    found = _CACHE_CONFIG.search(answer.text) if answer.status_code == 200 else None
+    if found is None:
+        return None
+    labels = dict(_LABEL.findall(found["labels"]))
+    for value in (labels.get("kv_cache_size_tokens"), _product(labels.get("num_gpu_blocks"), labels.get("block_size"))):
+        if value is not None and value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
+
+
+def _product(left: str | None, right: str | None) -> str | None:
+    return str(int(left) * int(right)) if left and right and left.isdigit() and right.isdigit() else None
+
+
 def context_limit(model: str) -> int | None:
     """The longest context the model's config.json allows (`max_position_embeddings`), for a local folder or a
     Hub id in the local cache; None if unknown, or if the config scales RoPE (vLLM then derives a longer one)."""

@@ -43,6 +43,8 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "scenario_id": "`scenario-<16 hex>`: hash of env_id, initial state, now, task and mode",
         "env_id": "the environment this scenario runs in",
         "mode": "`non_conversational` (the whole task up front) or `conversational` (a simulated user)",
+        "method": "`llm` (the model wrote state, task, checks and gold) or `graph` (a tool chain sampled along the "
+        "environment's tool graph is the gold, the checks are derived from its state diff, the model wrote the task)",
         "task": "what the user wants done",
         "initial_state": "JSON: attribute name → value, applied to a fresh environment instance",
         "now": "the scenario's current date-time, ISO 8601 local time without a zone: the sandbox's clock reads it "

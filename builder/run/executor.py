@@ -5,6 +5,10 @@ A stage reads the kept records of the stage before it and writes `<stage>.parque
 concurrently; each finished input is appended to `<stage>.journal.jsonl` at once, so after a crash or `kill -9`
 a rerun redoes only the inputs that were in flight. Batch stages (de-duplication, splits) see all inputs at once
 and rerun whole when their inputs change.
+
+Where an item stage's inputs run is the item runner's business (`local_items`: here, as asyncio tasks;
+`ray_executor.RayItems`: on Ray actors); whichever it is, this module journals what it yields, so both executors
+share one data path.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +51,11 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
+# Works through a stage's pending inputs and yields each input's id with its results as soon as it is done; the
+# executor journals what it yields, whichever runner made it (`local_items`, or `ray_executor.RayItems`).
+ItemRunner = Callable[[ItemStage, list[Record], StageContext], AsyncIterator[tuple[str, Sequence[Record]]]]
+
+
 async def run_stages(
     stages: Sequence[Stage],
     config: BuildConfig,
@@ -56,6 +66,7 @@ async def run_stages(
     llm: Callable[[StageStats], Any] | None = None,
     rl_agent: Callable[[StageStats], Any] | None = None,
     sandbox: Callable[[], Any] | None = None,
+    items: ItemRunner | None = None,
 ) -> dict[str, StageStats]:
     """Run `stages` in order over `run_dir`, resuming finished work; returns the stats of every stage run.
 
@@ -65,6 +76,8 @@ async def run_stages(
         llm: makes the model client of a stage from its stats (so calls are counted per stage).
         rl_agent: likewise for the RL agent's model (`rollout.rl_agent_model`), if the run has one.
         sandbox: returns the sandbox runtime shared by all stages (started on first use).
+        items: runs the pending inputs of an item stage (default `local_items`: in this process); batch stages
+            always run here.
 
     Raises:
         RunError: unknown stage name, config mismatch with the run folder, or missing upstream output.
@@ -98,7 +111,7 @@ async def run_stages(
                 started = time.monotonic()
                 try:
                     if isinstance(stage, ItemStage):
-                        await _run_item_stage(stage, inputs, ctx, folder)
+                        await _run_item_stage(stage, inputs, ctx, folder, items or local_items)
                     else:
                         await _run_batch_stage(stage, inputs, ctx, folder, state)
                     await asyncio.to_thread(_persist, stage, folder, config)
@@ -133,13 +146,34 @@ def _run_totals(all_stats: dict[str, StageStats], config: BuildConfig, digest: s
     return totals
 
 
-async def _run_item_stage(stage: ItemStage, inputs: list[Record], ctx: StageContext, folder: RunFolder) -> None:
+async def local_items(
+    stage: ItemStage, pending: list[Record], ctx: StageContext
+) -> AsyncIterator[tuple[str, Sequence[Record]]]:
+    """The `ItemRunner` of this process: the inputs concurrently (at most the stage's concurrency at once), each
+    yielded with its results as it finishes."""
+    semaphore = asyncio.Semaphore(max(1, stage.concurrency(ctx.config)))
+
+    async def one(item: Record) -> tuple[str, Sequence[Record]]:
+        async with semaphore:
+            return item.id, await call_item(stage, item, ctx)
+
+    tasks = [asyncio.ensure_future(one(item)) for item in pending]
+    try:
+        for finished in asyncio.as_completed(tasks):
+            yield await finished
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _run_item_stage(
+    stage: ItemStage, inputs: list[Record], ctx: StageContext, folder: RunFolder, items: ItemRunner
+) -> None:
     done = folder.done_inputs(stage.name, stage.output)
     pending = [item for item in inputs if item.id not in done]
     ctx.stats.inputs = len(inputs)
     ctx.stats.resumed = len(inputs) - len(pending)
     if pending:
-        semaphore = asyncio.Semaphore(max(1, stage.concurrency(ctx.config)))
         progress = tqdm(
             total=len(pending),
             desc=stage.name,
@@ -148,25 +182,15 @@ async def _run_item_stage(stage: ItemStage, inputs: list[Record], ctx: StageCont
             disable=not sys.stderr.isatty(),
             leave=True,
         )
-
-        async def one(item: Record) -> tuple[Record, Sequence[Record]]:
-            async with semaphore:
-                return item, await _call_item(stage, item, ctx)
-
         with folder.appending(stage.name) as journal, progress:
-            tasks = [asyncio.ensure_future(one(item)) for item in pending]
-            try:
-                for finished in asyncio.as_completed(tasks):
-                    item, results = await finished
-                    folder.append(journal, item.id, results)
+            async with aclosing(items(stage, pending, ctx)) as finished:
+                async for input_id, results in finished:
+                    folder.append(journal, input_id, results)
                     progress.update(1)
-            finally:
-                for task in tasks:
-                    task.cancel()
     folder.compact(stage.name, stage.output)
 
 
-async def _call_item(stage: ItemStage, item: Record, ctx: StageContext) -> Sequence[Record]:
+async def call_item(stage: ItemStage, item: Record, ctx: StageContext) -> Sequence[Record]:
     """Run the stage function on one input; an unexpected exception becomes a rejection, not a crashed run."""
     try:
         results = list(await stage.fn(item, ctx))

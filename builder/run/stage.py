@@ -4,6 +4,7 @@ the two kinds of stage (`ItemStage`, `BatchStage`) the executor runs."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -127,3 +128,19 @@ class BatchStage:
 
 
 Stage = ItemStage | BatchStage
+
+
+@dataclass(frozen=True)
+class StageResources:
+    """What a process that runs stages gives them: makers of the model clients from a stage's stats (so calls
+    are counted per stage), the sandbox opener, and `aclose`, which closes the clients within their event loop."""
+
+    llm: Callable[[StageStats], Any] | None = None
+    rl_agent: Callable[[StageStats], Any] | None = None
+    sandbox: Callable[[], Any] | None = None
+    aclose: Callable[[], Awaitable[None]] | None = None
+
+
+# Opens the resources of a process for `config` and `run_dir`, entering what must be closed into the stack. The Ray
+# executor calls it in each actor, so it must be importable there (a module-level function).
+OpenResources = Callable[[BuildConfig, Path, ExitStack], StageResources]

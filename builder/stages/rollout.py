@@ -26,8 +26,8 @@ from builder.config import BuildConfig, LLMConfig, RolloutConfig
 from builder.envs.lint import ContractError
 from builder.envs.session import Session, SessionError
 from builder.errors import ConfigError, RunError
-from builder.llm import LLMClient, OpenAIChatModel, StageModel
-from builder.llm.connect import client_for, rl_agent_config
+from builder.llm import LLMClient, StageModel
+from builder.llm.connect import client_for, endpoint_pool, over_pool, rl_agent_config
 from builder.prompts import prompt, prompt_version
 from builder.records import Environment, Record, Sampling, Scenario, Trajectory
 from builder.rollout.episode import ENV_ERROR, INFRA_END_REASONS, Episode, Limits, run_episode
@@ -51,21 +51,25 @@ def rollout_concurrency(config: BuildConfig) -> int:
 
 @functools.cache
 def _served_model(llm: LLMConfig, name: str) -> LLMClient:
-    backend = OpenAIChatModel(llm.url or "", name, timeout_s=llm.request_timeout_s)
-    return client_for(llm, backend, model_id=f"{name}@{llm.url}")
+    served = llm.model_copy(update={"served_model_name": name})
+    pool = endpoint_pool(served, llm.urls or (str(llm.url),))
+    return client_for(over_pool(served, pool), pool, model_id=name if llm.urls else f"{name}@{llm.url}")
 
 
 def user_model(ctx: StageContext) -> StageModel:
-    """The user simulator's model: the agent's client, or `rollout.user_model` on the `llm.url` server.
+    """The user simulator's model: the agent's client, or `rollout.user_model` on the `llm.url` (or `llm.urls`)
+    servers, through a pool of its own (paced and routed around failures as the synthesis model's).
 
     Raises:
-        ConfigError: `rollout.user_model` is set without `llm.url` (the managed server serves one model).
+        ConfigError: `rollout.user_model` is set without `llm.url(s)` (the managed server serves one model).
     """
     name = ctx.config.rollout.user_model
     if name is None:
         return ctx.llm
-    if not ctx.config.llm.url:
-        raise ConfigError("rollout.user_model needs llm.url: the managed vLLM server serves only the agent's model")
+    if not (ctx.config.llm.url or ctx.config.llm.urls):
+        raise ConfigError(
+            "rollout.user_model needs llm.url or llm.urls: the managed vLLM server serves only the agent's model"
+        )
     return _served_model(ctx.config.llm, name)
 
 

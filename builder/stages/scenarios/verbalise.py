@@ -80,7 +80,8 @@ def created_values(chain: Chain, now: str) -> list[str]:
     only the system sets, which no user knows before the calls (the scenario's own date-time excepted)."""
     before = _values(chain.initial_state)
     after = _values(chain.final_state) | {s for call in chain.calls for s in _values(call.result)}
-    known = before | {now, now[:10]}
+    states_and_results = (chain.initial_state, chain.final_state, *(call.result for call in chain.calls))
+    known = before | {now, now[:10]} | set().union(*map(_field_names, states_and_results))
     return sorted(value for value in after - known if _ID_LIKE.match(value))
 
 
@@ -148,7 +149,7 @@ async def verbalise(
             try:
                 request = parse_reply(reply.content)
             except ValueError as error:
-                feedback = f"Your reply was not valid: {error}. Answer with the JSON object in a ```json fence."
+                feedback = f"Your reply was not valid: {error}. Answer with the JSON object."
                 return _refused(spent, "request_invalid", str(error), reply.content, feedback)
             problems = leaks(request, created, names)
             reason = "request_leaks"
@@ -229,6 +230,17 @@ async def _chat(ctx: StageContext, env: Environment, request: ChatRequest, spent
 def _refused(spent: Spent, reason: str, detail: str, shown: str | None, feedback: str) -> Refusal:
     spent.refused.append(reason)
     return Refusal(reason, detail[:2000], feedback, shown=shown or "", raw=(shown or "")[:20000])
+
+
+def _field_names(value: Any) -> set[str]:
+    """The keys of a JSON value's objects that are fields, not record keys (a key whose value is an object, which
+    `_values` counts as a value): a result naming a field (`"updated": ["time_slot"]`) names no value."""
+    if isinstance(value, dict):
+        fields = {key for key, item in value.items() if not isinstance(item, dict)}
+        return fields.union(*map(_field_names, value.values()))
+    if isinstance(value, list):
+        return set().union(*map(_field_names, value))
+    return set()
 
 
 def _values(value: Any) -> set[str]:

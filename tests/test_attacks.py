@@ -1,6 +1,10 @@
 """Hostile suite (notes/sandbox.md §4-5): every attack runs as a tool body with the lint bypassed, and each test
 asserts external evidence (no marker file, a listener got nothing, the decoy and the parent live, no process
-survived, no secret leaked) plus that a fresh episode still runs correctly afterwards."""
+survived, no secret leaked) plus that a fresh episode still runs correctly afterwards.
+
+The suite runs twice: once with the interface given by hand (no lint at all) and once through the import path,
+where the lint reads the hostile module under the import contract, refuses nothing and only the sandbox stands
+between the code and the machine."""
 
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ class Listener:
         self.tcp = socket.create_server(("127.0.0.1", 0))
         self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.udp.bind(("127.0.0.1", 0))
-        self.unix_name = f"\0builder-attack-{os.getpid()}"
+        self.unix_name = f"\0builder-attack-{os.getpid()}-{id(self)}"
         self.unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.unix.bind(self.unix_name)
         self.unix.listen()
@@ -64,9 +68,10 @@ class Listener:
             server.close()
 
 
-@pytest.fixture(scope="module")
-def world():
-    """The targets: a shared world-writable folder, listeners, a decoy 'trainer' holding a secret, a forkserver."""
+@pytest.fixture(scope="module", params=["lint_bypassed", "import_contract"])
+def world(request):
+    """The targets: a shared world-writable folder, listeners, a decoy 'trainer' holding a secret, a forkserver;
+    `entry` is how the hostile module reaches the sandbox."""
     os.environ["BUILDER_TEST_SECRET"] = SECRET  # the parent's environment must never reach a worker
     folder = Path(tempfile.mkdtemp(prefix="builder-attack-"))
     folder.chmod(0o777)  # only the sandbox may stop a write here, not file permissions
@@ -82,7 +87,7 @@ def world():
     with Sandbox(FAST, preload=preload) as sandbox:
         yield {
             "sandbox": sandbox, "folder": folder, "decoy": decoy, "listener": listener,
-            "forkserver": forkserver._forkserver._forkserver_address,
+            "forkserver": forkserver._forkserver._forkserver_address, "entry": request.param,
         }  # fmt: skip
     listener.close()
     decoy.kill()
@@ -105,7 +110,13 @@ def attack(world, body: str, state=None):
              "".join(f"        {line}\n" for line in body.splitlines())  # fmt: skip
     tool = {"type": "function", "function": {"name": "go", "description": "",
             "parameters": {"type": "object", "properties": {}, "required": []}}}  # fmt: skip
-    session = Session(world["sandbox"], source, state, interface=EnvInterface(class_name="T", tools=(tool,)))
+    if world["entry"] == "import_contract":
+        interface = inspect_source(source, "import")  # informational lint: it must refuse nothing
+        assert interface.tool_names == ("go",)
+        assert {"import_not_allowed", "missing_docstring"} <= set(interface.warnings)
+    else:
+        interface = EnvInterface(class_name="T", tools=(tool,))
+    session = Session(world["sandbox"], source, state, interface=interface)
     try:
         with ProcessTree(session._worker.pid) as tree:
             return session.call("go"), tree

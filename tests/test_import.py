@@ -70,7 +70,7 @@ def test_envscaler_import_reverifies_and_audits(tmp_path, capsys):
     raising = {(e["scenario"], e["error"].split(":")[0]) for e in audit["raising_checks"]["items"]}
     assert ("env_1_rl-task_2", "raised") in raising  # the check that raises (KeyError on the initial state)
     assert audit["scenarios_whose_checks_cannot_fail"]["items"] == [{"scenario": "env_1_rl-task_3"}]
-    assert audit["lint_problems"]["init_arguments"] == 2 and audit["source"]["revision"].startswith("sha256:")
+    assert audit["lint_problems"]["init_arguments"] == 4 and audit["source"]["revision"].startswith("sha256:")
 
     store = Store(tmp_path / "store")
     envs = {env.provenance.origin.ref: env for env in store.environments()}

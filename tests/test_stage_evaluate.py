@@ -366,7 +366,7 @@ async def test_states_off_the_schema_are_fed_back_then_rejected(tmp_path, sandbo
 
 async def test_states_that_do_not_load_are_rejected(tmp_path):
     huge = {"purpose": "big", "state": {**BANK_STATE, "customers": {"c7": {"name": "x" * 3000, "tier": "a"}}}}
-    with Sandbox(FAST.model_copy(update={"max_result_bytes": 1024})) as small:
+    with Sandbox(FAST.model_copy(update={"max_state_bytes": 1024})) as small:
         ctx = context(tmp_path, scripted(state=huge), small, "llm.structured_retries=0")
         rejected = await rejection(environment("bank"), ctx)
     assert rejected.reason == "no_valid_test_state" and "does not load" in rejected.detail

@@ -18,9 +18,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     check.add_argument("--json", action="store_true", help="print one JSON report")
     add_now_option(check)
     add_config_options(check)
+    _add_contract_option(check)
     check.set_defaults(handler=cmd_env_check)
     schema = env_commands.add_parser("schema", help="print the tools as an OpenAI `tools` JSON list")
     schema.add_argument("path", type=Path, metavar="ENV.py")
+    _add_contract_option(schema)
     schema.set_defaults(handler=cmd_env_schema)
     graph = env_commands.add_parser("graph", help="print the tool dependency graph (data and state edges)")
     graph.add_argument("path", type=Path, metavar="ENV.py")
@@ -30,6 +32,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     form.add_argument("--dot", action="store_const", dest="form", const="dot", help="print Graphviz DOT")
     add_now_option(graph)
     add_config_options(graph)
+    _add_contract_option(graph)
     graph.set_defaults(handler=cmd_env_graph, form="text")
     replay = env_commands.add_parser("replay", help="run a list of calls from a state, then optional checks")
     replay.add_argument("path", type=Path, metavar="ENV.py")
@@ -39,7 +42,16 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     replay.add_argument("--json", action="store_true", help="print one JSON object")
     add_now_option(replay)
     add_config_options(replay)
+    _add_contract_option(replay)
     replay.set_defaults(handler=cmd_env_replay)
+
+
+def _add_contract_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--contract", choices=("strict", "import"), default="strict",
+        help="strict (generated code, the default): any lint problem refuses the file; import (someone else's "
+        "class): lint problems are counted warnings and the sandbox is the boundary",
+    )  # fmt: skip
 
 
 def add_now_option(parser: argparse.ArgumentParser) -> None:
@@ -66,23 +78,25 @@ def cmd_env_check(args: argparse.Namespace) -> int:
     from builder.envs.commands import env_check
 
     sandbox_config = config_of(args).sandbox
-    return env_check(args.path, args.state, args.json, sandbox_config, now=args.now)
+    return env_check(args.path, args.state, args.json, sandbox_config, now=args.now, contract=args.contract)
 
 
 def cmd_env_schema(args: argparse.Namespace) -> int:
     from builder.envs.commands import env_schema
 
-    return env_schema(args.path)
+    return env_schema(args.path, contract=args.contract)
 
 
 def cmd_env_graph(args: argparse.Namespace) -> int:
     from builder.envs.commands import env_graph
 
-    return env_graph(args.path, args.state, args.form, config_of(args).sandbox, now=args.now)
+    return env_graph(args.path, args.state, args.form, config_of(args).sandbox, now=args.now, contract=args.contract)
 
 
 def cmd_env_replay(args: argparse.Namespace) -> int:
     from builder.envs.commands import env_replay
 
     sandbox_config = config_of(args).sandbox
-    return env_replay(args.path, args.state, args.calls, args.checks, args.json, sandbox_config, now=args.now)
+    return env_replay(
+        args.path, args.state, args.calls, args.checks, args.json, sandbox_config, now=args.now, contract=args.contract
+    )

@@ -136,16 +136,20 @@ class SandboxConfig(Section):
     kill_grace_s: float = Field(
         1.0, gt=0, description="Extra time after the soft deadline before the parent SIGKILLs the worker."
     )
-    memory_mb: int = Field(512, ge=64, description="Address-space limit of a sandbox process.")
+    memory_mb: int = Field(
+        1024, ge=64, description="Address-space limit of a sandbox process (a 50 MB JSON state needs about 700)."
+    )
     cpu_s: int = Field(
         600, ge=1, description="CPU seconds a sandbox process may use over its whole life (one episode)."
     )
-    max_result_bytes: int = Field(
-        1 << 20, ge=1024, description="Largest JSON text a tool result or a state snapshot may have."
+    max_result_bytes: int = Field(1 << 20, ge=1024, description="Largest JSON text a tool result may have.")
+    max_state_bytes: int = Field(
+        128 << 20, ge=1024, description="Largest JSON text a state snapshot may have (states of tens of MB are normal)."
     )
     max_frame_bytes: int = Field(
-        4 << 20, ge=4096, description="Largest frame either side accepts; a bigger one kills the worker."
-    )
+        160 << 20, ge=4096,
+        description="Largest frame either side accepts (a state travels in one); a bigger one kills the worker.",
+    )  # fmt: skip
     network_namespace: bool = Field(
         True, description="Also move the zygote into an empty network namespace when the machine allows it."
     )

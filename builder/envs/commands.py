@@ -1,4 +1,8 @@
-"""The `builder env` subcommands as plain functions: parsed values in, printed report out, exit code back."""
+"""The `builder env` subcommands as plain functions: parsed values in, printed report out, exit code back.
+
+Each takes the `contract` the file is read under (envs/lint.py): `strict` refuses any lint problem, `import`
+prints the problems as counted warnings (on stderr, or in the JSON report) and carries on in the sandbox.
+"""
 
 from __future__ import annotations
 
@@ -10,22 +14,25 @@ from typing import Any, TextIO
 from builder.config import SandboxConfig
 from builder.envs.checks import checks_from_file, run_checks
 from builder.envs.graph import extract_graph
-from builder.envs.lint import ContractError
+from builder.envs.lint import Contract, ContractError, Problem, problem_counts
 from builder.envs.probe import probe_environment
-from builder.envs.schema import inspect_source, tools_json
+from builder.envs.schema import EnvInterface, inspect_source, tools_json
 from builder.envs.session import Session, SessionError
 from builder.errors import BuilderError
 from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW
 
 
-def env_schema(path: Path, out: TextIO = sys.stdout) -> int:
-    """Print the environment's tools as an OpenAI `tools` JSON list. Exit 1 if it violates the contract."""
+def env_schema(path: Path, out: TextIO | None = None, contract: Contract = "strict") -> int:
+    """Print the environment's tools as an OpenAI `tools` JSON list. Exit 1 if `contract` refuses the module.
+    `out` defaults to the `sys.stdout` of the call."""
+    out = out or sys.stdout
     try:
-        interface = inspect_source(_read(path))
+        interface = inspect_source(_read(path), contract)
     except ContractError as error:
         print(str(error), file=sys.stderr)
         return 1
+    _print_warnings(interface)
     print(tools_json(interface), file=out)
     return 0
 
@@ -33,16 +40,22 @@ def env_schema(path: Path, out: TextIO = sys.stdout) -> int:
 def env_check(
     path: Path, state_path: Path | None = None, as_json: bool = False,
     config: SandboxConfig | None = None, out: TextIO = sys.stdout, now: str = DEFAULT_NOW,
+    contract: Contract = "strict",
 ) -> int:  # fmt: skip
-    """Lint, load, call every tool twice from the same state at `now`; exit 1 if any problem was found."""
+    """Lint, load, call every tool twice from the same state at `now`; exit 1 if any problem was found (under
+    import: any runtime problem, or a module with no single class)."""
     source = _read(path)
     state = _read_json(state_path) if state_path else None
     with Sandbox(config) as sandbox:
-        problems, results = probe_environment(sandbox, source, state, now)
+        problems, results = probe_environment(sandbox, source, state, now, contract)
+    warnings = _warnings(source, contract)
     if as_json:
         report = {
             "ok": not problems,
+            "contract": contract,
             "problems": [p.model_dump() for p in problems],
+            "warnings": [p.model_dump() for p in warnings],
+            "warning_counts": problem_counts(warnings),
             "calls": [r.model_dump() for r in results],
         }
         print(json.dumps(report, indent=2, ensure_ascii=False), file=out)
@@ -51,22 +64,26 @@ def env_check(
             print(f"{result.name}: {_short(result.content())}", file=out)
         for problem in problems:
             print(str(problem), file=out)
-        print(f"{path}: {'ok' if not problems else f'{len(problems)} problem(s)'}", file=out)
+        for warning in warnings:
+            print(f"warning: {warning}", file=out)
+        counted = f", {len(warnings)} warning(s)" if warnings else ""
+        print(f"{path}: {'ok' if not problems else f'{len(problems)} problem(s)'}{counted}", file=out)
     return 1 if problems else 0
 
 
 def env_graph(
     path: Path, state_path: Path | None = None, form: str = "text",
     config: SandboxConfig | None = None, out: TextIO | None = None, now: str = DEFAULT_NOW,
+    contract: Contract = "strict",
 ) -> int:  # fmt: skip
-    """Print the tool dependency graph from STATE (default: `__init__`'s) as text, JSON or DOT; exit 1 if the
-    environment violates the contract or does not load. `out` defaults to the `sys.stdout` of the call."""
+    """Print the tool dependency graph from STATE (default: `__init__`'s) as text, JSON or DOT; exit 1 if
+    `contract` refuses the module or it does not load. `out` defaults to the `sys.stdout` of the call."""
     out = out or sys.stdout
     source = _read(path)
     state = _read_json(state_path) if state_path else None
     try:
         with Sandbox(config) as sandbox:
-            graph = extract_graph(sandbox, source, state, now=now)
+            graph = extract_graph(sandbox, source, state, now=now, contract=contract)
     except (ContractError, SessionError) as error:
         print(str(error), file=sys.stderr)
         return 1
@@ -93,16 +110,17 @@ def env_graph(
 def env_replay(
     path: Path, state_path: Path, calls_path: Path, checks_path: Path | None = None, as_json: bool = False,
     config: SandboxConfig | None = None, out: TextIO = sys.stdout, now: str = DEFAULT_NOW,
+    contract: Contract = "strict",
 ) -> int:  # fmt: skip
     """Run CALLS in one session from STATE at `now`, then optional checks (at `now` too); exit 1 if the
-    environment cannot load."""
+    environment cannot load (or `contract` refuses it)."""
     source, state, calls = _read(path), _read_json(state_path), _read_json(calls_path)
     if not isinstance(calls, list) or not all(isinstance(c, dict) and "name" in c for c in calls):
         raise BuilderError(f"{calls_path}: expected a JSON list of {{'name': ..., 'arguments': {{...}}}}")
     report: dict[str, Any] = {"results": []}
     with Sandbox(config) as sandbox:
         try:
-            with Session(sandbox, source, state, now=now) as session:
+            with Session(sandbox, source, state, now=now, contract=contract) as session:
                 initial = session.snapshot()
                 for call in calls:
                     result = session.call(call["name"], call.get("arguments", {}))
@@ -135,6 +153,22 @@ def _print_replay(report: dict[str, Any], as_json: bool, out: TextIO) -> None:
         print(f"{check['name']}: {verdict}", file=out)
     if "reward" in report:
         print(f"reward: {report['reward']:.3f}", file=out)
+
+
+def _warnings(source: str, contract: Contract) -> list[Problem]:
+    """The lint problems `contract` reports as information (none under strict, which refuses them)."""
+    try:
+        return list(inspect_source(source, contract).problems)
+    except ContractError:
+        return []
+
+
+def _print_warnings(interface: EnvInterface) -> None:
+    for warning in interface.problems:
+        print(f"warning: {warning}", file=sys.stderr)
+    if interface.problems:
+        counts = ", ".join(f"{code} {count}" for code, count in interface.warnings.items())
+        print(f"{len(interface.problems)} warning(s) under the import contract: {counts}", file=sys.stderr)
 
 
 def _short(text: str, limit: int = 300) -> str:

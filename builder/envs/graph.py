@@ -17,10 +17,11 @@ from __future__ import annotations
 import ast
 from typing import Any, Literal
 
+from builder.envs.lint import Contract
 from builder.envs.probe import generate_arguments
 from builder.envs.schema import inspect_source
 from builder.envs.session import Session, SessionError, ToolResult
-from builder.envs.signatures import tool_methods
+from builder.envs.signatures import environment_class, tool_methods
 from builder.frozen import Frozen
 from builder.pyast import parse
 from builder.sandbox.runtime import Sandbox
@@ -97,7 +98,9 @@ def state_access(code: str) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]
     (`account = self.accounts[i]; account["balance"] -= x`): a heuristic that errs on yes. Private helpers the
     tool calls (`self._helper()`, transitively) count as the tool's own code.
     """
-    cls = next(node for node in parse(code).body if isinstance(node, ast.ClassDef))
+    cls = environment_class(parse(code))
+    if cls is None:
+        return {}
     methods = {node.name: node for node in cls.body if isinstance(node, ast.FunctionDef)}
     access = {}
     for tool in tool_methods(cls):
@@ -171,12 +174,13 @@ def _bound_from(node: ast.Assign | ast.For) -> ast.expr:
 def extract_graph(
     sandbox: Sandbox, code: str, state: dict[str, Any] | None = None,
     *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED, max_probes: int = MAX_PROBES,
+    contract: Contract = "strict",
 ) -> ToolGraph:  # fmt: skip
     """The dependency graph of `code` from `state` (default: what `__init__` builds) at `now` and `seed`.
 
-    Raises ContractError (the code violates the contract) or SessionError (it does not load).
+    Raises ContractError (the code violates `contract`) or SessionError (it does not load).
     """
-    interface = inspect_source(code)
+    interface = inspect_source(code, contract)
     access = state_access(code)
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in interface.tools}
     nodes = tuple(

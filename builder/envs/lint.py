@@ -3,6 +3,11 @@
 The lint never executes the code. It is a pre-flight filter that gives the generating model precise feedback
 (its messages say what to change), not the security boundary: that is the sandbox. Codes are stable strings;
 add new ones, never rename old ones.
+
+Two trust levels (`Contract`) read the same problems differently. `strict` (generated code) refuses a module with
+any problem. `import` (environments someone else wrote: BFCL-style classes, EnvScaler's release) refuses only
+what leaves nothing to load (`STRUCTURAL`: no parse, no class) and reports the rest as information; the
+sandbox, which never trusted the lint, stays the boundary.
 """
 
 from __future__ import annotations
@@ -10,18 +15,16 @@ from __future__ import annotations
 import ast
 import re
 import unicodedata
+from collections import Counter
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from builder.envs.signatures import annotation_schema, parse_docstring, tool_methods, tool_parameters
+from builder.envs.docstrings import parse_docstring
+from builder.envs.signatures import annotation_schema, environment_class, tool_methods, tool_parameters
 from builder.errors import BuilderError
 from builder.pyast import parse
 from builder.sandbox.allowed import ALLOWED_MODULES
-
-# How strictly code is held to the contract: `strict` (generated code) refuses any problem; `import` (code written
-# elsewhere, `python -m builder import`) reports problems for information only. The sandbox is the boundary in both.
-Contract = Literal["strict", "import"]
 
 # code -> what it means (also the README table). Stable: codes are aggregated in stats and fed to models.
 PROBLEM_CODES: dict[str, str] = {
@@ -61,6 +64,12 @@ MODULE_ATTRIBUTES = frozenset(
     "sys os builtins bltns subprocess socket importlib ctypes posix nt io shutil pathlib signal "
     "_os _sys _thread threading multiprocessing pickle marshal gc inspect types code codeop runpy".split()
 )
+# Which trust level the code is read under: `strict` refuses any problem, `import` only the STRUCTURAL ones.
+Contract = Literal["strict", "import"]
+CONTRACTS: tuple[Contract, ...] = ("strict", "import")
+# Without a parsable class with public methods there is nothing to load, whoever wrote the module. (Several
+# classes are fine under import: the environment is the last one, `signatures.environment_class`.)
+STRUCTURAL = frozenset({"syntax", "no_env_class"})
 DUNDER = re.compile(r"__\w+__")
 RESERVED_TOOLS = frozenset({"reset", "get_reward", "close", "step"})
 
@@ -86,6 +95,19 @@ class ContractError(BuilderError):
         self.problems = problems
 
 
+def refused(problems: list[Problem], contract: Contract) -> list[Problem]:
+    """The problems that refuse the module under `contract`: every one under strict, the STRUCTURAL ones under
+    import (the others are information there)."""
+    if contract not in CONTRACTS:
+        raise ValueError(f"unknown contract {contract!r}; expected one of {', '.join(CONTRACTS)}")
+    return list(problems) if contract == "strict" else [p for p in problems if p.code in STRUCTURAL]
+
+
+def problem_counts(problems: list[Problem] | tuple[Problem, ...]) -> dict[str, int]:
+    """How many problems of each code, by code: the counted warnings of an imported module."""
+    return dict(sorted(Counter(p.code for p in problems).items()))
+
+
 def lint(source: str) -> list[Problem]:
     """Every contract violation in `source`, sorted by line. An empty list means the module may be loaded."""
     try:
@@ -94,8 +116,9 @@ def lint(source: str) -> list[Problem]:
         return [Problem(code="syntax", line=error.lineno or 0, message=f"syntax error: {error.msg}")]
     problems = _module_problems(tree) + _expression_problems(tree)
     classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
-    if len(classes) == 1:
-        problems += _class_problems(classes[0])
+    env = classes[0] if len(classes) == 1 else environment_class(tree)
+    if env is not None:
+        problems += _class_problems(env)
     unique = {(p.line, p.code, p.message): p for p in problems}
     return [unique[key] for key in sorted(unique)]
 
@@ -155,7 +178,7 @@ def _method_problems(method: ast.FunctionDef | ast.AsyncFunctionDef) -> list[Pro
     if method.returns is None:
         problems.append(_problem("missing_type_hint", method, f"{name}: add a return type hint"))
     docstring = ast.get_docstring(method)
-    documented = parse_docstring(docstring or "")[1]
+    documented = parse_docstring(docstring or "").parameters
     if not docstring:
         problems.append(_problem("missing_docstring", method, f"{name}: add a docstring with Args and Returns"))
     for arg, _ in tool_parameters(method):

@@ -45,6 +45,9 @@ def probe_environment(
 ) -> tuple[list[Problem], list[ToolResult]]:  # fmt: skip
     """All problems found (empty: the environment behaves) and the results of the first pass of calls.
 
+    Lint problems count under the strict contract; under import only those that leave nothing to load do (the
+    others are information: `inspect_source(source, "import").problems`), and the runtime problems decide.
+
     Both passes run at the same `now` and seed, so a tool that stamps records with the clock or makes ids with
     `uuid4()` is deterministic; only what the sandbox cannot fix (duration clocks, `SystemRandom`, object ids,
     state kept outside the instance) is reported as `nondeterministic`.

@@ -1,4 +1,4 @@
-"""OpenAI tool schemas derived from an environment's source: signatures, type hints and Google docstrings.
+"""OpenAI tool schemas derived from an environment's source: signatures, type hints and docstrings.
 
 The convention is the one trainers derive from Python methods, `transformers.utils.get_json_schema` (TRL's
 `GRPOTrainer(environment_factory=...)` and `apply_chat_template(tools=[method, ...])` call it): `X | None` is
@@ -13,6 +13,12 @@ Everything is read from the AST, so deriving schemas never runs generated code. 
 same source gives the same schema bytes (`tools_json`). Supported parameter types: str, int, float, bool,
 Any, None, list[X], dict[str, X], tuple[X, ...], tuple[X, Y, ...], Optional[X], X | Y, Union[...],
 Literal[...]; a default makes a parameter optional (`tool_defaults` lists the defaults).
+
+Imported code (`contract="import"`) may lack hints or use types with no schema: a parameter then takes the type
+its docstring names (Google `name (type):`, NumPy `name : type`, reST `:type name:`; envs/docstrings.py), else
+it is unconstrained (`{}`), and the lint problems behind it travel with the interface as counted warnings.
+Async methods and methods named like runtime hooks are never tools (strict refuses them; import leaves them out).
+A module may hold several classes under import: the environment is the last with public methods.
 """
 
 from __future__ import annotations
@@ -24,15 +30,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from builder.envs.lint import Contract, ContractError, Problem, lint
-from builder.envs.signatures import annotation_schema, parse_docstring, tool_methods, tool_parameters
+from builder.envs.docstrings import docstring_type_schema, parse_docstring
+from builder.envs.lint import RESERVED_TOOLS, Contract, ContractError, Problem, lint, problem_counts, refused
+from builder.envs.signatures import annotation_schema, environment_class, tool_methods, tool_parameters
 from builder.pyast import parse
 
-# transformers' get_json_schema rules (chat_template_utils, 5.x): the description is the text before the first
-# Args:/Returns:/Raises:, the return text what follows `Returns:` up to `Raises:`, and an argument text ending in
-# `(choices: [...])` becomes an enum.
-DESCRIPTION = re.compile(r"^(.*?)[\n\s]*(Args:|Returns:|Raises:|\Z)", re.DOTALL)
-RETURNS = re.compile(r"\n\s*Returns:\n\s*(.*?)[\n\s]*(Raises:|\Z)", re.DOTALL)
+# transformers' get_json_schema rule: an argument text ending in `(choices: [...])` becomes an enum.
 CHOICES = re.compile(r"\(choices:\s*(.*?)\)\s*$", re.IGNORECASE)
 
 
@@ -43,6 +46,13 @@ class EnvInterface(BaseModel):
 
     class_name: str
     tools: tuple[dict[str, Any], ...]
+    contract: Contract = "strict"
+    problems: tuple[Problem, ...] = ()  # under import: the lint problems, as information
+
+    @property
+    def warnings(self) -> dict[str, int]:
+        """The lint problems under import, counted by code (empty under strict, which refuses them)."""
+        return problem_counts(self.problems)
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -51,29 +61,19 @@ class EnvInterface(BaseModel):
 
 
 def inspect_source(source: str, contract: Contract = "strict") -> EnvInterface:
-    """Lint `source` and derive its interface; raises ContractError listing every problem.
-
-    Under the `import` contract lint problems are not refused; only a module that does not parse or has no class
-    with tools is. The environment is then the last top-level class with public methods (EnvScaler's modules put
-    TypedDicts first, BFCL's helper classes come before the API class), and a hint without a JSON schema is an
-    unconstrained parameter.
-    """
-    if contract == "strict":
-        problems = lint(source)
-        if problems:
-            raise ContractError(problems)
-        cls = next(node for node in parse(source).body if isinstance(node, ast.ClassDef))
-    else:
-        try:
-            tree = parse(source)
-        except SyntaxError as error:
-            problem = Problem(code="syntax", line=error.lineno or 0, message=f"syntax error: {error.msg}")
-            raise ContractError([problem]) from None
-        classes = [node for node in tree.body if isinstance(node, ast.ClassDef) and tool_methods(node)]
-        if not classes:
-            raise ContractError([Problem(code="no_env_class", line=0, message="no class with public methods")])
-        cls = classes[-1]
-    return EnvInterface(class_name=cls.name, tools=tuple(tool_schema(method) for method in tool_methods(cls)))
+    """Lint `source` and derive its interface. Raises ContractError listing the problems `contract` refuses: every
+    one under strict; under import only a module that does not parse or has no class with public methods (the
+    others are the interface's `problems`; the environment is the last such class, `environment_class`)."""
+    problems = lint(source)
+    refusing = refused(problems, contract)
+    if refusing:
+        raise ContractError(refusing)
+    cls = environment_class(parse(source))
+    if cls is None:  # import only (strict refuses `no_tools` first): classes, none of them with public methods
+        raise ContractError([Problem(code="no_env_class", line=0, message="no class with public methods")])
+    methods = [m for m in tool_methods(cls) if isinstance(m, ast.FunctionDef) and m.name not in RESERVED_TOOLS]
+    tools = tuple(tool_schema(method) for method in methods)
+    return EnvInterface(class_name=cls.name, tools=tools, contract=contract, problems=tuple(problems))
 
 
 def tools_json(interface: EnvInterface) -> str:
@@ -82,30 +82,36 @@ def tools_json(interface: EnvInterface) -> str:
 
 
 def tool_schema(method: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, Any]:
-    """The function schema of one (contract-clean) method, as `transformers.utils.get_json_schema` gives it."""
+    """The function schema of one method, as `transformers.utils.get_json_schema` gives it for contract-clean code."""
     docstring = (ast.get_docstring(method) or "").strip()
-    descriptions = parse_docstring(docstring)[1]
+    doc = parse_docstring(docstring)
     properties: dict[str, Any] = {}
     required: list[str] = []
     for arg, default in tool_parameters(method):
-        try:
-            schema = annotation_schema(arg.annotation) if arg.annotation is not None else {}
-        except ValueError:  # only imported code gets here (the strict lint refuses such hints first)
-            schema = {}
-        if arg.arg in descriptions:
-            schema = _described(schema, descriptions[arg.arg])
+        documented = doc.parameters.get(arg.arg)
+        schema = _parameter_schema(arg.annotation, documented.type if documented else None)
+        if documented is not None:
+            schema = _described(schema, documented.description)
         if default is None:
             required.append(arg.arg)
         properties[arg.arg] = schema
     parameters: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
         parameters["required"] = required
-    summary = DESCRIPTION.match(docstring)
-    function = {"name": method.name, "description": summary.group(1).strip() if summary else "",
-                "parameters": parameters}  # fmt: skip
+    function = {"name": method.name, "description": doc.description, "parameters": parameters}
     if method.returns is not None:
-        function["return"] = _return_schema(method.returns, RETURNS.search(docstring))
+        function["return"] = _return_schema(method.returns, doc.returns)
     return {"type": "function", "function": function}
+
+
+def _parameter_schema(annotation: ast.expr | None, documented_type: str | None) -> dict[str, Any]:
+    """The hint's schema; without a usable hint (only imported code gets here) the docstring's type, else `{}`."""
+    if annotation is not None:
+        try:
+            return annotation_schema(annotation)
+        except (ValueError, SyntaxError):
+            pass
+    return docstring_type_schema(documented_type) or {}
 
 
 def _described(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -121,9 +127,9 @@ def _described(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {**schema, "description": description}
 
 
-def _return_schema(annotation: ast.expr, returns: re.Match[str] | None) -> dict[str, Any]:
+def _return_schema(annotation: ast.expr, returns: str | None) -> dict[str, Any]:
     try:
         schema = annotation_schema(annotation)
-    except ValueError:  # transformers calls a class it does not know an object
+    except (ValueError, SyntaxError):  # transformers calls a class it does not know an object
         schema = {"type": "object"}
-    return {**schema, "description": returns.group(1).strip()} if returns else schema
+    return {**schema, "description": returns} if returns is not None else schema

@@ -21,6 +21,7 @@ from builder.envs.lint import Contract
 from builder.envs.schema import EnvInterface, inspect_source
 from builder.envs.validate import argument_error
 from builder.errors import BuilderError
+from builder.sandbox.frames import quiet_collector
 from builder.sandbox.runtime import Sandbox, Worker, WorkerFailure
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED, parse_now
 
@@ -59,11 +60,14 @@ class Session:
         sandbox: the runtime that forks workers.
         source: the environment module's code (linted and inspected here, never run in this process).
         state: the initial state: attribute name -> JSON value, set on an instance created with no arguments.
-        interface: the result of `inspect_source(source)` when the caller already has it.
+            Under the import contract a class with BFCL's `_load_scenario(scenario)` is first given the state
+            through it (so it fills its own defaults), then the state's attributes are set as given.
+        interface: the result of `inspect_source(source, contract)` when the caller already has it (its
+            `contract` then decides).
+        contract: the trust level `source` is inspected under when no interface is given (envs/lint.py).
         now: the episode's date-time, ISO 8601 naive local time (`2024-06-01T09:00:00`): what the environment's
             clock reads, frozen, for the whole session.
         seed: seeds `random` and `uuid` inside the worker.
-        contract: how strictly the source is linted before it is read (`builder.envs.lint.Contract`).
 
     Raises:
         ValueError: `now` is not an ISO 8601 naive date-time.
@@ -97,6 +101,7 @@ class Session:
         load = {
             "op": "load", "code": self.source, "class_name": self.interface.class_name,
             "state": self.initial_state, "tools": list(self._schemas), "now": self.now, "seed": self.seed,
+            "load_scenario": self.interface.contract == "import",
         }  # fmt: skip
         try:
             reply = worker.request(load)
@@ -187,7 +192,8 @@ def _from_json(text: str) -> Any:
     """Decode the JSON text of a reply. `raw_decode` skips the argument checks and the two whitespace regexes of
     `json.loads` (half its cost on a small result; the worker's encoder emits no whitespace around the value) and
     still reports where the value ended, so trailing data is refused as before."""
-    value, end = _DECODER.raw_decode(text)
+    with quiet_collector(len(text)):
+        value, end = _DECODER.raw_decode(text)
     if end != len(text):
         raise json.JSONDecodeError("Extra data", text, end)
     return value
@@ -200,22 +206,51 @@ def _error(name: str, kind: str, message: str) -> ToolResult:
 def diff_states(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]:
     """Every difference between two JSON snapshots as `{"path", "before", "after"}` (missing side: absent).
 
-    Paths use dots for keys and `[i]` for list items; lists of different length are reported whole.
+    Paths use dots for keys and `[i]` for list items; lists of different length are reported whole. A value of
+    another type is a change even when Python calls it equal (`1` -> `True`, `1` -> `1.0`).
     """
-    if isinstance(before, dict) and isinstance(after, dict):
-        changes: list[dict[str, Any]] = []
-        for key in list(before) + [k for k in after if k not in before]:
-            child = f"{path}.{key}" if path else str(key)
+    changes: list[dict[str, Any]] = []
+    _diff(before, after, [path] if path else [], changes)
+    return changes
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _diff(before: Any, after: Any, parts: list[str | int], changes: list[dict[str, Any]]) -> None:
+    # A state of tens of MB has millions of values: the walk compares scalars inline and builds a path only for a
+    # change (formatting every path it passes cost more than the comparisons).
+    kind = type(before)
+    if kind is dict and type(after) is dict:
+        for key, value in before.items():
             if key not in after:
-                changes.append({"path": child, "before": before[key]})
-            elif key not in before:
-                changes.append({"path": child, "after": after[key]})
-            else:
-                changes += diff_states(before[key], after[key], child)
-        return changes
-    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
-        pairs = enumerate(zip(before, after, strict=True))
-        return [change for i, (b, a) in pairs for change in diff_states(b, a, f"{path}[{i}]")]
-    if type(before) is not type(after) or before != after:
-        return [{"path": path, "before": before, "after": after}]
-    return []
+                changes.append({"path": _path(parts, key), "before": value})
+                continue
+            other = after[key]
+            if type(value) is type(other) and type(value) in _SCALARS:
+                if value != other:
+                    changes.append({"path": _path(parts, key), "before": value, "after": other})
+                continue
+            parts.append(key)
+            _diff(value, other, parts, changes)
+            parts.pop()
+        for key, other in after.items():
+            if key not in before:
+                changes.append({"path": _path(parts, key), "after": other})
+    elif kind is list and type(after) is list and len(before) == len(after):
+        for index, (value, other) in enumerate(zip(before, after, strict=True)):
+            parts.append(index)
+            _diff(value, other, parts, changes)
+            parts.pop()
+    elif kind is not type(after) or before != after:
+        changes.append({"path": _path(parts), "before": before, "after": after})
+
+
+def _path(parts: list[str | int], last: str | None = None) -> str:
+    text = ""
+    for part in parts if last is None else [*parts, last]:
+        if isinstance(part, int):
+            text = f"{text}[{part}]"
+        else:
+            text = f"{text}.{part}" if text else str(part)
+    return text

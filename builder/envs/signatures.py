@@ -1,5 +1,5 @@
-"""How an environment class declares its tools, read from the AST: which methods are tools, their parameters,
-the JSON schema of a type hint and what a Google docstring says about each parameter.
+"""How an environment class declares its tools, read from the AST: which methods are tools, their parameters
+and the JSON schema of a type hint (what the docstring says is read by envs/docstrings.py).
 
 The contract lint checks these declarations (envs/lint.py) and the schema derivation turns them into OpenAI tool
 schemas (envs/schema.py); both read them here, so neither needs the other.
@@ -8,14 +8,21 @@ schemas (envs/schema.py); both read them here, so neither needs the other.
 from __future__ import annotations
 
 import ast
-import re
 from typing import Any
 
 from builder.pyast import parse
 
 JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
-SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Return|Raises|Yields|Examples?|Notes?):\s*$")
-ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
+
+
+def environment_class(tree: ast.Module) -> ast.ClassDef | None:
+    """The environment class of a module: the last top-level class with public methods (None: there is none).
+
+    Generated code has exactly one class (the strict lint refuses more); imported modules put their helpers first
+    (EnvScaler's TypedDicts, BFCL's File and Directory before the API class), so the last one is the environment.
+    """
+    classes = [node for node in tree.body if isinstance(node, ast.ClassDef) and tool_methods(node)]
+    return classes[-1] if classes else None
 
 
 def tool_methods(cls: ast.ClassDef) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
@@ -131,33 +138,9 @@ def _type_name(node: ast.expr) -> str:
     return ""
 
 
-def parse_docstring(docstring: str) -> tuple[str, dict[str, str]]:
-    """Split a Google-style docstring into (description, {parameter: description})."""
-    lines = docstring.expandtabs().splitlines()
-    summary: list[str] = []
-    params: dict[str, str] = {}
-    section, current, indent = None, None, 0
-    for line in lines:
-        header = SECTION.match(line)
-        if header:
-            section, current = header.group(1), None
-            continue
-        if section is None:
-            summary.append(line.strip())
-        elif section in ("Args", "Arguments", "Parameters") and line.strip():
-            width = len(line) - len(line.lstrip())
-            match = ARG_LINE.match(line)
-            if match and (current is None or width <= indent):
-                current, indent = match.group(1).lstrip("*"), width
-                params[current] = match.group(3).strip()
-            elif current is not None:
-                params[current] = f"{params[current]} {line.strip()}".strip()
-    return " ".join(" ".join(summary).split()), params
-
-
 def tool_defaults(source: str) -> dict[str, dict[str, Any]]:
     """`{tool: {parameter: default}}` of the literal defaults in `source` (the schemas do not show them)."""
-    cls = next((node for node in parse(source).body if isinstance(node, ast.ClassDef)), None)
+    cls = environment_class(parse(source))
     found: dict[str, dict[str, Any]] = {}
     for method in tool_methods(cls) if cls is not None else []:
         for arg, default in tool_parameters(method):

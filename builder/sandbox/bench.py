@@ -1,4 +1,5 @@
-"""`builder bench sandbox`: the cost of a sandboxed tool call, an episode start and the checks, measured here."""
+"""`builder bench sandbox`: the cost of a sandboxed tool call, an episode start and the checks, measured here, and
+how load, calls, snapshots and diffs scale with the state (2 KB, 5 MB and 50 MB of JSON by default)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ import json
 import statistics
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 from builder.config import SandboxConfig
 from builder.envs.checks import CheckSpec, run_checks
-from builder.envs.session import Session
+from builder.envs.session import Session, diff_states
 from builder.sandbox.runtime import Sandbox
 
 BENCH_ENV = '''
@@ -32,7 +33,66 @@ class CounterEnv:
         self.value += by
         return self.value
 '''
+SIZED_ENV = '''
+class ShopEnv:
+    """Orders, as many as the benchmark puts in the state."""
+
+    def __init__(self):
+        self.orders = {}
+
+    def set_status(self, order_id: str, status: str) -> dict:
+        """Set one order's status.
+
+        Args:
+            order_id: The order.
+            status: Its new status.
+
+        Returns:
+            The order.
+        """
+        order = self.orders[order_id]
+        order["status"] = status
+        return order
+'''
+SIZES = {"2kb": 2_000, "5mb": 5_000_000, "50mb": 50_000_000}  # label -> JSON bytes of the state
 BENCH_CHECK = "def check(initial_state, final_state):\n    return final_state['value'] > initial_state['value']\n"
+
+
+def sized_state(size: int) -> dict[str, Any]:
+    """A state of about `size` bytes of JSON: orders of a shop, each about 230 bytes (tau-bench's records)."""
+    orders: dict[str, Any] = {}
+    record = 0
+    while record * 230 < size:
+        orders[f"o{record}"] = {
+            "id": f"o{record}", "user": f"u{record % 977}", "status": "pending", "address": "1 Main St, Springfield",
+            "items": [{"sku": f"s{j}", "price": 9.5 + j, "quantity": 1} for j in range(3)],
+        }  # fmt: skip
+        record += 1
+    return {"orders": orders}
+
+
+def run_sized(sizes: dict[str, int], calls: int, config: SandboxConfig | None = None) -> dict[str, float]:
+    """Per state size: load ms (episode start with that state), calls/s of a tool that changes one record,
+    snapshot ms and the diff ms of the snapshots before and after. Keys `<figure>_<label>`."""
+    figures: dict[str, float] = {}
+    with Sandbox(config) as sandbox:
+        for label, size in sizes.items():
+            state = sized_state(size)
+            started = time.perf_counter()
+            with Session(sandbox, SIZED_ENV, state) as session:
+                figures[f"load_ms_{label}"] = round((time.perf_counter() - started) * 1e3, 3)
+                started = time.perf_counter()
+                for call in range(calls):
+                    session.call("set_status", {"order_id": f"o{call % 7}", "status": f"s{call}"})
+                figures[f"calls_per_s_{label}"] = round(calls / (time.perf_counter() - started), 1)
+                started = time.perf_counter()
+                after = session.snapshot()
+                figures[f"snapshot_ms_{label}"] = round((time.perf_counter() - started) * 1e3, 3)
+            started = time.perf_counter()
+            diff_states(state, after)
+            figures[f"diff_ms_{label}"] = round((time.perf_counter() - started) * 1e3, 3)
+            del state, after
+    return figures
 
 
 def run_benchmark(calls: int = 5000, episodes: int = 60, config: SandboxConfig | None = None) -> dict[str, float]:
@@ -78,10 +138,11 @@ def run_benchmark(calls: int = 5000, episodes: int = 60, config: SandboxConfig |
 
 def bench_sandbox(
     as_json: bool = False, config: SandboxConfig | None = None, out: TextIO = sys.stdout,
-    calls: int = 5000, episodes: int = 60,
+    calls: int = 5000, episodes: int = 60, sizes: dict[str, int] | None = None, sized_calls: int = 200,
 ) -> int:  # fmt: skip
     """Print the benchmark (one JSON object with --json); exit 0."""
-    figures = run_benchmark(calls, episodes, config)
+    sizes = SIZES if sizes is None else sizes
+    figures = run_benchmark(calls, episodes, config) | run_sized(sizes, sized_calls, config)
     if as_json:
         print(json.dumps(figures), file=out)
         return 0
@@ -92,4 +153,8 @@ def bench_sandbox(
     print(f"sandboxed calls/s:      {figures['calls_per_s']:.0f} (one caller thread)", file=out)
     print(f"episode start p50:      {figures['episode_start_p50_ms']:.2f} ms", file=out)
     print(f"checks per episode:     {figures['check_ms_per_episode']:.2f} ms (fresh worker)", file=out)
+    for label in sizes:
+        print(f"state {label:>5}: load {figures[f'load_ms_{label}']:.1f} ms, "
+              f"{figures[f'calls_per_s_{label}']:.0f} calls/s, snapshot {figures[f'snapshot_ms_{label}']:.1f} ms, "
+              f"diff {figures[f'diff_ms_{label}']:.1f} ms", file=out)  # fmt: skip
     return 0

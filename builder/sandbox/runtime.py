@@ -117,7 +117,8 @@ class Worker:
                 chunks.append(self._read_some(deadline))
                 received += len(chunks[-1])
             buffer = b"".join(chunks)
-        body, self._buffer = buffer[frames.HEADER.size : end], buffer[end:]
+        # A view, not a slice: a state of tens of MB is not copied once more before it is decoded.
+        body, self._buffer = memoryview(buffer)[frames.HEADER.size : end], buffer[end:]
         try:
             return frames.decode(body)
         except frames.FrameError as error:
@@ -233,6 +234,7 @@ class Sandbox:
             "soft_timeout_s": self.config.call_timeout_s,
             "max_frame_bytes": self.config.max_frame_bytes,
             "max_result_bytes": self.config.max_result_bytes,
+            "max_state_bytes": self.config.max_state_bytes,
             "want_netns": self.config.network_namespace,
             "preload": list(self.preload),
         }

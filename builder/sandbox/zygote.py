@@ -9,6 +9,8 @@ the generated code runs here, so nothing of the parent (pydantic, the store, sec
 from __future__ import annotations
 
 import builtins
+import copy
+import gc
 import importlib
 import inspect
 import json
@@ -157,8 +159,15 @@ class Worker:
         if not isinstance(cls, type):
             return {"ok": False, "kind": "load_failed", "error": f"class {request['class_name']} not defined"}
         self.env = cls()
+        if request.get("load_scenario") and callable(getattr(cls, "_load_scenario", None)):
+            # BFCL's protocol (imported classes only): the class fills its defaults from the scenario itself;
+            # the attributes are still set as given below, so a snapshot loads back to the same state.
+            self.env._load_scenario(copy.deepcopy(request["state"]))
         for key, value in request["state"].items():
             setattr(self.env, key, value)
+        # A state of tens of MB is millions of objects: moved out of the collector's reach once, a tool that
+        # allocates does not make every full collection walk the whole state again (calls stay state-size free).
+        gc.freeze()
         self.tools = {name: getattr(self.env, name) for name in request["tools"]}
         self.signatures = {name: inspect.signature(method) for name, method in self.tools.items()}
         self.keywords = {name: _plain_keywords(signature) for name, signature in self.signatures.items()}
@@ -179,12 +188,17 @@ class Worker:
         return self._as_json(result, "result")
 
     def snapshot(self, request: dict[str, Any]) -> dict[str, Any]:
+        # One encoding of the whole state (the cost of a snapshot is that of its JSON text); only when it fails
+        # are the attributes encoded one by one, to name the one that is not JSON.
         state = dict(vars(self.env)) if self.env is not None else {}
+        reply = self._as_json(state, "state", self.config["max_state_bytes"])
+        if reply["ok"] or reply["kind"] != "not_json":
+            return reply
         for key, value in state.items():
-            reply = self._as_json(value, f"state attribute {key!r}")
-            if not reply["ok"]:
-                return reply | {"kind": "state_not_json"}
-        return self._as_json(state, "state")
+            attribute = self._as_json(value, f"state attribute {key!r}", self.config["max_state_bytes"])
+            if not attribute["ok"]:
+                return attribute | {"kind": "state_not_json"}
+        return reply | {"kind": "state_not_json"}
 
     def check(self, request: dict[str, Any]) -> dict[str, Any]:
         world.begin(request["now"], request["seed"])
@@ -198,13 +212,13 @@ class Worker:
             return {"ok": False, "kind": "not_bool", "error": f"returned {type(verdict).__name__}, not bool"}
         return {"ok": True, "passed": verdict}
 
-    def _as_json(self, value: Any, what: str) -> dict[str, Any]:
+    def _as_json(self, value: Any, what: str, limit: int | None = None) -> dict[str, Any]:
         try:
             text = JSON_ENCODER.encode(value)
         except (TypeError, ValueError) as error:
             return {"ok": False, "kind": "not_json", "error": f"{what} is not JSON: {_describe(error)}"}
-        if len(text) > self.config["max_result_bytes"]:
-            limit = self.config["max_result_bytes"]
+        limit = limit or self.config["max_result_bytes"]
+        if len(text) > limit:
             return {"ok": False, "kind": "too_large", "error": f"{what} is larger than {limit} bytes"}
         return {"ok": True, "json": text}
 

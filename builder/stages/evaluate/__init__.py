@@ -36,7 +36,7 @@ from typing import Any
 
 from builder import __version__
 from builder.envs.graph import ToolGraph, extract_graph
-from builder.envs.lint import ContractError
+from builder.envs.lint import Contract, ContractError
 from builder.envs.schema import EnvInterface
 from builder.envs.session import Session, SessionError
 from builder.envs.state_schema import generated_state_schema
@@ -74,9 +74,10 @@ logger = logging.getLogger(__name__)
 PROMPTS = ("evaluate_state", "evaluate_tester", "evaluate_checker")
 
 
-async def evaluate(env: Environment, ctx: StageContext) -> list[Record]:
-    """The environment accepted (with scores and evidence; the runner upserts it into the store) or a rejection."""
-    env, interface, default_state = await passing_gates(env, ctx)
+async def evaluate(env: Environment, ctx: StageContext, contract: Contract = "strict") -> list[Record]:
+    """The environment accepted (with scores and evidence; the runner upserts it into the store) or a rejection.
+    `contract`: the trust level its code is read under (envs/lint.py; imported environments: "import")."""
+    env, interface, default_state = await passing_gates(env, ctx, contract)
     agents = Agents(ctx.llm, ctx.config.evaluate, retries=ctx.config.llm.structured_retries, seed=ctx.config.run.seed)
     try:
         states, failures = await make_test_states(env, interface, default_state, ctx, agents)
@@ -109,17 +110,17 @@ async def evaluate(env: Environment, ctx: StageContext) -> list[Record]:
             "reason": None,
             "scores": {"dual_agent": evidence.score, "tool_coverage": evidence.tool_coverage},
             "evaluation": evidence,
-            "graph": await asyncio.to_thread(tool_graph, ctx.sandbox, env, states[0]),
+            "graph": await asyncio.to_thread(tool_graph, ctx.sandbox, env, states[0], contract),
         }
     )
     return [accepted]
 
 
-def tool_graph(sandbox: Any, env: Environment, state: TestState) -> ToolGraph | None:
+def tool_graph(sandbox: Any, env: Environment, state: TestState, contract: Contract = "strict") -> ToolGraph | None:
     """The tool dependency graph from a test state (`builder env graph` with that state gives the same); None
     when the extraction fails: the graph describes the environment, it does not judge it."""
     try:
-        return extract_graph(sandbox, env.code, state.state, now=state.now)
+        return extract_graph(sandbox, env.code, state.state, now=state.now, contract=contract)
     except (ContractError, SessionError) as error:
         logger.warning("evaluate: no tool graph for %s: %s", env.id, error)
         return None

@@ -44,7 +44,8 @@ ADVICE = {
 def run_gates(
     sandbox: Any, env: Environment, contract: Contract = "strict"
 ) -> tuple[list[Problem], EnvInterface | None, dict[str, Any]]:
-    """Problems of the deterministic gates (empty: passed), the code's interface and its default state."""
+    """Problems of the deterministic gates (empty: passed), the code's interface and its default state. Under the
+    import contract lint problems are the interface's information, not gate problems (envs/lint.py)."""
     problems, _ = probe_environment(sandbox, env.code, contract=contract)
     if problems:
         return problems, None, {}
@@ -67,8 +68,10 @@ def _signatures(tools: Any) -> list[tuple[str, tuple[str, ...]]]:
         return []
 
 
-async def passing_gates(env: Environment, ctx: StageContext) -> tuple[Environment, EnvInterface, dict[str, Any]]:
-    """`env`, or its repair, once it passes the gates: with its interface and default state.
+async def passing_gates(
+    env: Environment, ctx: StageContext, contract: Contract = "strict"
+) -> tuple[Environment, EnvInterface, dict[str, Any]]:
+    """`env`, or its repair, once it passes the gates (read under `contract`): with its interface and default state.
 
     Raises Rejected (`gates_failed`, naming `env`) when a problem is no single tool's, the environment's plan is
     not in this run, or `evaluate.fuzz_repairs` repairs did not make it pass.
@@ -76,7 +79,7 @@ async def passing_gates(env: Environment, ctx: StageContext) -> tuple[Environmen
     current, plan = env, None
     repairs: list[GateRepair] = []
     while True:
-        problems, interface, default_state = await asyncio.to_thread(run_gates, ctx.sandbox, current)
+        problems, interface, default_state = await asyncio.to_thread(run_gates, ctx.sandbox, current, contract)
         if not problems:
             assert interface is not None
             if repairs:

@@ -86,7 +86,7 @@ async def vet(env: Environment, ctx: StageContext, *, source: Source, dual_agent
         detail = f"{codes}: " + "; ".join(map(str, problems))
         raise Rejected(ctx.reject(env, "gates_failed", detail[:2000], raw_output=json.dumps(found)))
     if dual_agent:
-        return await evaluate(env, ctx)
+        return await evaluate(env, ctx, contract="import")
     return [env.model_copy(update={"status": "accepted"})]
 
 

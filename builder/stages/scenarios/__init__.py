@@ -11,7 +11,8 @@ checklist item, and a gold action sequence. Nothing is trusted until the sandbox
 3. the gold sequence runs without a failing or refused call; every literal argument of it comes from what the
    user says in each mode (the task, or the user script), from an earlier call's result or from the tool schema
    (`sufficiency`); it has `min_gold_calls` calls, changes the state and gives the same final state
-   when replayed;
+   when replayed. A gold argument may be a reference to an earlier call's result (`references`: the id of a
+   record an earlier call creates); it is resolved as the gold runs, and the scenario stores the resolved calls;
 4. not every check already passes on the initial state; every check passes after the gold sequence;
 5. negative control: dropping any one state-changing gold call makes at least one check fail. Checks that never
    failed on any state tried are kept but reported as vacuous.
@@ -320,6 +321,6 @@ def _scenarios(
     )  # fmt: skip
     return scenario_records(
         env, ctx, method="llm", provenance=provenance, state=state, now=draft.now, words=words,
-        checklist=task.checklist, checks=draft.checks, gold=draft.gold, evidence=evidence,
+        checklist=task.checklist, checks=draft.checks, gold=evidence.actions, evidence=evidence,
         state_repairs=state_repairs, repairs=repairs,
     )  # fmt: skip

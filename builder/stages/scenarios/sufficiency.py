@@ -4,6 +4,8 @@ was written with the state in view, and an agent (told never to guess) cannot so
 
 "Comes from", per argument value (lists and dicts element-wise, dict keys are free):
 - None, booleans, empty strings and the parameter's default are free (the agent chooses them);
+- a reference to an earlier call's result (`"$2.loan.loan_id"`, `references`) is grounded by construction: the
+  verifier resolved it against that result before this gate runs;
 - a value of an `enum` in the parameter's schema is free (the schema lists it);
 - a string of `COMPOSITION_WORDS` words or more is text the agent composes (a message, a note): free;
 - a shorter string must appear in the sources, case-insensitively and not inside a longer token ("b3" is in
@@ -29,6 +31,7 @@ from typing import Any
 
 from builder.records import Action
 from builder.sandbox.world import parse_now
+from builder.stages.scenarios.references import parse
 
 COMPOSITION_WORDS = 4  # strings with this many words or more are composed by the agent, not identifiers
 MAX_PROBLEMS = 6
@@ -185,6 +188,8 @@ def _unsupported(value: Any, path: str, schema: dict[str, Any], sources: Sources
     """The (path, value) pairs of `value` that come from nowhere the agent could know them."""
     if value is None or isinstance(value, bool) or value in _enums(schema) or value == schema.get("default", ...):
         return []
+    if parse(value) is not None:  # resolved against an earlier result: the agent reads it there
+        return []
     if isinstance(value, list):
         return [bad for i, item in enumerate(value) for bad in _unsupported(item, f"{path}[{i}]", schema, sources)]
     if isinstance(value, dict):
@@ -208,7 +213,7 @@ def unsupported_arguments(
     """One message per gold argument value that neither `text`, an earlier result nor the tool schema gives.
 
     Args:
-        actions: the gold calls.
+        actions: the gold calls as written (references to earlier results are free: the caller resolved them).
         results: each call's JSON result, index for index (calls that were not run: None).
         text: what the user says (the task, or the user script of a conversation).
         tools: the environment's OpenAI tool schemas.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from builder.envs.checks import CheckResult, checks_from_scenario, run_checks
@@ -24,6 +25,7 @@ from builder.pyast import parse
 from builder.records import Action
 from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED
+from builder.stages.scenarios.references import Earlier, resolve
 from builder.stages.scenarios.sufficiency import unsupported_arguments
 
 # Tool failures that say the state (or the code) is broken, as opposed to an answered domain error.
@@ -35,15 +37,17 @@ class Evidence(Frozen):
     """What verification observed. `reason` is None when the scenario passed every gate.
 
     `check_problems` maps a check's index to what is wrong with it (lint, raised, not a bool, timed out);
-    `gold_problems` lists failing gold calls; both feed the repair prompts. `underspecified` maps a mode to the
-    gold argument values its text does not give (the task_underspecified gate). What a kept scenario stores of
-    it is its `Verification`.
+    `gold_problems` lists failing gold calls (and references that cannot be resolved); both feed the repair
+    prompts. `underspecified` maps a mode to the gold argument values its text does not give (the
+    task_underspecified gate). `actions` is the gold as it ran, its references resolved: the gold a kept scenario
+    stores; what it stores of the rest is its `Verification`.
     """
 
     reason: str | None = None
     detail: str = ""
     check_problems: dict[int, str] = {}
     gold_problems: tuple[str, ...] = ()
+    actions: tuple[Action, ...] = ()
     underspecified: dict[str, tuple[str, ...]] = {}
     gold: tuple[GoldResult, ...] = ()
     state_changing_calls: tuple[int, ...] = ()
@@ -143,6 +147,45 @@ def run_actions(
         return outcomes, before
 
 
+@dataclass(frozen=True)
+class GoldRun:
+    """A gold sequence as it ran: the calls with their references resolved, each result with whether it changed
+    the state, the final state, and why the references of the next call cannot be resolved (that call and the
+    ones after it did not run; empty when every call ran)."""
+
+    actions: tuple[Action, ...]
+    outcomes: tuple[tuple[ToolResult, bool], ...]
+    final_state: dict[str, Any]
+    problems: tuple[str, ...] = ()
+
+
+def run_gold(
+    sandbox: Sandbox, code: str, state: dict[str, Any], actions: Sequence[Action],
+    *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
+) -> GoldRun:  # fmt: skip
+    """`run_actions` for a gold sequence as the model wrote it: each call's references to earlier results
+    (`builder.stages.scenarios.references`) are resolved against the actual results just before it runs."""
+    ran: list[Action] = []
+    outcomes: list[tuple[ToolResult, bool]] = []
+    earlier: list[Earlier] = []
+    with Session(sandbox, code, state, now=now, seed=seed) as session:
+        before = session.snapshot()
+        for number, action in enumerate(actions, 1):
+            arguments, problems = resolve(action.arguments, earlier, number)
+            if problems:
+                stopped = tuple(f"call {number} {action.name}: {problem}" for problem in problems)
+                return GoldRun(tuple(ran), tuple(outcomes), before, stopped)
+            concrete = Action(name=action.name, arguments=arguments)
+            result = session.call(concrete.name, concrete.arguments)
+            after = session.snapshot()
+            ran.append(concrete)
+            outcomes.append((result, after != before))
+            ok = result.ok and not _refused(result)
+            earlier.append(Earlier(name=action.name, ok=ok, result=result.result if result.ok else result.error))
+            before = after
+        return GoldRun(tuple(ran), tuple(outcomes), before)
+
+
 def _describe_call(index: int, action: Action, result: ToolResult) -> str:
     answer = result.error if not result.ok else json.dumps(result.result, ensure_ascii=False)
     return f"call {index + 1} {action.name}({json.dumps(action.arguments, ensure_ascii=False)}) -> {answer}"[:600]
@@ -169,9 +212,12 @@ def verify(
 
     `texts` maps each mode to what the user says in it (the task, or the user script); every literal gold
     argument must come from each of them, an earlier gold result or the `tools` schemas
-    (`builder.stages.scenarios.sufficiency`).
+    (`builder.stages.scenarios.sufficiency`). `actions` may hold references to earlier results
+    (`builder.stages.scenarios.references`); they are resolved as the gold runs (`run_gold`), every later gate
+    runs the resolved calls, and the evidence's `actions` are those.
 
-    Reason codes: check_broken (lint, raises, non-bool, timeout), gold_call_failed, task_underspecified,
+    Reason codes: check_broken (lint, raises, non-bool, timeout), gold_call_failed (a call failed or was
+    refused, or a reference names a later or failed call or a path its call did not return), task_underspecified,
     too_few_calls, no_state_change, gold_nondeterministic, already_solved, gold_fails_checks,
     negative_control_failed.
     """
@@ -179,29 +225,33 @@ def verify(
     if linted:
         return Evidence(reason="check_broken", detail=_join(linted), check_problems=linted)
     try:
-        outcomes, final_state = run_actions(sandbox, code, initial_state, actions, now=now, seed=seed)
+        run = run_gold(sandbox, code, initial_state, actions, now=now, seed=seed)
     except SessionError as error:
         return Evidence(reason="gold_call_failed", detail=str(error), gold_problems=(str(error),))
+    written, actions, outcomes, final_state = actions, list(run.actions), run.outcomes, run.final_state
     gold = tuple(
         GoldResult(name=a.name, ok=r.ok and not _refused(r), state_changed=changed, result=r.content()[:RESULT_CHARS])
         for a, (r, changed) in zip(actions, outcomes, strict=True)
     )
     changing = tuple(i for i, (_, changed) in enumerate(outcomes) if changed)
-    seen: dict[str, Any] = {"gold": gold, "state_changing_calls": changing, "final_state": final_state}
+    seen: dict[str, Any] = {
+        "gold": gold, "state_changing_calls": changing, "final_state": final_state, "actions": run.actions
+    }  # fmt: skip
     failed = tuple(
         _describe_call(i, a, r)
         for i, (a, (r, _)) in enumerate(zip(actions, outcomes, strict=True))
         if not r.ok or _refused(r)
-    )
+    ) + tuple(problem[:600] for problem in run.problems)
     if failed:
         return Evidence(reason="gold_call_failed", detail=" | ".join(failed), gold_problems=failed, **seen)
     # Checked on the actual results, before the other gates: its repair is a new task, which replaces the rest.
+    # On the calls as written: a reference is grounded by construction (it resolved against an earlier result).
     results = [result.result for result, _ in outcomes]
     defaults = tool_defaults(code)
     underspecified = {
         mode: tuple(problems)
         for mode, text in (texts or {}).items()
-        if (problems := unsupported_arguments(actions, results, text, tools, now, defaults))
+        if (problems := unsupported_arguments(written, results, text, tools, now, defaults))
     }
     if underspecified:
         detail = " | ".join(f"{mode}: {'; '.join(problems)}" for mode, problems in underspecified.items())

@@ -353,3 +353,23 @@ def test_cli_contract_option(tmp_path, capsys):
     assert len(json.loads(capsys.readouterr().out)) == 3
     with pytest.raises(SystemExit):
         main(["env", "schema", "--contract", "lax", str(path)])
+
+
+def test_a_published_imported_environment_runs_in_the_trainer_api(sandbox):
+    # A release row of an imported environment names its origin; the trainer API inspects its code under the
+    # import contract (a row without one is strict, and this class breaks the strict lint).
+    from builder.envs.trainer import LiveEnvironment, environment_contract
+
+    origin = {"source": "classes", "location": "trading_bot.py", "revision": "sha256:0", "ref": "TradingBot"}
+    row = {"code": TRADING, "provenance": json.dumps({"config_hash": "h", "origin": origin})}
+    scenario = {"initial_state": {"watch_list": ["AAPL"]}, "task": "Buy 3 NVDA at 220.", "checks": []}
+    assert environment_contract(row) == "import" and environment_contract({"code": TRADING}) == "strict"
+    live = LiveEnvironment(row, scenario, sandbox)
+    try:
+        live.reset()
+        placed = live.call("place_order", {"order_type": "Buy", "symbol": "NVDA", "price": 220.0, "amount": 3})
+        assert '"status": "Pending"' in placed, placed
+    finally:
+        live.close()
+    with pytest.raises(ContractError):
+        LiveEnvironment({"code": TRADING}, scenario, sandbox)

@@ -94,12 +94,13 @@ def test_envscaler_import_reverifies_and_audits(tmp_path, capsys):
 
 
 def test_rerun_resumes_and_a_different_source_is_refused(tmp_path, capsys):
-    assert run_import(tmp_path, "envscaler", str(ENVS), "--scenarios", str(RL)) == 0
+    # Every environment brings scenarios, so none asks the (unreachable) model for more.
+    assert run_import(tmp_path, "envscaler", str(ENVS), "--scenarios", str(RL), str(SFT)) == 0
     first = {p.name: p.read_bytes() for p in (tmp_path / "run").glob("*.parquet")}
-    assert run_import(tmp_path, "envscaler", str(ENVS), "--scenarios", str(RL)) == 0
+    assert run_import(tmp_path, "envscaler", str(ENVS), "--scenarios", str(RL), str(SFT)) == 0
     assert {p.name: p.read_bytes() for p in (tmp_path / "run").glob("*.parquet")} == first
     capsys.readouterr()
-    assert run_import(tmp_path, "envscaler", str(ENVS), "--scenarios", str(SFT)) == 1
+    assert run_import(tmp_path, "envscaler", str(ENVS), "--scenarios", str(RL)) == 1
     assert "use a new --run-dir" in capsys.readouterr().err
 
 
@@ -230,6 +231,10 @@ def test_the_same_scenario_twice_is_rejected_as_a_duplicate(tmp_path):
     row = next(row for row in json.loads(RL.read_text()) if row["task_id"] == "env_1_rl-task_1")
     scenarios = tmp_path / "rl.json"
     scenarios.write_text(json.dumps([row, {**row, "task_id": "env_1_rl-task_9"}]))
-    assert run_import(tmp_path, "envscaler", str(ENVS), "--scenarios", str(scenarios)) == 0
-    assert audit_of(tmp_path)["scenarios"]["kept"] == 1
-    assert audit_of(tmp_path)["scenarios"]["rejected"] == {"duplicate": 1}
+    # The SFT file gives the other environments scenarios, so none asks the (unreachable) model for more.
+    assert run_import(tmp_path / "once", "envscaler", str(ENVS), "--scenarios", str(scenarios), str(SFT)) == 0
+    alone = tmp_path / "alone.json"
+    alone.write_text(json.dumps([row]))
+    assert run_import(tmp_path / "alone", "envscaler", str(ENVS), "--scenarios", str(alone), str(SFT)) == 0
+    twice, once = audit_of(tmp_path / "once")["scenarios"], audit_of(tmp_path / "alone")["scenarios"]
+    assert twice["kept"] == once["kept"] and twice["rejected"] == {**once["rejected"], "duplicate": 1}

@@ -12,7 +12,7 @@ from builder.llm import ChatRequest, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
 from builder.records import Environment, Rejection, Scenario
 from builder.run.executor import run_stages
-from builder.run.stage import BatchStage, StageContext
+from builder.run.stage import BatchStage, Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.scenarios import scenarios, slot_methods
 from builder.stages.scenarios.verbalise import UserRequest, created_values, leaks, parse_reply
@@ -309,3 +309,29 @@ async def test_chains_start_from_the_test_states_evaluate_wrote(tmp_path, sandbo
     assert "place_order" in [action.name for action in plain.gold_actions]
     created = CREATED.search(request_of(model.requests[0]))[1]
     assert "ORD-" in created and "ORD-1," not in created  # the new order's id, not the one the state holds
+
+
+async def test_an_imported_class_the_strict_lint_refuses_gets_graph_scenarios(tmp_path, sandbox):
+    # A BFCL-style class (no hints, `_load_scenario`): the strict contract refuses it before anything runs; as an
+    # imported environment (its provenance names an origin) the sandbox is the boundary and the stage works on it.
+    from pathlib import Path
+
+    from builder.envs.schema import inspect_source
+    from builder.records import Origin
+
+    code = (Path(__file__).parent / "fixtures" / "bfcl" / "trading_bot.py").read_text()
+    interface = inspect_source(code, "import")
+    origin = Origin(source="classes", location="trading_bot.py", revision="sha256:0", ref="trading_bot.py:TradingBot")
+    imported = Environment(
+        provenance={"config_hash": "hash", "origin": origin}, plan_id="plan-trading", name="trading_bot",
+        class_name=interface.class_name, description="A trading bot.", domain="finance", code=code,
+        tools=list(interface.tools), state_schema={}, status="accepted",
+    )  # fmt: skip
+    assert imported.contract == "import"
+    results = await scenarios(imported, context(tmp_path, verbaliser(), sandbox, "scenarios.per_environment=2"))
+    kept = [r for r in results if isinstance(r, Scenario)]
+    assert kept and all(s.method == "graph" and s.verification.verified for s in kept), results
+
+    strict = imported.model_copy(update={"provenance": imported.provenance.model_copy(update={"origin": None})})
+    with pytest.raises(Rejected, match="env_load_failed: environment violates the contract"):
+        await scenarios(strict, context(tmp_path / "strict", verbaliser(), sandbox))

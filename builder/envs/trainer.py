@@ -22,6 +22,7 @@ from typing import Any, Literal, Optional, Union
 
 from builder.envs.checks import Verdict, checks_from_scenario, run_checks
 from builder.envs.conversation import REFUSED, REPLY_TOOL, Conversation, SimulatedUser, scenario_from_row
+from builder.envs.lint import Contract
 from builder.envs.schema import inspect_source
 from builder.envs.session import Session
 from builder.envs.signatures import tool_defaults
@@ -51,6 +52,15 @@ def environment_code(environment: Mapping[str, Any]) -> str:
     return code
 
 
+def environment_contract(environment: Mapping[str, Any]) -> Contract:
+    """How strictly the row's code is linted before it runs: `import` for an imported environment (its provenance
+    names an `origin`), else `strict` (`builder.records.Environment.contract`)."""
+    provenance = environment.get("provenance")
+    if isinstance(provenance, str):
+        provenance = json.loads(provenance)
+    return "import" if isinstance(provenance, Mapping) and provenance.get("origin") else "strict"
+
+
 def scenario_world(scenario: Mapping[str, Any]) -> tuple[str, int]:
     """The `(now, seed)` of a scenario row's episodes: its `now` column and the seed of its environment and now."""
     now = str(scenario.get("now") or DEFAULT_NOW)
@@ -75,7 +85,7 @@ class LiveEnvironment:
         self._own_sandbox = sandbox is None
         self.sandbox = sandbox or Sandbox()
         self.code = environment_code(environment)
-        self.interface = inspect_source(self.code)
+        self.interface = inspect_source(self.code, environment_contract(environment))
         self.scenario: Mapping[str, Any] = scenario or {}
         self._session: Session | None = None
         self._initial: dict[str, Any] = {}
@@ -168,7 +178,7 @@ def trl_environment_factory(
     the rollout out of the reward) when the simulator failed or kept leaking, as rollouts void such episodes.
     """
     code = environment_code(environment)
-    interface = inspect_source(code)
+    interface = inspect_source(code, environment_contract(environment))
     by_id = {str(column(s, "id", "scenario_id")): s for s in scenarios}
     shared: dict[str, Sandbox] = {"sandbox": sandbox} if sandbox is not None else {}
     tool_names = [tool["function"]["name"] for tool in interface.tools]

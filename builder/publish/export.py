@@ -20,6 +20,7 @@ from datasets import Features, List, Value
 
 from builder.envs.lint import ContractError
 from builder.envs.schema import inspect_source
+from builder.envs.trainer import environment_contract
 from builder.rollout.episode import INFRA_END_REASONS
 from builder.splits import declared_split, is_rl_environment
 
@@ -164,7 +165,7 @@ def _derived_tools(row: dict) -> str:
     published in the current one, and in the order TRL lists an environment's methods (`inspect.getmembers`), so
     the `tools` render into the same prompt as TRL's GRPO prompt (`builder.envs.schema`)."""
     try:
-        tools = list(inspect_source(row["code"]).tools)
+        tools = list(inspect_source(row["code"], environment_contract(row)).tools)
     except ContractError:  # accepted under an older contract: publish what was stored
         tools = json.loads(row["tools"])
     return json.dumps(sorted(tools, key=lambda tool: tool["function"]["name"]), ensure_ascii=False)

@@ -105,7 +105,7 @@ async def scenarios(
     if env.status != "accepted":
         raise Rejected(ctx.reject(env, "not_accepted", f"status is {env.status!r}; only accepted environments"))
     try:
-        example = await asyncio.to_thread(default_state, ctx.sandbox, env.code)
+        example = await asyncio.to_thread(default_state, ctx.sandbox, env.code, env.contract)
     except (SessionError, ContractError) as error:
         raise Rejected(ctx.reject(env, "env_load_failed", str(error)[:2000])) from None
     methods = slot_methods(ctx.config.scenarios.method, ctx.config.scenarios.per_environment)
@@ -238,6 +238,7 @@ async def _build(
         evidence = await asyncio.to_thread(
             verify, ctx.sandbox, env.code, state, draft.gold, draft.checks, min_gold_calls=config.min_gold_calls,
             texts=_user_texts(draft.task, config.modes), tools=env.tools, now=now, seed=scenario_seed(env.id, now),
+            contract=env.contract,
         )  # fmt: skip
         if evidence.reason is None:
             return _scenarios(env, ctx, state, draft, evidence, state_repairs, repairs)

@@ -15,6 +15,7 @@ from collections import Counter
 from typing import Any
 
 from builder.envs.graph import ToolGraph, state_values, succeeded
+from builder.envs.lint import Contract
 from builder.envs.session import Session, SessionError
 from builder.frozen import JSON, Frozen
 from builder.records import Action
@@ -65,7 +66,7 @@ class Sampled(Frozen):
 def sample_chains(
     sandbox: Sandbox, code: str, graph: ToolGraph, state: dict[str, Any], count: int,
     *, seed: int = 0, min_calls: int = 2, max_calls: int = 8, attempts: int | None = None,
-    now: str = DEFAULT_NOW, env_seed: int = DEFAULT_SEED,
+    now: str = DEFAULT_NOW, env_seed: int = DEFAULT_SEED, contract: Contract = "strict",
 ) -> Sampled:  # fmt: skip
     """Up to `count` distinct verified chains from `state`, in at most `attempts` (default 10 per chain) tries.
 
@@ -75,7 +76,7 @@ def sample_chains(
     """
     if not 1 <= min_calls <= max_calls:
         raise ValueError(f"need 1 <= min_calls <= max_calls, got {min_calls} and {max_calls}")
-    with Session(sandbox, code, state, now=now, seed=env_seed) as session:
+    with Session(sandbox, code, state, now=now, seed=env_seed, contract=contract) as session:
         schemas = {t["function"]["name"]: t["function"]["parameters"] for t in session.tools}
         initial = session.snapshot()
     kept: list[Chain] = []
@@ -90,7 +91,7 @@ def sample_chains(
             dropped["no_writer"] += 1
             break  # no tool changes the state: no attempt can succeed
         try:
-            chain, reason = _execute(sandbox, code, graph, schemas, initial, plan, rng, now, env_seed)
+            chain, reason = _execute(sandbox, code, graph, schemas, initial, plan, rng, now, env_seed, contract)
         except SessionError:
             chain, reason = None, "load_failed"
         if chain is not None and any(c.actions == chain.actions for c in kept):
@@ -133,10 +134,10 @@ def _least_used(names: list[str], used: Counter[str], rng: random.Random) -> str
 
 def _execute(
     sandbox: Sandbox, code: str, graph: ToolGraph, schemas: dict[str, dict[str, Any]], initial: dict[str, Any],
-    plan: list[str], rng: random.Random, now: str, env_seed: int,
+    plan: list[str], rng: random.Random, now: str, env_seed: int, contract: Contract,
 ) -> tuple[Chain | None, str]:  # fmt: skip
     calls: list[ChainCall] = []
-    with Session(sandbox, code, initial, now=now, seed=env_seed) as session:
+    with Session(sandbox, code, initial, now=now, seed=env_seed, contract=contract) as session:
         before = session.snapshot()
         for name in plan:
             arguments, sources = _arguments(graph, name, schemas[name], initial, calls, rng)
@@ -152,7 +153,7 @@ def _execute(
     if before == initial:
         return None, "no_state_change"
     if run_actions(sandbox, code, initial, [Action(name=c.name, arguments=c.arguments) for c in calls],
-                   now=now, seed=env_seed)[1] != before:  # fmt: skip
+                   now=now, seed=env_seed, contract=contract)[1] != before:  # fmt: skip
         return None, "nondeterministic"
     return Chain(calls=tuple(calls), initial_state=initial, final_state=before), ""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from builder.envs.lint import Contract
 from builder.frozen import JSON, Frozen
 from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED
@@ -185,10 +186,12 @@ _BODIES = {
 
 
 def verify_chain(
-    sandbox: Sandbox, code: str, chain: Chain, *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED
-) -> tuple[list[str], Evidence]:
+    sandbox: Sandbox, code: str, chain: Chain, *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
+    contract: Contract = "strict",
+) -> tuple[list[str], Evidence]:  # fmt: skip
     """The derived checks of `chain` and the verifier's evidence on them with the chain as gold (every gate,
     the negative control included: a change a later call undid fails it, and the chain is not a scenario)."""
     checks = derive_checks(chain.initial_state, chain.final_state)
     actions = list(chain.actions)
-    return checks, verify(sandbox, code, chain.initial_state, actions, checks, min_gold_calls=1, now=now, seed=seed)
+    return checks, verify(sandbox, code, chain.initial_state, actions, checks, min_gold_calls=1, now=now, seed=seed,
+                          contract=contract)  # fmt: skip

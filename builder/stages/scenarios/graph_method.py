@@ -69,7 +69,9 @@ def find_chains(
     graph = None
     for state, now in states:
         try:
-            graph = extract_graph(sandbox, env.code, state, now=now, seed=scenario_seed(env.id, now))
+            graph = extract_graph(
+                sandbox, env.code, state, now=now, seed=scenario_seed(env.id, now), contract=env.contract
+            )
             break
         except (SessionError, ContractError):
             continue
@@ -82,14 +84,14 @@ def find_chains(
         seed = scenario_seed(env.id, now)
         try:
             sampled = sample_chains(sandbox, env.code, graph, state, share, seed=seed, min_calls=min_calls,
-                                    max_calls=MAX_CALLS, now=now, env_seed=seed)  # fmt: skip
+                                    max_calls=MAX_CALLS, now=now, env_seed=seed, contract=env.contract)  # fmt: skip
         except SessionError:
             dropped["state_load_failed"] += 1
             continue
         dropped.update(sampled.dropped)
         kept = []
         for chain in sampled.chains:
-            checks, evidence = verify_chain(sandbox, env.code, chain, now=now, seed=seed)
+            checks, evidence = verify_chain(sandbox, env.code, chain, now=now, seed=seed, contract=env.contract)
             if evidence.reason is not None:
                 dropped[evidence.reason] += 1
                 continue

@@ -156,7 +156,7 @@ async def _initial_state(
         )
         now, state = reply.root["now"], reply.root["state"]
         loaded, problems = await asyncio.to_thread(
-            load_state, ctx.sandbox, env.code, state, now=now, seed=scenario_seed(env.id, now)
+            load_state, ctx.sandbox, env.code, state, now=now, seed=scenario_seed(env.id, now), contract=env.contract
         )
         reason = "state_load_failed"
         if loaded is not None and not problems:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from builder.envs.checks import CheckResult, checks_from_scenario, run_checks
-from builder.envs.lint import lint
+from builder.envs.lint import Contract, lint
 from builder.envs.probe import generate_arguments
 from builder.envs.session import Session, SessionError, ToolResult
 from builder.envs.signatures import tool_defaults
@@ -61,15 +61,16 @@ class Evidence(Frozen):
 # ------------------------------------------------------------------------------------------- initial state
 
 
-def default_state(sandbox: Sandbox, code: str) -> dict[str, Any]:
+def default_state(sandbox: Sandbox, code: str, contract: Contract = "strict") -> dict[str, Any]:
     """The state the class's `__init__` builds. Raises SessionError (or ContractError) if it does not load."""
-    with Session(sandbox, code, {}) as session:
+    with Session(sandbox, code, {}, contract=contract) as session:
         return session.snapshot()
 
 
 def load_state(
-    sandbox: Sandbox, code: str, state: dict[str, Any], *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED
-) -> tuple[dict[str, Any] | None, list[str]]:
+    sandbox: Sandbox, code: str, state: dict[str, Any], *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
+    contract: Contract = "strict",
+) -> tuple[dict[str, Any] | None, list[str]]:  # fmt: skip
     """Load `state` at the scenario's `now` and `seed`, read it back, and call every tool once with arguments
     taken from it.
 
@@ -79,7 +80,7 @@ def load_state(
         with a domain error (`{"success": false, ...}`) is not.
     """
     try:
-        with Session(sandbox, code, state, now=now, seed=seed) as session:
+        with Session(sandbox, code, state, now=now, seed=seed, contract=contract) as session:
             loaded = session.snapshot()
             problems = []
             for tool in session.tools:
@@ -132,12 +133,12 @@ def _refused(result: ToolResult) -> bool:
 
 def run_actions(
     sandbox: Sandbox, code: str, state: dict[str, Any], actions: Sequence[Action],
-    *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
+    *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED, contract: Contract = "strict",
 ) -> tuple[list[tuple[ToolResult, bool]], dict[str, Any]]:  # fmt: skip
     """Execute `actions` in a fresh session from `state` at `now` with `seed`: each result with whether it changed
     the state, and the final state."""
     outcomes = []
-    with Session(sandbox, code, state, now=now, seed=seed) as session:
+    with Session(sandbox, code, state, now=now, seed=seed, contract=contract) as session:
         before = session.snapshot()
         for action in actions:
             result = session.call(action.name, action.arguments)
@@ -161,14 +162,14 @@ class GoldRun:
 
 def run_gold(
     sandbox: Sandbox, code: str, state: dict[str, Any], actions: Sequence[Action],
-    *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
+    *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED, contract: Contract = "strict",
 ) -> GoldRun:  # fmt: skip
     """`run_actions` for a gold sequence as the model wrote it: each call's references to earlier results
     (`builder.stages.scenarios.references`) are resolved against the actual results just before it runs."""
     ran: list[Action] = []
     outcomes: list[tuple[ToolResult, bool]] = []
     earlier: list[Earlier] = []
-    with Session(sandbox, code, state, now=now, seed=seed) as session:
+    with Session(sandbox, code, state, now=now, seed=seed, contract=contract) as session:
         before = session.snapshot()
         for number, action in enumerate(actions, 1):
             arguments, problems = resolve(action.arguments, earlier, number)
@@ -206,6 +207,7 @@ def verify(
     tools: Sequence[dict[str, Any]] = (),
     now: str = DEFAULT_NOW,
     seed: int = DEFAULT_SEED,
+    contract: Contract = "strict",
 ) -> Evidence:
     """Run every gate in order and stop at the first that fails (its reason code and the evidence so far). Every
     session and check run is at the scenario's `now` with its `seed`.
@@ -225,7 +227,7 @@ def verify(
     if linted:
         return Evidence(reason="check_broken", detail=_join(linted), check_problems=linted)
     try:
-        run = run_gold(sandbox, code, initial_state, actions, now=now, seed=seed)
+        run = run_gold(sandbox, code, initial_state, actions, now=now, seed=seed, contract=contract)
     except SessionError as error:
         return Evidence(reason="gold_call_failed", detail=str(error), gold_problems=(str(error),))
     written, actions, outcomes, final_state = actions, list(run.actions), run.outcomes, run.final_state
@@ -264,7 +266,7 @@ def verify(
         return Evidence(reason="no_state_change", detail=detail, gold_problems=(detail,), **seen)
     # The stored gold must reproduce: rollouts and the negative control replay it in fresh sessions.
     try:
-        replayed = run_actions(sandbox, code, initial_state, actions, now=now, seed=seed)[1]
+        replayed = run_actions(sandbox, code, initial_state, actions, now=now, seed=seed, contract=contract)[1]
     except SessionError as error:
         replayed = {"error": str(error)}
     if replayed != final_state:
@@ -293,7 +295,7 @@ def verify(
         kept = [a for i, a in enumerate(actions) if i != removed]
         name = actions[removed].name
         try:
-            _, ablated_state = run_actions(sandbox, code, initial_state, kept, now=now, seed=seed)
+            _, ablated_state = run_actions(sandbox, code, initial_state, kept, now=now, seed=seed, contract=contract)
         except SessionError as error:  # the episode broke without this call: that is noticed, by every check
             failing, broke = tuple(range(len(specs))), str(error)[:300]
         else:

@@ -291,12 +291,11 @@ class Scenario(Record):
     env_id: str
     mode: Literal["non_conversational", "conversational"]
     method: Literal["llm", "graph"] = Field(
-        "llm", description="How it was made: llm (the model wrote state, task, checks and gold) or graph (a chain "
-        "sampled along the tool graph is the gold, its checks derived from its diff). Not part of the id.",
+        "llm",
+        description="How it was made: llm (the model wrote state, task, checks and gold) or graph (a chain sampled "
+        "along the tool graph is the gold, its checks derived from its diff). Not part of the id.",
     )
-    wording: Literal["model", "template"] = Field(
-        "model", description="Who wrote what the user says: the model, or (graph) the template from the calls."
-    )
+    wording: Literal["model", "template"] = Field("model", description="Who worded the task: the model or a template.")
     initial_state: JSON
     now: str = Field(
         DEFAULT_NOW,

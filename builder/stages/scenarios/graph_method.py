@@ -20,8 +20,8 @@ from typing import Any
 
 from builder.envs.graph import extract_graph
 from builder.envs.lint import ContractError
-from builder.envs.signatures import tool_defaults
 from builder.envs.session import SessionError
+from builder.envs.signatures import tool_defaults
 from builder.json_values import leaves
 from builder.prompts import prompt_version
 from builder.records import Environment, Scenario, scenario_seed

@@ -3,9 +3,10 @@ pipeline. The file is checked against the contract, the state must load and answ
 scenarios stage runs on it as on an accepted environment, every slot starting from that state (`start`).
 
 The model is the one the config names (`--profile`, `--config`, `--set`, `--llm-url`), started on its first
-call only (never, when the graph method words by template: `scenarios.wording = "template"`). Written to the output folder: `scenarios.jsonl` or `scenarios.parquet` (the `Scenario` records, one
-per slot and mode), `rejections.jsonl` (the slots that failed, with their reasons), `stats.json` (the stage's
-stats, with the per-method report), and the model's response cache and server log.
+call only (never, when the graph method words by template: `scenarios.wording = "template"`). Written to the
+output folder: `scenarios.jsonl` or `scenarios.parquet` (the `Scenario` records, one per slot and mode),
+`rejections.jsonl` (the slots that failed, with their reasons), `stats.json` (the stage's stats, with the
+per-method report), and the model's response cache and server log.
 """
 
 from __future__ import annotations

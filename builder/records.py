@@ -25,8 +25,8 @@ from builder.sandbox.world import DEFAULT_NOW, derive_seed, parse_now
 from builder.usage import Usage
 
 # 2: ChatMessage.reasoning_content, Scenario.now; 3: the selections table (was .selected); 4: `Usage` by the one
-# ledger rule (cached_calls, failed_calls and regrowths added; cache hits no longer count calls and tokens); 5:
-# `Provenance.origin` (imported records), Scenario.method (tables without it read as "llm"), Environment.graph
+# ledger rule (cached_calls, failed_calls, regrowths; cache hits count no calls or tokens); 5: `Provenance.origin`
+# (imported), Scenario.method and .wording (tables without them read as "llm", "model"), Environment.graph
 SCHEMA_VERSION = 5
 
 
@@ -293,9 +293,9 @@ class Scenario(Record):
     method: Literal["llm", "graph"] = Field(
         "llm",
         description="How it was made: llm (the model wrote state, task, checks and gold) or graph (a chain sampled "
-        "along the tool graph is the gold, the checks are derived from its diff, the model wrote only what the "
-        "user says). Not part of the id: the same scenario is the same whichever way it was found.",
+        "along the tool graph is the gold, its checks derived from its diff). Not part of the id.",
     )
+    wording: Literal["model", "template"] = Field("model", description="Who worded the task: the model or a template.")
     initial_state: JSON
     now: str = Field(
         DEFAULT_NOW,

@@ -151,6 +151,13 @@ class ScenariosConfig(Section):
         "are the gold, checks are derived from their state diff, the model only words the user's request), "
         "both (the per_environment slots alternate, llm first).",
     )
+    wording: Literal["model", "template", "model_then_template"] = Field(
+        "model",
+        description="Who words the graph method's user requests: model (the model, its replies gated for leaks "
+        "and sufficiency), template (a fixed template from the chain's calls, under the same gates; no model "
+        "call), model_then_template (the template for a slot whose every model reply was refused). The llm "
+        "method always needs the model.",
+    )
 
 
 class RolloutConfig(Section):

@@ -35,8 +35,8 @@ ENVIRONMENT_COLUMNS = (
     "state_schema", "num_scenarios", "scores", "evaluation", "graph", "plan_id", "schema_version", "provenance",
 )  # fmt: skip
 SCENARIO_COLUMNS = (
-    "scenario_id", "env_id", "mode", "method", "task", "initial_state", "now", "user", "checklist", "checks",
-    "gold_actions", "difficulty", "num_rollouts", "pass_rate", "verification", "schema_version", "provenance",
+    "scenario_id", "env_id", "mode", "method", "wording", "task", "initial_state", "now", "user", "checklist",
+    "checks", "gold_actions", "difficulty", "num_rollouts", "pass_rate", "verification", "schema_version", "provenance",
 )  # fmt: skip
 SFT_COLUMNS = (
     "trajectory_id", "scenario_id", "env_id", "mode", "messages", "tools", "reward", "checks_passed",

@@ -20,7 +20,8 @@ Difficulty = Literal["easy", "medium", "hard"]
 
 @dataclass(frozen=True)
 class Words:
-    """What the user says (the model's part of a scenario, under either method) and the model's rating."""
+    """What the user says (the model's part of a scenario, under either method, or the graph method's template)
+    and its difficulty rating."""
 
     task: str
     user_profile: str
@@ -55,6 +56,7 @@ def scenario_records(
     evidence: Evidence,
     state_repairs: int,
     repairs: Sequence[str],
+    wording: Literal["model", "template"] = "model",
 ) -> list[Scenario]:
     """The slot's scenario in every mode of `scenarios.modes` (they share a `scenario_group`)."""
     task = " ".join(words.task.split())
@@ -84,6 +86,7 @@ def scenario_records(
             env_id=env.id,
             mode=mode,
             method=method,
+            wording=wording,
             initial_state=state,
             now=now,
             task=task,

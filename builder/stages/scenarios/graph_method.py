@@ -21,20 +21,24 @@ from typing import Any
 from builder.envs.graph import extract_graph
 from builder.envs.lint import ContractError
 from builder.envs.session import SessionError
+from builder.envs.signatures import tool_defaults
 from builder.json_values import leaves
 from builder.prompts import prompt_version
 from builder.records import Environment, Scenario, scenario_seed
-from builder.run.stage import StageContext
+from builder.run.stage import Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW
 from builder.stages.scenarios.chains import Chain, sample_chains
 from builder.stages.scenarios.derived_checks import CheckItem, derive_items, verify_chain
-from builder.stages.scenarios.emitted import Words, scenario_records
+from builder.stages.scenarios.emitted import Words, difficulty, scenario_records
 from builder.stages.scenarios.requests import _sampling
-from builder.stages.scenarios.verbalise import PROMPT, Spent, verbalise
+from builder.stages.scenarios.template import VERSION as TEMPLATE_VERSION
+from builder.stages.scenarios.template import template_request
+from builder.stages.scenarios.verbalise import PROMPT, Spent, UserRequest, created_values, refusal, verbalise
 from builder.stages.scenarios.verify import Evidence
 
 MAX_CALLS = 8  # the longest chain sampled (the issue's bound)
+REFUSALS = ("request_invalid", "request_leaks", "task_underspecified")  # a model's replies refused, not failed
 
 State = tuple[dict[str, Any], str]  # a state and the scenario's `now` on it
 
@@ -111,22 +115,50 @@ async def graph_chains(
 
 
 async def graph_scenario(env: Environment, ctx: StageContext, found: Found, spent: Spent) -> list[Scenario]:
-    """The scenario of a verified chain in every mode, once the model has worded it (`verbalise`); `spent` is
-    this slot's own (its refusals are the scenario's repairs).
+    """The scenario of a verified chain in every mode, once worded as `scenarios.wording` says: by the model
+    (`verbalise`), by the template (`template`, no model call), or by the template once every model reply was
+    refused. `spent` is this slot's own (its refusals are the scenario's repairs).
 
     Raises:
-        Rejected: no usable wording (see `verbalise`).
+        Rejected: no usable wording (see `verbalise`; the template's words failing a gate: request_leaks or
+            task_underspecified).
     """
-    request = await verbalise(env, ctx, found.chain, found.items, found.now, spent)
+    wording = ctx.config.scenarios.wording
+    request = None
+    if wording != "template":
+        try:
+            request = await verbalise(env, ctx, found.chain, found.items, found.now, spent)
+        except Rejected as verdict:
+            if wording == "model" or verdict.rejection.reason not in REFUSALS:
+                raise
+    if request is None:
+        request = _templated(env, ctx, found)
+        provenance = ctx.provenance([env], prompt_version=TEMPLATE_VERSION)
+    else:
+        provenance = ctx.provenance(
+            [env], model=ctx.llm.model_id, sampling=_sampling(ctx), prompt_version=prompt_version(PROMPT)
+        )
     words = Words(
         task=request.task, user_profile=request.user_profile, known_up_front=request.known_up_front,
         reveal_when_asked=request.reveal_when_asked, ending=request.ending, difficulty=request.difficulty,
     )  # fmt: skip
-    provenance = ctx.provenance(
-        [env], model=ctx.llm.model_id, sampling=_sampling(ctx), prompt_version=prompt_version(PROMPT)
-    )
     return scenario_records(
         env, ctx, method="graph", provenance=provenance, state=found.chain.initial_state, now=found.now,
         words=words, checklist=[item.describe() for item in found.items], checks=found.checks,
         gold=found.chain.actions, evidence=found.evidence, state_repairs=0, repairs=spent.refused,
+        wording="model" if provenance.model is not None else "template",
     )  # fmt: skip
+
+
+def _templated(env: Environment, ctx: StageContext, found: Found) -> UserRequest:
+    """The template's words for the chain, through the model's gates (a failing gate rejects the slot)."""
+    chain, now = found.chain, found.now
+    created = created_values(chain, now)
+    request = template_request(env, chain, created, difficulty(found.evidence))
+    names = [tool["function"]["name"] for tool in env.tools]
+    refused = refusal(request, created, names, chain, ctx.config.scenarios.modes, env.tools, now,
+                      tool_defaults(env.code))  # fmt: skip
+    if refused is not None:
+        reason, problems = refused
+        raise Rejected(ctx.reject(env, reason, "the template's words: " + "; ".join(problems), request.task))
+    return request

@@ -1,7 +1,8 @@
 """The scenarios stage's figures per method (`ctx.stats.report["methods"]`, in stats.json): what each method costs
 and gives per verified slot, so `llm` and `graph` can be compared in one run.
 
-Per method: `slots` tried and `verified`, `yield` (verified / slots), model `calls`, `prompt_tokens` and
+Per method: `slots` tried and `verified` (of them `template_worded`: the graph method's words written by the
+template, `scenarios.wording`), `yield` (verified / slots), model `calls`, `prompt_tokens` and
 `completion_tokens` with `per_verified` (each divided by verified slots; a slot is emitted once per mode),
 `mean_chain_length` (gold calls per verified slot), `tools_covered` (distinct tools the verified golds call,
 summed over environments) and `tool_coverage` (over the tools of the environments the method ran on); for graph
@@ -17,7 +18,7 @@ from builder.records import Environment, Rejection, Scenario
 from builder.run.stage import StageContext
 from builder.usage import Usage
 
-COUNTERS = ("slots", "verified", "gold_calls", "tools_covered", "tools_offered")
+COUNTERS = ("slots", "verified", "template_worded", "gold_calls", "tools_covered", "tools_offered")
 USAGE = ("calls", "prompt_tokens", "completion_tokens")
 
 
@@ -39,6 +40,7 @@ def report_methods(
         verified = [result[0] for result in made if not isinstance(result, Rejection)]
         entry["slots"] += len(made)
         entry["verified"] += len(verified)
+        entry["template_worded"] += sum(scenario.wording == "template" for scenario in verified)
         entry["gold_calls"] += sum(len(scenario.gold_actions) for scenario in verified)
         entry["tools_covered"] += len({action.name for scenario in verified for action in scenario.gold_actions})
         entry["tools_offered"] += len(env.tools)

@@ -3,9 +3,10 @@ pipeline. The file is checked against the contract, the state must load and answ
 scenarios stage runs on it as on an accepted environment, every slot starting from that state (`start`).
 
 The model is the one the config names (`--profile`, `--config`, `--set`, `--llm-url`), started on its first
-call only. Written to the output folder: `scenarios.jsonl` or `scenarios.parquet` (the `Scenario` records, one
-per slot and mode), `rejections.jsonl` (the slots that failed, with their reasons), `stats.json` (the stage's
-stats, with the per-method report), and the model's response cache and server log.
+call only (never, when the graph method words by template: `scenarios.wording = "template"`). Written to the
+output folder: `scenarios.jsonl` or `scenarios.parquet` (the `Scenario` records, one per slot and mode),
+`rejections.jsonl` (the slots that failed, with their reasons), `stats.json` (the stage's stats, with the
+per-method report), and the model's response cache and server log.
 """
 
 from __future__ import annotations
@@ -118,8 +119,8 @@ async def _run(
             where = config.llm.url or (", ".join(config.llm.urls) if config.llm.urls else "the managed vLLM server")
             raise BuilderError(
                 f"the model is unreachable ({where}): {error}\n"
-                "The graph method needs it to word the requests: start it, or name one with --llm-url URL or "
-                "llm.url in --config."
+                "The graph method needs it to word the requests: start it, name one with --llm-url URL or "
+                "llm.url in --config, or word them without a model: --wording template."
             ) from None
         finally:
             await model.aclose()
@@ -136,7 +137,8 @@ def _summary(stats: StageStats, kept: list[Scenario], target: Path, out: TextIO)
         print(
             f"{method}: {entry['verified']}/{entry['slots']} slots verified, "
             f"{cost.get('calls', '-')} model calls and {cost.get('prompt_tokens', '-')} prompt tokens per "
-            f"verified scenario, {entry['mean_chain_length'] or '-'} calls per gold",
+            f"verified scenario, {entry['mean_chain_length'] or '-'} calls per gold"
+            + (f", {entry['template_worded']} worded by the template" if entry.get("template_worded") else ""),
             file=out,
         )
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -134,7 +134,6 @@ async def verbalise(
     config = ctx.config.scenarios
     created = created_values(chain, now)
     names = [tool["function"]["name"] for tool in env.tools]
-    results = [call.result for call in chain.calls]
     defaults = tool_defaults(env.code)
     attempts = config.repair_attempts + ctx.config.llm.structured_retries + 1
 
@@ -151,18 +150,10 @@ async def verbalise(
             except ValueError as error:
                 feedback = f"Your reply was not valid: {error}. Answer with the JSON object."
                 return _refused(spent, "request_invalid", str(error), reply.content, feedback)
-            problems = leaks(request, created, names)
-            reason = "request_leaks"
-            if not problems:
-                reason = "task_underspecified"
-                texts = user_texts(request, config.modes)
-                problems = [
-                    f"{_WHERE[mode]} does not give {problem}"
-                    for mode, text in texts.items()
-                    for problem in unsupported_arguments(chain.actions, results, text, env.tools, now, defaults)
-                ]
-            if not problems:
+            refused = refusal(request, created, names, chain, config.modes, env.tools, now, defaults)
+            if refused is None:
                 return request
+            reason, problems = refused
             feedback = (
                 "This reply was refused:\n- " + "\n- ".join(problems) + "\nA value the calls take that no earlier "
                 "call returns must be stated by the user, exactly as the call uses it; a value the system creates "
@@ -173,6 +164,24 @@ async def verbalise(
         return await repaired(ctx, env, messages, ask_once, attempts=attempts)
 
     return await shrinking(ctx, PROMPT, range(SHRINK_LEVELS), at)
+
+
+def refusal(
+    request: UserRequest, created: Sequence[str], tool_names: Sequence[str], chain: Chain, modes: Sequence[str],
+    tools: Sequence[dict[str, Any]], now: str, defaults: Mapping[str, Mapping[str, Any]],
+) -> tuple[str, list[str]] | None:  # fmt: skip
+    """Why the user's words for `chain` fail the gates (`request_leaks` or `task_underspecified`, and the
+    problems), or None when they pass: the one gate for the model's words and the template's."""
+    problems = leaks(request, created, tool_names)
+    if problems:
+        return "request_leaks", problems
+    results = [call.result for call in chain.calls]
+    problems = [
+        f"{_WHERE[mode]} does not give {problem}"
+        for mode, text in user_texts(request, modes).items()
+        for problem in unsupported_arguments(chain.actions, results, text, tools, now, defaults)
+    ]
+    return ("task_underspecified", problems) if problems else None
 
 
 _WHERE = {"non_conversational": "the task", "conversational": "the user script (known_up_front, reveal_when_asked)"}

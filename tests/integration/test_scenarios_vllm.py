@@ -3,7 +3,7 @@
 The 135M model rarely writes a state, task, checks and gold sequence that all verify, so this asserts structure
 only: the server accepted and answered every request, and every slot ends as a verified scenario or a rejection
 for what the model wrote (never a refused request or a prompt that did not fit). With the graph method the
-model only words sampled chains: its scenarios pass every gate whatever it writes, or its wording is refused.
+model only words sampled chains, and the cpu profile falls back to the template wording: every slot verifies.
 """
 
 from pathlib import Path
@@ -74,8 +74,9 @@ async def test_scenarios_with_the_real_model(tmp_path):
 
 async def test_graph_scenarios_worded_by_the_real_model(tmp_path):
     # The graph method: the chains, their checks and gold come from the sandbox (the bank's default state always
-    # gives chains), so whatever the 135M model writes, each slot is a verified graph scenario or a clean refusal
-    # of its wording; never a chain problem, a refused request or a prompt that did not fit.
+    # gives chains), and the cpu profile words a slot by the template when every reply of the 135M model was
+    # refused (scenarios.wording = model_then_template): every slot is a verified graph scenario, never a chain
+    # problem, a refused request or a prompt that did not fit.
     config = load_config(
         None,
         [
@@ -104,9 +105,8 @@ async def test_graph_scenarios_worded_by_the_real_model(tmp_path):
     assert calls.calls <= 2 * attempts  # only the wording is asked of the model
     kept = [r for r in results if isinstance(r, Scenario)]
     rejections = [r for r in results if isinstance(r, Rejection)]
-    assert len({r.subject_id for r in rejections}) + len({s.verification.scenario_group for s in kept}) == 2
-    for rejection in rejections:
-        assert rejection.reason in {"request_invalid", "request_leaks", "task_underspecified"}, rejection
+    assert config.scenarios.wording == "model_then_template"
+    assert not rejections and len({s.verification.scenario_group for s in kept}) == 2, rejections
     for scenario in kept:
         assert scenario.method == "graph" and scenario.verification.verified
         assert all(scenario.verification.checks_on_final) and not all(scenario.verification.checks_on_initial)

@@ -74,7 +74,7 @@ def test_sibling_imports_are_inlined_and_private_non_json_state_is_left_out(tmp_
 
 def test_the_strict_contract_still_refuses_a_private_attribute_that_is_not_json():
     strict = "class Strict:\n    def __init__(self):\n        import random\n        self._random = random.Random(1)\n"
-    strict += "\n    def ping(self) -> dict:\n        \"\"\"Ping.\"\"\"\n        return {}\n"
+    strict += '\n    def ping(self) -> dict:\n        """Ping."""\n        return {}\n'
     with Sandbox(SandboxConfig()) as sandbox:
         with Session(sandbox, strict, contract="strict") as session, pytest.raises(SessionError) as error:
             session.snapshot()

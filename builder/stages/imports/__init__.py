@@ -11,8 +11,8 @@ resume and stats are the pipeline's own), followed by the pipeline's `rollout` a
    information, the sandbox is the boundary): load, every tool called with schema-valid arguments on the
    source's first initial state (or the default state), twice in fresh workers (determinism), JSON state.
    Rejection: `gates_failed` (the problems in the raw output). A private attribute that is not JSON (BFCL's
-   `self._random`) is left out of the state, not a failure: listed in the stats report and the audit. With `dual_agent`, an environment that passes
-   then goes through the evaluate stage's dual-agent check as well.
+   `self._random`) is left out of the state, not a failure: listed in the stats report and the audit. With
+   `dual_agent`, an environment that passes then goes through the evaluate stage's dual-agent check as well.
 3. `scenarios`: each imported scenario re-verified (`verify`): rejected as `no_checks`, `check_invalid`,
    `state_load_failed`, `already_solved` or `duplicate`, else kept with `unverified_solvability` (no gold exists). An
    environment that brought no scenarios (or all of them with `more_scenarios`) also gets scenarios from the

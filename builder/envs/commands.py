@@ -46,9 +46,9 @@ def env_check(
     import: any runtime problem, or a module with no single class)."""
     source = _read(path)
     state = _read_json(state_path) if state_path else None
-    with Sandbox(config) as sandbox:
-        problems, results = probe_environment(sandbox, source, state, now, contract)
     warnings = _warnings(source, contract)
+    with Sandbox(config) as sandbox:
+        problems, results = probe_environment(sandbox, source, state, now, contract, warnings)
     if as_json:
         report = {
             "ok": not problems,

@@ -25,11 +25,21 @@ RUNTIME_CODES: dict[str, str] = {
     "signature_mismatch": "the worker refused arguments that fit the derived schema",
     "nondeterministic": "the same calls from the same state gave different results or states",
 }
+# Runtime findings that are warnings, not problems (import contract only): appended to `warnings` when asked.
+RUNTIME_WARNINGS: dict[str, str] = {
+    "private_state_omitted": "a private attribute that is not JSON was left out of the state (import contract)",
+}
 _KIND_TO_CODE = {
     "raised": "tool_raised", "timeout": "tool_timeout", "crashed": "tool_crashed", "memory": "tool_crashed",
     "protocol": "tool_crashed", "not_json": "result_not_json", "too_large": "result_not_json",
     "bad_arguments": "signature_mismatch",
 }  # fmt: skip
+
+
+class OmittedAttribute(Problem):
+    """A private state attribute left out of the snapshots because it is not JSON (import contract)."""
+
+    attribute: str
 
 
 class ToolProblem(Problem):
@@ -41,9 +51,10 @@ class ToolProblem(Problem):
 
 def probe_environment(
     sandbox: Sandbox, source: str, state: dict[str, Any] | None = None, now: str = DEFAULT_NOW,
-    contract: Contract = "strict",
+    contract: Contract = "strict", warnings: list[Problem] | None = None,
 ) -> tuple[list[Problem], list[ToolResult]]:  # fmt: skip
-    """All problems found (empty: the environment behaves) and the results of the first pass of calls.
+    """All problems found (empty: the environment behaves) and the results of the first pass of calls; the
+    runtime warnings (`RUNTIME_WARNINGS`) are appended to `warnings` when it is given.
 
     Lint problems count under the strict contract; under import only those that leave nothing to load do (the
     others are information: `inspect_source(source, "import").problems`), and the runtime problems decide.
@@ -57,11 +68,14 @@ def probe_environment(
     except ContractError as error:
         return error.problems, []
     try:
-        first, calls, first_state = _run_pass(sandbox, source, interface, state, now)
-        second, _, second_state = _run_pass(sandbox, source, interface, state, now)
+        first, calls, first_state, omitted = _run_pass(sandbox, source, interface, state, now)
+        second, _, second_state, _ = _run_pass(sandbox, source, interface, state, now)
     except SessionError as error:
         code = "state_not_json" if error.kind in ("state_not_json", "not_json") else "load_failed"
         return [Problem(code=code, line=0, message=str(error))], []
+    for name in sorted(omitted) if warnings is not None else ():
+        message = f"state attribute {name!r} is not JSON: left out of the state (private, import contract)"
+        warnings.append(OmittedAttribute(code="private_state_omitted", line=0, message=message, attribute=name))
     problems: list[Problem] = []
     for r, arguments in zip(first, calls, strict=True):
         if not r.ok:
@@ -79,15 +93,16 @@ def probe_environment(
 
 def _run_pass(
     sandbox: Sandbox, source: str, interface: EnvInterface, state: dict[str, Any] | None, now: str
-) -> tuple[list[ToolResult], list[dict[str, Any]], dict[str, Any]]:
-    """Every tool called once, in order: the results, the arguments of each call and the final state."""
+) -> tuple[list[ToolResult], list[dict[str, Any]], dict[str, Any], set[str]]:
+    """Every tool called once, in order: the results, the arguments of each call, the final state and the private
+    attributes left out of it."""
     with Session(sandbox, source, state, interface=interface, now=now) as session:
         start = session.snapshot()
         calls = [generate_arguments(tool["function"]["parameters"], start) for tool in interface.tools]
         results = [
             session.call(tool["function"]["name"], args) for tool, args in zip(interface.tools, calls, strict=True)
         ]
-        return results, calls, session.snapshot()
+        return results, calls, session.snapshot(), session.omitted
 
 
 def generate_arguments(parameters: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:

@@ -88,6 +88,8 @@ class Session:
         self.initial_state = dict(state or {})
         self._schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in self.interface.tools}
         self._history: list[tuple[str, dict[str, Any]]] = []
+        # Private attributes left out of the snapshots because they are not JSON (import contract only).
+        self.omitted: set[str] = set()
         self._worker: Worker | None = None
         self._worker = self._start()
 
@@ -102,6 +104,7 @@ class Session:
             "op": "load", "code": self.source, "class_name": self.interface.class_name,
             "state": self.initial_state, "tools": list(self._schemas), "now": self.now, "seed": self.seed,
             "load_scenario": self.interface.contract == "import",
+            "omit_private": self.interface.contract == "import",
         }  # fmt: skip
         try:
             reply = worker.request(load)
@@ -158,7 +161,11 @@ class Session:
         return worker
 
     def snapshot(self) -> dict[str, Any]:
-        """The state as JSON data: every instance attribute. Raises SessionError if it is not JSON."""
+        """The state as JSON data: every instance attribute. Raises SessionError if it is not JSON.
+
+        Under the import contract a private (`_`-prefixed) attribute that is not JSON is left out instead (a
+        seeded `random.Random`, a lock) and named in `omitted`: the determinism gate judges what remains.
+        """
         try:
             reply = self._live_worker().request({"op": "snapshot"})
         except WorkerFailure as failure:
@@ -166,6 +173,7 @@ class Session:
             raise SessionError(failure.kind, f"reading the state failed: {failure}") from None
         if not reply.get("ok"):
             raise SessionError(str(reply.get("kind")), f"reading the state failed: {reply.get('error')}")
+        self.omitted.update(str(name) for name in reply.get("omitted") or ())
         try:
             return _from_json(reply["json"])
         except (KeyError, TypeError, ValueError):

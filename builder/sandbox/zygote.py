@@ -104,6 +104,10 @@ class Worker:
         # tool -> (accepted keyword names, required names) when its signature is plain keywords, for a set check
         # in place of the much slower Signature.bind on every call.
         self.keywords: dict[str, tuple[frozenset[str], frozenset[str]] | None] = {}
+        # Under the import contract, private attributes that are not JSON (BFCL's `self._random = Random(seed)`)
+        # are left out of snapshots rather than failing them; `omitted` names them for the caller to report.
+        self.omit_private = False
+        self.omitted: set[str] = set()
         self.handlers = {"load": self.load, "call": self.call, "snapshot": self.snapshot, "check": self.check}
         self.busy = False
 
@@ -158,6 +162,7 @@ class Worker:
         cls = namespace.get(request["class_name"])
         if not isinstance(cls, type):
             return {"ok": False, "kind": "load_failed", "error": f"class {request['class_name']} not defined"}
+        self.omit_private = bool(request.get("omit_private"))
         self.env = cls()
         if request.get("load_scenario") and callable(getattr(cls, "_load_scenario", None)):
             # BFCL's protocol (imported classes only): the class fills its defaults from the scenario itself;
@@ -191,14 +196,21 @@ class Worker:
         # One encoding of the whole state (the cost of a snapshot is that of its JSON text); only when it fails
         # are the attributes encoded one by one, to name the one that is not JSON.
         state = dict(vars(self.env)) if self.env is not None else {}
+        for key in self.omitted:  # known not to be JSON: not encoded (and failed) again on every snapshot
+            state.pop(key, None)
         reply = self._as_json(state, "state", self.config["max_state_bytes"])
         if reply["ok"] or reply["kind"] != "not_json":
-            return reply
-        for key, value in state.items():
+            return reply | {"omitted": sorted(self.omitted)} if reply["ok"] else reply
+        for key, value in list(state.items()):
             attribute = self._as_json(value, f"state attribute {key!r}", self.config["max_state_bytes"])
-            if not attribute["ok"]:
+            if attribute["ok"]:
+                continue
+            if not (self.omit_private and key.startswith("_") and attribute["kind"] == "not_json"):
                 return attribute | {"kind": "state_not_json"}
-        return reply | {"kind": "state_not_json"}
+            self.omitted.add(key)
+            del state[key]
+        reply = self._as_json(state, "state", self.config["max_state_bytes"])
+        return reply | {"omitted": sorted(self.omitted)} if reply["ok"] else reply | {"kind": "state_not_json"}
 
     def check(self, request: dict[str, Any]) -> dict[str, Any]:
         world.begin(request["now"], request["seed"])

@@ -10,8 +10,9 @@ resume and stats are the pipeline's own), followed by the pipeline's `rollout` a
 2. `evaluate`: the deterministic gates of the evaluate stage under the `import` contract (lint problems are
    information, the sandbox is the boundary): load, every tool called with schema-valid arguments on the
    source's first initial state (or the default state), twice in fresh workers (determinism), JSON state.
-   Rejection: `gates_failed` (the problems in the raw output). With `dual_agent`, an environment that passes
-   then goes through the evaluate stage's dual-agent check as well.
+   Rejection: `gates_failed` (the problems in the raw output). A private attribute that is not JSON (BFCL's
+   `self._random`) is left out of the state, not a failure: listed in the stats report and the audit. With
+   `dual_agent`, an environment that passes then goes through the evaluate stage's dual-agent check as well.
 3. `scenarios`: each imported scenario re-verified (`verify`): rejected as `no_checks`, `check_invalid`,
    `state_load_failed`, `already_solved` or `duplicate`, else kept with `unverified_solvability` (no gold exists). An
    environment that brought no scenarios (or all of them with `more_scenarios`) also gets scenarios from the
@@ -25,8 +26,8 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 
-from builder.envs.lint import ContractError, lint
-from builder.envs.probe import ToolProblem, probe_environment
+from builder.envs.lint import ContractError, Problem, lint
+from builder.envs.probe import OmittedAttribute, ToolProblem, probe_environment
 from builder.envs.schema import inspect_source
 from builder.envs.state_schema import infer_schema
 from builder.records import Environment, Record, Rejection, Scenario, scenario_seed
@@ -76,7 +77,14 @@ async def vet(env: Environment, ctx: StageContext, *, source: Source, dual_agent
     counts = ctx.stats.report.setdefault("lint_problems", {})  # information only under the import contract
     for code, count in Counter(problem.code for problem in lint(env.code)).items():
         counts[code] = counts.get(code, 0) + count
-    problems, _ = await asyncio.to_thread(probe_environment, ctx.sandbox, env.code, state, contract="import")
+    warnings: list[Problem] = []
+    problems, _ = await asyncio.to_thread(
+        probe_environment, ctx.sandbox, env.code, state, contract="import", warnings=warnings
+    )
+    omitted = [p.attribute for p in warnings if isinstance(p, OmittedAttribute)]
+    if omitted:  # the audit lists them (stats.json keeps them across resumes, like the lint counts)
+        ref = env.provenance.origin.ref if env.provenance.origin else env.id
+        ctx.stats.report.setdefault("private_state_omitted", {})[ref] = omitted
     if problems:
         codes = ", ".join(sorted({problem.code for problem in problems}))
         found = [

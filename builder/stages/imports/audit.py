@@ -9,6 +9,7 @@ cannot fail, and the lint problems the import contract only reports. Stored as `
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,13 +17,20 @@ from typing import Any
 from builder.envs.lint import lint
 from builder.records import Environment, Rejection, Scenario
 from builder.run.folder import INPUT_ID, RunFolder
+from builder.sandbox.allowed import ALLOWED_MODULES
 from builder.stages.imports import IMPORT_STAGE, rejection_facts
+from builder.stages.imports.siblings import inlined_imports
+from builder.stats import load_stats
 from builder.tables import from_frame
 
 AUDIT_FILE = "audit.json"
 LISTED = 50  # entries kept per list; the counts are always complete
 CRASH_CODES = frozenset({"tool_raised", "tool_crashed", "tool_timeout", "result_not_json", "signature_mismatch"})
 LOAD_CODES = frozenset({"load_failed", "state_not_json", "syntax", "no_env_class"})
+# How a refused import shows in a load error: a module the zygote never imported (`No module named 'x'`), or a
+# package whose files the locked-down worker may not open (`PermissionError: ... site-packages/x/__init__.py`).
+_MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
+_UNREADABLE_PACKAGE = re.compile(r"PermissionError: .*?/(?:site|dist)-packages/(\w+)")
 
 
 def build_audit(run_dir: Path) -> dict[str, Any]:
@@ -37,7 +45,7 @@ def build_audit(run_dir: Path) -> dict[str, Any]:
         for problem in _list(rejection_facts(rejection)):
             entry = {"env": refs.get(rejection.subject_id, rejection.subject_id), "message": problem.get("message")}
             if problem.get("code") in LOAD_CODES:
-                not_loading.append(entry)
+                not_loading.append(entry | _load_fix(str(problem.get("message") or "")))
             elif problem.get("code") in CRASH_CODES:
                 crashing.append({**entry, "tool": problem.get("tool"), "code": problem.get("code")})
     kept = [s for s in _kept(folder, "scenarios", Scenario) if s.provenance.origin is not None]
@@ -53,6 +61,13 @@ def build_audit(run_dir: Path) -> dict[str, Any]:
         constant += [{"scenario": ref, "check": i} for i in facts.get("constant_checks") or ()]
     cannot_fail = [r.subject_id.split("/", 1)[1] for r in scenario_rejected if r.reason == "already_solved"]
     lint_counts = Counter(problem.code for env in imported for problem in lint(env.code))
+    inlined = [
+        {"env": refs.get(env.id, env.id), "module": found.module, "names": list(found.names)}
+        for env in imported
+        for found in inlined_imports(env.code)
+    ]
+    evaluate_stats = load_stats(folder.stats_path).get("evaluate")
+    omitted = evaluate_stats.report.get("private_state_omitted", {}) if evaluate_stats else {}
     return {
         "source": origin.model_dump(exclude={"ref", "split"}) if origin is not None else None,
         "environments": {
@@ -73,6 +88,8 @@ def build_audit(run_dir: Path) -> dict[str, Any]:
         "checks_that_cannot_fail": _listed(constant),
         "scenarios_whose_checks_cannot_fail": _listed([{"scenario": ref} for ref in cannot_fail]),
         "lint_problems": dict(sorted(lint_counts.items())),
+        "inlined_sibling_imports": _listed(inlined),
+        "private_state_omitted": _listed([{"env": ref, "attributes": names} for ref, names in sorted(omitted.items())]),
     }
 
 
@@ -102,10 +119,29 @@ def render_audit(audit: dict[str, Any]) -> str:
         "  scenarios whose checks cannot fail (already solved): "
         f"{audit['scenarios_whose_checks_cannot_fail']['count']}",
         f"lint (information only under the import contract): {_counts(audit['lint_problems'])}",
+        f"  sibling imports inlined: {audit['inlined_sibling_imports']['count']}   private attributes left out of "
+        f"the state (not JSON): {audit['private_state_omitted']['count']}",
     ]
+    for entry in audit["not_loading"]["items"][:5]:
+        lines.append(f"  not loading: {entry['env']}: {entry.get('fix') or entry['message']}")
     for entry in audit["crashing_tools"]["items"][:5]:
         lines.append(f"  crash: {entry['env']}.{entry['tool']}: {entry['message']}")
     return "\n".join(lines)
+
+
+def _load_fix(message: str) -> dict[str, str]:
+    """What to do about a load error caused by an import the sandbox refuses ({} for any other error)."""
+    found = _MISSING_MODULE.search(message) or _UNREADABLE_PACKAGE.search(message)
+    if found is None:
+        return {}
+    module = found[1]
+    kind = "a standard-library module the sandbox refuses" if found.re is _MISSING_MODULE else "a third-party package"
+    return {
+        "refused_module": module,
+        "fix": f"it imports {module!r}, {kind}: the sandbox provides only the {len(ALLOWED_MODULES)} pure "
+        f"standard-library modules of builder/sandbox/allowed.py; remove the import of {module!r} or rewrite what "
+        "uses it with those",
+    }
 
 
 def _kept(folder: RunFolder, stage: str, record_type: type) -> list:

@@ -12,7 +12,8 @@ that is a folder or a Hub dataset id (`owner/name`, optionally `@revision`) is r
 
 Classes: each module (or each `*.py` under a folder) is one environment, its class the last top-level class with
 public methods (helper classes come first in BFCL's modules); `NAME.state.json` beside `NAME.py`, when present,
-is its default state (attribute -> value, set after the constructor).
+is its default state (attribute -> value, set after the constructor). What a module imports from a sibling module
+(BFCL's `long_context` constants) is inlined into its code (`siblings`), so each environment stays one module.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any, Literal
 from builder.errors import BuilderError
 from builder.pyast import parse
 from builder.records import Origin
+from builder.stages.imports.siblings import inline_siblings
 
 STATE_SUFFIX = ".state.json"  # `api.state.json` is the default state of `api.py`
 SPLIT_SUFFIXES = {"_rl": "rl", "_sft": "train"}
@@ -173,9 +175,10 @@ def read_classes(paths: Sequence[str]) -> Source:
     skipped: list[Skipped] = []
     read: list[Path] = []
     for path in files:
-        made = _class_env(path)
+        made, siblings = _class_env(path)
         (skipped if isinstance(made, Skipped) else envs).append(made)  # type: ignore[arg-type]
         read += [path] + ([path.with_suffix(STATE_SUFFIX)] if path.with_suffix(STATE_SUFFIX).exists() else [])
+        read += [sibling for sibling in siblings if sibling not in read]
     digest = hashlib.sha256()
     for path in read:
         digest.update(f"{path}\0".encode() + path.read_bytes() + b"\0")
@@ -183,8 +186,9 @@ def read_classes(paths: Sequence[str]) -> Source:
     return Source("classes", location, f"sha256:{digest.hexdigest()}", tuple(envs), tuple(skipped))
 
 
-def _class_env(path: Path) -> SourceEnv | Skipped:
-    code = path.read_text(encoding="utf-8", errors="replace")
+def _class_env(path: Path) -> tuple[SourceEnv | Skipped, tuple[Path, ...]]:
+    """The environment of one module (its sibling imports inlined) and the sibling files that were read."""
+    code, siblings = inline_siblings(path.read_text(encoding="utf-8", errors="replace"), path)
     class_name, description = _class_of(code)
     state_path = path.with_suffix(STATE_SUFFIX)
     state = None
@@ -192,11 +196,11 @@ def _class_env(path: Path) -> SourceEnv | Skipped:
         try:
             state = json.loads(state_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as error:
-            return Skipped(str(path), "bad_state_file", f"{state_path.name} is not JSON: {error}")
+            return Skipped(str(path), "bad_state_file", f"{state_path.name} is not JSON: {error}"), siblings
         if not isinstance(state, dict):
-            return Skipped(str(path), "bad_state_file", f"{state_path.name} is not a JSON object")
+            return Skipped(str(path), "bad_state_file", f"{state_path.name} is not a JSON object"), siblings
     name = _snake(class_name or path.stem)
-    return SourceEnv(str(path), name, class_name, description or name, path.stem, code, None, state)
+    return SourceEnv(str(path), name, class_name, description or name, path.stem, code, None, state), siblings
 
 
 def _class_of(code: str) -> tuple[str, str]:

@@ -373,3 +373,18 @@ def test_a_published_imported_environment_runs_in_the_trainer_api(sandbox):
         live.close()
     with pytest.raises(ContractError):
         LiveEnvironment({"code": TRADING}, scenario, sandbox)
+
+
+def test_evaluates_prompts_show_the_environment_class_of_a_module_with_helper_classes_first():
+    # EnvScaler's TypedDicts and BFCL's File/Directory come before the API class; the dual-agent check's prompts
+    # (the class header, a method's source) must show the environment's class, the last one with public methods.
+    from builder.stages.evaluate.source import class_header, method_source
+
+    code = (
+        "class File:\n    def __init__(self, name: str) -> None:\n        self.name = name\n\n"
+        "    def read(self) -> str:\n        return self.name\n\n\n"
+        "class Drive:\n    def __init__(self) -> None:\n        self.files: dict = {}\n\n"
+        "    def list_files(self) -> dict:\n        return {'files': sorted(self.files)}\n"
+    )
+    assert class_header(code).startswith("class Drive:")
+    assert "sorted(self.files)" in method_source(code, "list_files")

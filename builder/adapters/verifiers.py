@@ -39,8 +39,17 @@ from pydantic import Field
 
 from builder.envs.checks import checks_from_scenario, run_checks
 from builder.envs.conversation import REPLY_TOOL, Conversation, SimulatedUser, scenario_from_row
+from builder.envs.lint import Contract
 from builder.envs.schema import inspect_source
-from builder.envs.trainer import LiveEnvironment, agent_prompt, column, environment_code, scenario_world, tool_method
+from builder.envs.trainer import (
+    LiveEnvironment,
+    agent_prompt,
+    column,
+    environment_code,
+    environment_contract,
+    scenario_world,
+    tool_method,
+)  # fmt: skip
 from builder.records import ChatMessage
 from builder.sandbox.runtime import Sandbox
 
@@ -55,6 +64,7 @@ class ScenarioData(vf.TaskData):
     scenario_id: str
     env_id: str
     code: str
+    contract: Contract = "strict"
     initial_state: dict[str, Any]
     checks: list[str]
     now: str
@@ -104,7 +114,8 @@ class SandboxToolset(vf.Toolset[SandboxToolsetConfig, EpisodeState]):
     async def setup_task(self, task: Any) -> None:
         data: ScenarioData = task  # a task-scoped server is handed the rollout's task data
         scenario = {"env_id": data.env_id, "now": data.now, "initial_state": data.initial_state, "checks": data.checks}
-        self._live = LiveEnvironment({"code": data.code}, scenario)  # its own sandbox, in this server process
+        # its own sandbox, in this server process
+        self._live = LiveEnvironment({"code": data.code}, scenario, contract=data.contract)
         self._live.reset()
         self._exit_stack.callback(self._live.close)
         if data.scenario is not None:  # the task's setup made the opening the prompt: the user has spoken once
@@ -165,7 +176,8 @@ class ScenarioTask(vf.Task[ScenarioData, EpisodeState, ScenarioTaskConfig]):
         starts); a user that gives none voids the episode."""
         if self.data.scenario is None:
             return
-        talk = conversation(self.config.tools, self.data, list(inspect_source(self.data.code).tool_names))
+        tool_names = list(inspect_source(self.data.code, self.data.contract).tool_names)
+        talk = conversation(self.config.tools, self.data, tool_names)
         opening = await asyncio.to_thread(talk.open)
         if opening is None:
             raise vf.TaskError(f"the simulated user gave no opening message ({talk.end_reason}: {talk.detail})")
@@ -220,7 +232,8 @@ class BuilderTaskset(vf.Taskset[ScenarioTask, BuilderTasksetConfig]):
                 id=row["scenario_id"], name=row["scenario_id"],
                 prompt="" if conversational else row["task"],  # the user's opening, asked at setup
                 system_prompt=agent_prompt(prompt_name, row, environment), scenario_id=row["scenario_id"],
-                env_id=row["env_id"], code=environment_code(environment), initial_state=state,
+                env_id=row["env_id"], code=environment_code(environment), contract=environment_contract(environment),
+                initial_state=state,
                 checks=list(column(row, "checks")), now=scenario_world(row)[0],
                 scenario=dict(row) if conversational else None,
             ), config.task)  # fmt: skip

@@ -76,16 +76,17 @@ class LiveEnvironment:
         scenario: a row of the `scenarios` data (needs `initial_state` or `initial_state_json`, `task`,
             `checks`); JSON-string columns are decoded.
         sandbox: the runtime to use (one per process is plenty); a private one is started when omitted.
+        contract: how strictly the code is linted (default: `environment_contract(environment)`).
     """
 
     def __init__(
         self, environment: Mapping[str, Any], scenario: Mapping[str, Any] | None = None,
-        sandbox: Sandbox | None = None,
+        sandbox: Sandbox | None = None, contract: Contract | None = None,
     ) -> None:  # fmt: skip
         self._own_sandbox = sandbox is None
         self.sandbox = sandbox or Sandbox()
         self.code = environment_code(environment)
-        self.interface = inspect_source(self.code, environment_contract(environment))
+        self.interface = inspect_source(self.code, contract or environment_contract(environment))
         self.scenario: Mapping[str, Any] = scenario or {}
         self._session: Session | None = None
         self._initial: dict[str, Any] = {}

@@ -16,12 +16,16 @@ from typing import Annotated, Any
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, create_model, model_validator
 
+from builder.envs.signatures import environment_class
 from builder.pyast import parse
 from builder.sandbox.world import DEFAULT_NOW, describe_now, normalized_now
 
 
 def _env_class(code: str) -> ast.ClassDef:
-    return next(node for node in parse(code).body if isinstance(node, ast.ClassDef))
+    # An imported module may put helper classes first (BFCL's File and Directory): take the environment's.
+    tree = parse(code)
+    cls = environment_class(tree)
+    return cls if cls is not None else next(node for node in tree.body if isinstance(node, ast.ClassDef))
 
 
 def _methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:

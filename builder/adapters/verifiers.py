@@ -49,7 +49,7 @@ from builder.envs.trainer import (
     environment_contract,
     scenario_world,
     tool_method,
-)  # fmt: skip
+)
 from builder.records import ChatMessage
 from builder.sandbox.runtime import Sandbox
 

@@ -234,5 +234,6 @@ def _check_servers_for_actors(config: BuildConfig) -> None:
             "executor.kind = ray needs the model servers the actors reach: set llm.url or llm.urls "
             "(e.g. start one with `python -m builder serve`)"
         )
-    if config.rollout.rl_agent_model is not None and config.rollout.rl_agent_url is None:
-        raise ConfigError("executor.kind = ray with rollout.rl_agent_model needs rollout.rl_agent_url")
+    rollout = config.rollout
+    if rollout.rl_agent_model is not None and rollout.rl_agent_url is None and not rollout.rl_agent_urls:
+        raise ConfigError("executor.kind = ray with rollout.rl_agent_model needs rollout.rl_agent_url or rl_agent_urls")

@@ -2,7 +2,6 @@
 only the model behind `--llm-url` is scripted (as in tests/test_pipeline_e2e.py)."""
 
 import json
-import logging
 from pathlib import Path
 
 import polars as pl
@@ -25,15 +24,7 @@ def model(monkeypatch):
     return scripted
 
 
-@pytest.fixture(autouse=True)
-def restore_logging():
-    log = logging.getLogger("builder")
-    handlers, level = list(log.handlers), log.level
-    yield
-    for handler in [h for h in log.handlers if h not in handlers]:
-        log.removeHandler(handler)
-        handler.close()
-    log.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_logging")  # `main` adds handlers to the builder logger
 
 
 def state_file(tmp_path, state=BANK_STATE) -> Path:

@@ -10,7 +10,6 @@ classes/counter_api.py passes the strict contract.
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import socket
 from pathlib import Path
@@ -33,16 +32,7 @@ RL = FIXTURES / "envscaler_rl_scenarios.json"
 SFT = FIXTURES / "envscaler_sft_scenarios.json"
 
 
-@pytest.fixture(autouse=True)
-def restore_logging():
-    """`main` adds console and run-log handlers to the `builder` logger; take them off again."""
-    log = logging.getLogger("builder")
-    handlers, level = list(log.handlers), log.level
-    yield
-    for handler in [h for h in log.handlers if h not in handlers]:
-        log.removeHandler(handler)
-        handler.close()
-    log.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_logging")  # `main` adds handlers to the builder logger
 
 
 def run_import(root: Path, *args: str, until: str | None = "scenarios") -> int:

@@ -7,7 +7,6 @@ sandbox and store; fixtures in tests/fixtures/bfcl/siblings/ (written for these 
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 from pathlib import Path
 
@@ -24,16 +23,7 @@ from builder.store import Store
 SIBLINGS = Path(__file__).parent / "fixtures" / "bfcl" / "siblings"
 
 
-@pytest.fixture(autouse=True)
-def restore_logging():
-    """`main` adds console and run-log handlers to the `builder` logger; take them off again."""
-    log = logging.getLogger("builder")
-    handlers, level = list(log.handlers), log.level
-    yield
-    for handler in [h for h in log.handlers if h not in handlers]:
-        log.removeHandler(handler)
-        handler.close()
-    log.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_logging")  # `main` adds handlers to the builder logger
 
 
 def run_import(root: Path, *paths: Path) -> dict:

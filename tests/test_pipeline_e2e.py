@@ -9,7 +9,6 @@ stopped half-way and resumed must end exactly like the one-shot run.
 from __future__ import annotations
 
 import json
-import logging
 
 import polars as pl
 import pytest
@@ -38,18 +37,6 @@ def model(monkeypatch):
     scripted = ScriptedModel(teacher)
     monkeypatch.setattr("builder.llm.connect.OpenAIChatModel", lambda *args, **kwargs: scripted)
     return scripted
-
-
-@pytest.fixture
-def restore_logging():
-    """`main` adds console and run-log handlers to the `builder` logger; take them off again."""
-    log = logging.getLogger("builder")
-    handlers, level = list(log.handlers), log.level
-    yield
-    for handler in [h for h in log.handlers if h not in handlers]:
-        log.removeHandler(handler)
-        handler.close()
-    log.setLevel(level)
 
 
 def run(tmp_path, name: str, *options: str) -> int:

@@ -31,7 +31,7 @@ from builder.errors import ConfigError, RunError
 from builder.run.executor import run_stages
 from builder.run.ray_executor import RayItems, merge_counters
 from tests.fixtures.ray_toy import STAGES, no_resources, toy_config
-from tests.test_pipeline_e2e import model, restore_logging, run, run_outputs  # noqa: F401 - fixtures too
+from tests.test_pipeline_e2e import model, run, run_outputs  # noqa: F401 - model: a fixture
 
 ray = pytest.importorskip("ray")
 

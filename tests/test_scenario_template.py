@@ -20,13 +20,15 @@ from builder.stages.scenarios.template import template_request
 from builder.stages.scenarios.verbalise import created_values, refusal
 from builder.stages.scenarios.verify import default_state
 from builder.store import Store
-from tests.test_cli_scenarios import BANK, restore_logging, state_file  # noqa: F401 - restore_logging: a fixture
+from tests.test_cli_scenarios import BANK, state_file
 from tests.test_scenarios_graph import context, evaluated, sandbox  # noqa: F401 - sandbox: a fixture
 from tests.test_stage_scenarios import NOW, environment
 
 MODES = ("non_conversational", "conversational")
 ORDER = {"order_id": "ORD-1", "customer": "Ada Palmer", "item": "green tea", "quantity": 2, "status": "closed"}
 STATES = {"bank": None, "library": None, "orders": {"orders": {"ORD-1": ORDER}, "audit": []}}
+
+pytestmark = pytest.mark.usefixtures("restore_logging")  # `main` adds handlers to the builder logger
 
 
 def copies_the_example() -> ScriptedModel:

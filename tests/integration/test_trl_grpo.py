@@ -25,7 +25,7 @@ from builder.publish.server import LocalHub
 from tests.fixtures.e2e_release import user_reply
 from tests.integration.test_trl_sft import release  # noqa: F401 (fixture)
 from tests.llm_stub import StubServer, completion
-from tests.test_pipeline_e2e import model, restore_logging  # noqa: F401 (fixtures)
+from tests.test_pipeline_e2e import model  # noqa: F401 (a fixture)
 from tests.test_trainer_grpo import runnable_grpo_block, small_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

@@ -27,7 +27,7 @@ from builder.config import load_config
 from builder.llm.weights import EMBEDDED_MODEL, chatml_tools_template, resolve_model
 from builder.publish.publish import publish
 from builder.publish.server import LocalHub
-from tests.test_pipeline_e2e import RL_FRACTION, model, restore_logging, run  # noqa: F401 (fixtures)
+from tests.test_pipeline_e2e import RL_FRACTION, model, run  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -38,8 +38,10 @@ from builder.stages.imports import IMPORT_STAGE, import_source, imported_scenari
 from builder.stages.imports.sources import Source
 from builder.stages.mine import mine
 from builder.stages.plan import plan
+from builder.stages.rollout import derive_report as rollout_figures
 from builder.stages.rollout import rollout, rollout_concurrency
 from builder.stages.scenarios import scenarios
+from builder.stages.scenarios.method_stats import derive_report as scenario_figures
 from builder.stages.select import select
 from builder.stats import StageStats
 
@@ -54,10 +56,16 @@ STAGES: tuple[Stage, ...] = (
     ItemStage("plan", plan, input=Topic, output=EnvPlan),
     ItemStage("code", code, input=EnvPlan, output=Environment),
     ItemStage("evaluate", evaluate, input=Environment, output=Environment, persist="environments"),
-    ItemStage("scenarios", scenarios, input=Environment, output=Scenario, persist="scenarios"),
+    ItemStage("scenarios", scenarios, input=Environment, output=Scenario, persist="scenarios", derive=scenario_figures),
     ItemStage(
-        "rollout", rollout, input=Scenario, output=Trajectory, concurrency=rollout_concurrency, persist="trajectories"
-    ),
+        "rollout",
+        rollout,
+        input=Scenario,
+        output=Trajectory,
+        concurrency=rollout_concurrency,
+        persist="trajectories",
+        derive=rollout_figures,
+    ),  # fmt: skip
     BatchStage("select", select, input=Trajectory, output=Selection, persist="selections"),
 )
 
@@ -71,7 +79,9 @@ def import_stages(source: Source, *, dual_agent: bool = False, more_scenarios: b
     return (
         BatchStage(IMPORT_STAGE, functools.partial(import_source, source=source), input=None, output=Environment),
         ItemStage("evaluate", vetted, input=Environment, output=Environment, persist="environments"),
-        ItemStage("scenarios", verified, input=Environment, output=Scenario, persist="scenarios"),
+        ItemStage(
+            "scenarios", verified, input=Environment, output=Scenario, persist="scenarios", derive=scenario_figures
+        ),  # fmt: skip
         *STAGES[-2:],
     )
 

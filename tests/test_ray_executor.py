@@ -265,6 +265,12 @@ def test_bench_scale_prints_its_figures(ray_cluster, tmp_path, capsys):
     argv = ["bench", "scale", "--json", "--profile", "none", "--items", "12", "--latency-ms", "5"]
     assert main([*argv, "--ray-address", ray_cluster, "--set", f"run.runs_root={tmp_path}"]) == 0
     figures = json.loads(capsys.readouterr().out)
-    assert {"local", "ray_1_actor", "ray_2_actors", "ratio_2_actors_vs_local", "ratio_2_vs_1_actor"} <= set(figures)
-    assert set(figures["ray_2_actors"]["actors"]) == {"actor-1", "actor-2"}
-    assert figures["ray_1_actor"]["driver_s_per_item"] > 0 and figures["local"]["items_per_s"] > 0
+    assert figures["cpus"] == len(os.sched_getaffinity(0)) >= 2 and figures["target_ratio"] == 1.7
+    for mode in ("per_core", "machine"):
+        entry = figures[mode]
+        assert {"local", "ray_1_actor", "ray_2_actors", "ratio_2_actors_vs_local", "ratio_2_vs_1_actor"} <= set(entry)
+        assert set(entry["ray_2_actors"]["actors"]) == {"actor-1", "actor-2"}
+        assert entry["ray_1_actor"]["driver_s_per_item"] > 0 and entry["local"]["items_per_s"] > 0
+    # Pinned, each actor's process (with its sandbox) claimed a core of its own.
+    claimed = sorted(path.name for path in (tmp_path / "bench-scale/per-core/ray_2_actors/cores").iterdir())
+    assert claimed == ["core-0", "core-1"] or len(set(claimed)) == 2

@@ -15,6 +15,7 @@ from builder.run.executor import run_stages
 from builder.run.stage import BatchStage, Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.scenarios import scenarios, slot_methods
+from builder.stages.scenarios.method_stats import derive_report
 from builder.stages.scenarios.verbalise import UserRequest, created_values, leaks, parse_reply
 from builder.stages.scenarios.verify import load_state
 from builder.stats import StageStats
@@ -109,6 +110,7 @@ async def test_graph_method_words_verified_chains_into_scenarios(tmp_path, sandb
     shown = [gold_of(request) for request in model.requests]
     assert sorted(shown) == sorted([(a.name, a.arguments) for a in s.gold_actions] for s in results[::2])
     assert model.requests[0].response_format["json_schema"]["name"] == "UserRequest"
+    derive_report(ctx.stats)  # what the executor does once the stage's inputs are done
     graph = ctx.stats.report["methods"]["graph"]
     assert (graph["slots"], graph["verified"], graph["yield"], graph["calls"]) == (2, 2, 1.0, 2)
     assert graph["per_verified"]["calls"] == 1.0 and graph["prompt_tokens"] == ctx.stats.usage.prompt_tokens > 0
@@ -170,6 +172,7 @@ async def test_an_ungrounded_literal_is_refused_then_the_slot_is_rejected(tmp_pa
     assert len(model.requests) == 2  # repair_attempts + structured_retries + 1
     feedback = model.requests[1].messages[-1].content
     assert "the user script (known_up_front, reveal_when_asked) does not give" in feedback
+    derive_report(ctx.stats)
     graph = ctx.stats.report["methods"]["graph"]
     assert (graph["slots"], graph["verified"], graph["yield"], graph["per_verified"]) == (1, 0, 0.0, None)
 
@@ -212,6 +215,7 @@ async def test_both_methods_each_report_their_cost_and_yield(tmp_path, sandbox):
         ("llm", "non_conversational"), ("llm", "conversational"),
         ("graph", "non_conversational"), ("graph", "conversational"),
     ]  # fmt: skip
+    derive_report(ctx.stats)
     methods = ctx.stats.report["methods"]
     assert (methods["llm"]["calls"], methods["graph"]["calls"]) == (4, 1)  # state, task, gold, checks; wording
     assert methods["llm"]["prompt_tokens"] + methods["graph"]["prompt_tokens"] == ctx.stats.usage.prompt_tokens

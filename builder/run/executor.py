@@ -182,11 +182,15 @@ async def _run_item_stage(
             disable=not sys.stderr.isatty(),
             leave=True,
         )
-        with folder.appending(stage.name) as journal, progress:
-            async with aclosing(items(stage, pending, ctx)) as finished:
-                async for input_id, results in finished:
-                    folder.append(journal, input_id, results)
-                    progress.update(1)
+        try:
+            with folder.appending(stage.name) as journal, progress:
+                async with aclosing(items(stage, pending, ctx)) as finished:
+                    async for input_id, results in finished:
+                        folder.append(journal, input_id, results)
+                        progress.update(1)
+        finally:  # also for an interrupted stage: its stats are saved with what it counted
+            if stage.derive is not None:
+                stage.derive(ctx.stats)
     folder.compact(stage.name, stage.output)
 
 

@@ -337,8 +337,9 @@ class _ActorStage:
 
 
 def merge_counters(reports: Sequence[dict]) -> dict:
-    """Stage reports added up: integer counters are summed, nested dicts merged; other values (rates and costs a
-    stage derives from its counters) differ per actor and are left out (each actor's own are in its figures)."""
+    """Stage reports added up: integer counters are summed, nested dicts merged, other values left out (they
+    differ per actor; each actor's own are in its figures). The rates and costs a stage derives from its counters
+    are then filled in from the sums, by the stage's `derive`, when its inputs are done."""
     merged: dict = {}
     for report in reports:
         for key, value in report.items():

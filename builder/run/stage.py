@@ -114,6 +114,10 @@ class ItemStage:
     output: type[Record]
     concurrency: Callable[[BuildConfig], int] = field(default=lambda config: config.llm.max_concurrency)
     persist: str | None = None  # the store table the executor upserts the kept records into
+    # Fills the report's derived figures (rates, costs per kept item) from its counters and the stage's usage. The
+    # executor calls it once the inputs are done, so under `--executor ray` the figures are those of the counters
+    # summed over the actors, not one actor's: stage functions only count.
+    derive: Callable[[StageStats], None] | None = None
 
 
 @dataclass(frozen=True)

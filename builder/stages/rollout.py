@@ -37,6 +37,7 @@ from builder.rollout.user_sim import UserSimulator
 from builder.run.stage import Rejected, StageContext
 from builder.sandbox.world import DEFAULT_NOW, describe_now
 from builder.splits import declared_split, is_rl_environment
+from builder.stats import StageStats
 
 logger = logging.getLogger(__name__)
 
@@ -177,8 +178,9 @@ async def rollout(scenario: Scenario, ctx: StageContext) -> list[Record]:
 
 
 def _count_by_model(ctx: StageContext, agent: Player, trajectories: list[Trajectory]) -> None:
-    """`report.by_model[model][split]`: scenarios, rollouts, graded rollouts, solved and the pass rate (solved /
-    graded, as select counts it), so the stats say which model's pass rates the RL band was cut from."""
+    """`report.by_model[model][split]`: scenarios, rollouts, graded rollouts and solved, so the stats say which
+    model's pass rates the RL band was cut from (`derive_report` adds the pass rate: solved / graded, as select
+    counts it)."""
     by_model = ctx.stats.report.setdefault("by_model", {}).setdefault(agent.model.model_id, {})
     entry = by_model.setdefault(agent.split, {"scenarios": 0, "rollouts": 0, "graded": 0, "solved": 0})
     graded = [t for t in trajectories if t.end_reason not in INFRA_END_REASONS]
@@ -186,7 +188,13 @@ def _count_by_model(ctx: StageContext, agent: Player, trajectories: list[Traject
     entry["rollouts"] += len(trajectories)
     entry["graded"] += len(graded)
     entry["solved"] += sum(t.solved for t in graded)
-    entry["pass_rate"] = round(entry["solved"] / entry["graded"], 4) if entry["graded"] else None
+
+
+def derive_report(stats: StageStats) -> None:
+    """`pass_rate` of each model and split in `report.by_model` from its counters (`ItemStage.derive`)."""
+    for splits in stats.report.get("by_model", {}).values():
+        for entry in splits.values():
+            entry["pass_rate"] = round(entry["solved"] / entry["graded"], 4) if entry["graded"] else None
 
 
 async def _sample(

@@ -98,9 +98,9 @@ async def scenarios(
     and request_leaks (`verbalise`); and `exception:<Type>` for a slot that hit an unexpected error, logged
     with its traceback.
 
-    Adds to `ctx.stats.report` `verified_slots` and `per_verified_slot` (model calls and prompt tokens of the
-    stage so far per verified slot; a slot is emitted once per mode, so `per_kept` is per record), and the
-    figures per method (`method_stats`).
+    Counts in `ctx.stats.report` `verified_slots` (a slot is emitted once per mode, so `per_kept` is per record)
+    and the figures per method; `method_stats.derive_report` (the stage's `derive`) adds the costs per verified
+    slot from them.
     """
     if env.status != "accepted":
         raise Rejected(ctx.reject(env, "not_accepted", f"status is {env.status!r}; only accepted environments"))
@@ -152,7 +152,7 @@ async def scenarios(
         outcomes.append((methods[slot], result))
         results += [result] if isinstance(result, Rejection) else result
     kept = [record for record in results if isinstance(record, Scenario)]
-    _report_cost(ctx, len(kept) // max(1, len(ctx.config.scenarios.modes)))
+    _count_verified(ctx, len(kept) // max(1, len(ctx.config.scenarios.modes)))
     graph_usage = sum((s.usage for s in spent.values()), Usage())
     report_methods(ctx, env, outcomes, graph_usage, dropped)
     return results
@@ -165,17 +165,8 @@ def slot_methods(method: str, count: int) -> list[str]:
     return [method] * count
 
 
-def _report_cost(ctx: StageContext, verified: int) -> None:
-    """The stage's model cost per verified slot so far: the figure the prompt budget is sized against."""
-    report = ctx.stats.report
-    report["verified_slots"] = report.get("verified_slots", 0) + verified
-    if report["verified_slots"]:
-        slots = report["verified_slots"]
-        report["per_verified_slot"] = {
-            "calls": round(ctx.stats.usage.calls / slots, 2),
-            "prompt_tokens": round(ctx.stats.usage.prompt_tokens / slots, 1),
-            "completion_tokens": round(ctx.stats.usage.completion_tokens / slots, 1),
-        }
+def _count_verified(ctx: StageContext, verified: int) -> None:
+    ctx.stats.report["verified_slots"] = ctx.stats.report.get("verified_slots", 0) + verified
 
 
 async def _slot(

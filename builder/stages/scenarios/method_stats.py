@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from builder.records import Environment, Rejection, Scenario
 from builder.run.stage import StageContext
+from builder.stats import StageStats
 from builder.usage import Usage
 
 COUNTERS = ("slots", "verified", "template_worded", "gold_calls", "tools_covered", "tools_offered")
@@ -29,8 +30,8 @@ def report_methods(
     graph_usage: Usage,
     chains_dropped: Mapping[str, int],
 ) -> None:
-    """Add one environment's slots (method, what the slot made) to the report; `graph_usage` is what its graph
-    requests cost."""
+    """Count one environment's slots (method, what the slot made) in the report; `graph_usage` is what its graph
+    requests cost. The rates and costs per verified slot are `derive_report`'s."""
     methods = ctx.stats.report.setdefault("methods", {})
     for method in ("llm", "graph"):
         made = [result for name, result in outcomes if name == method]
@@ -51,10 +52,22 @@ def report_methods(
         dropped = graph.setdefault("chains_dropped", {})
         for reason, count in chains_dropped.items():
             dropped[reason] = dropped.get(reason, 0) + count
+
+
+def derive_report(stats: StageStats) -> None:
+    """The stage's derived figures from its counters (`ItemStage.derive`): `per_verified_slot` (the stage's model
+    usage per verified slot: the figure the prompt budget is sized against), the llm method's usage (the stage's
+    less the graph method's) and each method's rates and costs per verified slot."""
+    report = stats.report
+    if slots := report.get("verified_slots", 0):
+        report["per_verified_slot"] = {
+            name: round(getattr(stats.usage, name) / slots, 2 if name == "calls" else 1) for name in USAGE
+        }
+    methods = report.get("methods", {})
     if "llm" in methods:
         spent_by_graph = methods.get("graph", {})
         for name in USAGE:
-            methods["llm"][name] = max(0, getattr(ctx.stats.usage, name) - spent_by_graph.get(name, 0))
+            methods["llm"][name] = max(0, getattr(stats.usage, name) - spent_by_graph.get(name, 0))
     for entry in methods.values():
         _derive(entry)
 

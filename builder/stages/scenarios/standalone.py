@@ -29,6 +29,7 @@ from builder.records import Environment, Provenance, Record, Rejection, Scenario
 from builder.run.stage import Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.evaluate.source import environment_text
+from builder.stages.scenarios.method_stats import derive_report
 from builder.stages.scenarios.verify import load_state
 from builder.stats import StageStats, save_stats
 from builder.tables import to_frame, write_parquet_atomic
@@ -76,6 +77,7 @@ def scenarios_command(
         target.write_text("".join(record.model_dump_json() + "\n" for record in kept))
     (out / "rejections.jsonl").write_text("".join(record.model_dump_json() + "\n" for record in rejected))
     stats.kept, stats.dropped = len(kept), Counter(record.reason for record in rejected)
+    derive_report(stats)
     save_stats(out / "stats.json", {"scenarios": stats})
     _summary(stats, kept, target, stdout)
     return 0 if kept else 1

@@ -145,9 +145,10 @@ async def test_ray_gives_the_local_tables_and_says_where_time_went(ray_cluster, 
     assert set(journaled(tmp_path / "run").values()) == {1} and len(journaled(tmp_path / "run")) == 24
     topics = stats["topics"]
     assert (topics.inputs, topics.kept, dict(topics.dropped)) == (24, 18, {"too_round": 5, "exception:ValueError": 1})
-    # Model calls made in the actors are counted on the driver, once each; counters of the report are summed.
+    # Model calls made in the actors are counted on the driver, once each; counters of the report are summed, and
+    # the stage's derived figure is derived from the sums (5 round numbers in 0..23), as under local.
     assert topics.usage.calls == 24 and topics.usage.prompt_tokens == 240
-    assert topics.report == {"toy": {"items": 24}}
+    assert topics.report == {"toy": {"items": 24, "round": 5, "round_share": 0.2083}}
     figures = topics.executor
     assert figures["kind"] == "ray" and figures["items"] == 24 and set(figures["actors"]) == {"actor-1", "actor-2"}
     assert sum(actor["items"] for actor in figures["actors"].values()) == 24

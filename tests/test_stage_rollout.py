@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from llm_stub import StubServer, completion
 
 from builder.config import SandboxConfig, load_config
 from builder.llm import ChatRequest, LLMRequestError, ScriptedModel, tool_reply
@@ -304,6 +305,36 @@ async def test_bench_rollout_replays_exactly_the_requests_the_rollouts_sent(sand
     assert baseline["replay_tokens"] == figures["completion_tokens"] > 0  # the same work, every token counted
     sent = replayed.model.requests
     assert sorted(r.messages for r in sent) == sorted(r.messages for r in recording.requests)
+
+
+def counter_agent_over_http(body: dict) -> tuple[int, dict]:
+    """What `bench._counter_agent` answers, as an OpenAI chat server would: three increments, then done."""
+    if sum(message["role"] == "tool" for message in body["messages"]) < 3:
+        call = {"id": "c1", "type": "function", "function": {"name": "increment", "arguments": '{"by": 1}'}}
+        return 200, completion(None, tool_calls=[call], finish_reason="tool_calls", completion_tokens=7)
+    return 200, completion("Done: the counter went up by 3.", completion_tokens=9)
+
+
+def test_bench_rollout_real_goes_through_the_pool_of_llm_urls(tmp_path):
+    from builder.rollout.bench import bench_rollout, to_text
+
+    with StubServer(counter_agent_over_http, 0.01) as a, StubServer(counter_agent_over_http, 0.01) as b:
+        config = load_config(None, [
+            f'llm.urls=["{a.url}", "{b.url}"]', "llm.max_concurrency=2", "llm.adaptive_concurrency=false",
+            "rollout.episodes_in_flight=4", "sandbox.call_timeout_s=2.0", "sandbox.memory_mb=256",
+        ])  # fmt: skip
+        figures = bench_rollout(config, tmp_path, episodes=6, real=True)
+    sent = 6 * 4  # three increments and the answer per episode
+    assert (figures["episodes"], figures["solved"]) == (6, 6)
+    assert len(a.requests) > 0 and len(b.requests) > 0  # both servers played, and both answered the replay
+    assert len(a.requests) + len(b.requests) == 2 * sent  # the rollouts, then each of their requests once more
+    servers = figures["servers"]
+    assert [s["url"] for s in servers] == [a.url, b.url] and sum(s["answered"] for s in servers) == sent
+    assert all(s["in_flight_limit"] == 2 for s in servers)  # each server kept to its own limit
+    assert figures["replay_requests"] == sent and figures["replay_tokens"] == figures["completion_tokens"] == 6 * 30
+    assert figures["rollout_tok_s"] > 0 and figures["replay_tok_s"] > 0 and 0 < figures["ratio"]
+    assert figures["steady_s"] > 0 and figures["steady_ratio"] is not None and figures["steady_ratio"] > 0
+    assert f"server {a.url}: answered" in to_text(figures)
 
 
 def test_bench_rollout_judges_the_target_on_the_steady_phase():

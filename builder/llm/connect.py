@@ -100,13 +100,7 @@ def open_llm(
     run_dir = Path(run_dir)
     use_cache = config.cache if cache is None else cache
     with ExitStack() as stack:
-        if config.urls or config.url:
-            urls, context, seeds = config.urls or (str(config.url),), config.max_model_len, True
-        else:
-            server = stack.enter_context(VLLMServer(config, run_dir / server_log))
-            # vLLM on CPU crashes (EngineDeadError "CPU Generator does not use offset") when a seeded request's
-            # prompt is prefilled in chunks, as long agent prompts are: its managed server gets no per-request seeds.
-            urls, context, seeds = (server.url,), server.max_model_len, server.device != "cpu"
+        urls, context, seeds = stack.enter_context(model_servers(config, run_dir, server_log=server_log))
         response_cache = stack.enter_context(ResponseCache(run_dir / CACHE_FILE)) if use_cache else None
         pool = endpoint_pool(config, urls, seeds=seeds, on_server_call=on_server_call)
         yield client_for(
@@ -117,6 +111,25 @@ def open_llm(
             on_call=on_call,
             context_tokens=context,
         )
+
+
+@contextmanager
+def model_servers(
+    config: LLMConfig, run_dir: Path, *, server_log: str = SERVER_LOG
+) -> Iterator[tuple[tuple[str, ...], int, bool]]:
+    """The servers `config` names, as `(urls, context tokens, seeds)` for `endpoint_pool`: `config.urls` (or
+    `config.url`), else a managed vLLM server started for the block, its log in `run_dir/<server_log>`.
+
+    Raises:
+        ServerError: the managed server cannot start (see `VLLMServer.start`).
+    """
+    if config.urls or config.url:
+        yield tuple(config.urls or (str(config.url),)), config.max_model_len, True
+        return
+    with VLLMServer(config, Path(run_dir) / server_log) as server:
+        # vLLM on CPU crashes (EngineDeadError "CPU Generator does not use offset") when a seeded request's
+        # prompt is prefilled in chunks, as long agent prompts are: its managed server gets no per-request seeds.
+        yield (server.url,), server.max_model_len, server.device != "cpu"
 
 
 def endpoint_pool(

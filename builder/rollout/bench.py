@@ -3,13 +3,16 @@
 Runs many episodes of `builder.rollout.episode.run_episode` at once against real sandbox sessions of a small counter
 environment, graded by its check. With the scripted agent (default; `--latency-ms` simulates a model's reply
 time) it prints episodes per second and the share of wall time during which no model call was in flight (the
-rollout machinery's own cost). With `--real` the configured model answers (managed server or `llm.url`), and the
-completion tokens per second achieved during rollouts are compared with the server's best on the same work:
-every request the rollouts sent is sent again, `llm.max_concurrency` at a time, with nothing waiting between
-them (no turn waits for the previous one, no tool runs, no grading). Over the whole run that is `ratio`; over
-the steady phase, while every slot is kept full, `steady_ratio` (the figure a long rollout run sees; target
->= 0.90). A decode-only baseline (`bench llm`) would not do: an agent's requests are mostly prompt (the tools,
-the conversation so far), and on a CPU prompt processing dominates the server's time.
+rollout machinery's own cost). With `--real` the configured model answers (`llm.urls`, `llm.url` or a managed
+server), through the same `EndpointPool` as every other model use, so each server is paced by its own in-flight
+limit (`llm.max_concurrency`, moved by its throughput with `llm.adaptive_concurrency`) as in a real run. The
+completion tokens per second achieved during rollouts are then compared with the server's best on the same work:
+every request the rollouts sent is sent again through that same pool, all queued at once, with nothing waiting
+between them (no turn waits for the previous one, no tool runs, no grading); each server again takes as many as
+its limit allows, starting from where the rollouts left it. Over the whole run that is `ratio`; over the steady
+phase, while every slot is kept full, `steady_ratio` (the figure a long rollout run sees; target >= 0.90). A
+decode-only baseline (`bench llm`) would not do: an agent's requests are mostly prompt (the tools, the
+conversation so far), and on a CPU prompt processing dominates the server's time.
 """
 
 from __future__ import annotations
@@ -184,17 +187,31 @@ def bench_rollout(
         sandbox = stack.enter_context(Sandbox(config.sandbox))
         if not real:
             return asyncio.run(run_rollouts(_SlowScripted(latency_ms / 1000), sandbox, episodes, in_flight, config))
-        from builder.llm.connect import SERVER_LOG, client_for
-        from builder.llm.openai_backend import OpenAIChatModel
-        from builder.llm.server import VLLMServer
+        from builder.llm.connect import client_for, endpoint_pool, model_servers, over_pool, served_model_id
 
         llm = config.llm
-        url = llm.url or stack.enter_context(VLLMServer(llm, Path(run_dir) / SERVER_LOG)).url
-        backend = RecordingBackend(OpenAIChatModel(url, llm.served_model_name, timeout_s=llm.request_timeout_s))
-        client = client_for(llm, backend, model_id=f"bench:{url}", cache=None)
-        figures = asyncio.run(run_rollouts(client, sandbox, episodes, in_flight, config))
-        again = client_for(llm, backend.backend, model_id=f"bench:{url}", cache=None)
-        figures.update(asyncio.run(replay(again, backend.requests)))
+        urls, context, seeds = stack.enter_context(model_servers(llm, run_dir))
+        pool = endpoint_pool(llm, urls, seeds=seeds)
+        recording = RecordingBackend(pool)
+
+        def client(backend: Any) -> Any:
+            return client_for(
+                over_pool(llm, pool), backend, model_id=served_model_id(llm), cache=None, context_tokens=context
+            )
+
+        async def rollouts() -> dict:
+            rollout_client = client(recording)
+            try:
+                return await run_rollouts(rollout_client, sandbox, episodes, in_flight, config)
+            finally:
+                await rollout_client.aclose()
+
+        figures = asyncio.run(rollouts())
+        figures["servers"] = [
+            {"url": endpoint.url, "answered": endpoint.answered, "in_flight_limit": endpoint.limit.current}
+            for endpoint in pool.endpoints
+        ]
+        figures.update(asyncio.run(replay(client(pool), recording.requests)))
         best, steady = figures["replay_tok_s"], figures["steady_tok_s"]
         figures.update(
             ratio=round(figures["rollout_tok_s"] / best, 3) if best else 0.0,
@@ -204,7 +221,12 @@ def bench_rollout(
 
 
 def to_text(figures: dict) -> str:
-    lines = [f"{key}: {value}" for key, value in figures.items()]
+    lines = [f"{key}: {value}" for key, value in figures.items() if key != "servers"]
+    for server in figures.get("servers", ()):
+        lines.append(
+            f"server {server['url']}: answered {server['answered']} in rollouts, "
+            f"in-flight limit {server['in_flight_limit']} after them"
+        )
     if "ratio" in figures:
         steady = figures["steady_ratio"]
         if steady is None:

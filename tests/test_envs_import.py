@@ -267,9 +267,17 @@ def test_strict_session_refuses_and_does_not_call_load_scenario(sandbox):
 
 @pytest.mark.parametrize("source", [FILE_SYSTEM, TWITTER, TRADING, TICKETS])
 def test_bfcl_style_classes_pass_the_probe_under_import(sandbox, source):
-    problems, results = probe_environment(sandbox, source, contract="import")
-    assert problems == [] and len(results) == len(inspect_source(source, "import").tools)
-    assert probe_environment(sandbox, source)[0] == list(lint(source))  # strict: the lint problems refuse
+    probe = probe_environment(sandbox, source, contract="import")
+    assert probe.problems == () and len(probe.results) == len(inspect_source(source, "import").tools)
+    assert list(probe_environment(sandbox, source).problems) == list(lint(source))  # strict: the lint refuses
+
+
+def test_the_probe_reports_a_private_attribute_left_out_as_a_warning_not_a_problem(sandbox):
+    source = "class Dice:\n    def __init__(self):\n        import random\n        self._random = random.Random(1)\n"
+    source += '\n    def roll(self) -> dict:\n        """Roll."""\n        return {"n": self._random.randint(1, 6)}\n'
+    probe = probe_environment(sandbox, source, contract="import")
+    assert probe.problems == () and probe.results[0].ok
+    assert [(w.code, w.attribute) for w in probe.warnings] == [("private_state_omitted", "_random")]
 
 
 def test_getattr_and_vars_work_in_the_sandbox(sandbox):

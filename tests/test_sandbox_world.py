@@ -86,10 +86,10 @@ def test_another_seed_gives_other_ids_and_picks(sandbox):
 
 
 def test_the_probe_passes_clock_and_uuid_code_and_still_catches_a_duration_clock(sandbox):
-    problems, results = probe_environment(sandbox, ORDERS, {}, now="2024-03-14T10:30:00")
-    assert problems == [] and results[1].result["orders"][0]["placed_at"] == "2024-03-14T10:30:00"
-    problems, _ = probe_environment(sandbox, (FIXTURES / "nondeterministic.py").read_text())
-    assert [p.code for p in problems] == ["nondeterministic"]
+    probe = probe_environment(sandbox, ORDERS, {}, now="2024-03-14T10:30:00")
+    assert probe.problems == () and probe.results[1].result["orders"][0]["placed_at"] == "2024-03-14T10:30:00"
+    probe = probe_environment(sandbox, (FIXTURES / "nondeterministic.py").read_text())
+    assert [p.code for p in probe.problems] == ["nondeterministic"]
 
 
 def test_checks_run_at_the_given_now(sandbox):

@@ -8,13 +8,15 @@ import polars as pl
 import pytest
 
 from builder.config import SandboxConfig, load_config
+from builder.envs.graph import extract_graph
 from builder.llm import ChatRequest, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
-from builder.records import Environment, Rejection, Scenario
+from builder.records import Environment, Rejection, Scenario, scenario_seed
 from builder.run.executor import run_stages
 from builder.run.stage import BatchStage, Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.scenarios import scenarios, slot_methods
+from builder.stages.scenarios.graph_method import find_chains, start_graph
 from builder.stages.scenarios.method_stats import derive_report
 from builder.stages.scenarios.verbalise import UserRequest, created_values, leaks, parse_reply
 from builder.stages.scenarios.verify import load_state
@@ -300,6 +302,30 @@ def evaluated(env: Environment, states: list[tuple[dict, str]]) -> Environment:
                                     "config_hash": "hash", "builder_version": "0"},
     }  # fmt: skip
     return Environment.model_validate({**env.model_dump(exclude={"id"}), "evaluation": evaluation})
+
+
+def test_chains_from_evaluates_first_test_state_reuse_the_graph_it_stored(sandbox):
+    env = evaluated(environment("bank"), [(BANK_STATE, NOW)])
+    extracted = extract_graph(sandbox, env.code, BANK_STATE, now=NOW)  # what evaluate stores
+    assert find_chains(sandbox, env.model_copy(update={"graph": extracted}), [(BANK_STATE, NOW)], 2, 2)[0]
+    # A stored graph no extraction gives (no tools): it is the one used, so no chain has a tool to start from.
+    toolless = extracted.model_copy(update={"nodes": (), "edges": ()})
+    reusing = env.model_copy(update={"graph": toolless})
+    assert start_graph(sandbox, reusing, BANK_STATE, NOW) is toolless
+    found, dropped = find_chains(sandbox, reusing, [(BANK_STATE, NOW)], 2, 2)
+    assert found == [] and dropped["no_writer"] > 0
+
+
+def test_chains_from_another_state_or_now_extract_their_own_graph(sandbox):
+    toolless = extract_graph(sandbox, environment("bank").code).model_copy(update={"nodes": (), "edges": ()})
+    env = evaluated(environment("bank"), [(BANK_STATE, NOW)]).model_copy(update={"graph": toolless})
+    later = "2024-06-01T09:00:00"
+    graph = start_graph(sandbox, env, BANK_STATE, later)  # evaluate's state, but not at its `now`
+    assert graph == extract_graph(sandbox, env.code, BANK_STATE, now=later, seed=scenario_seed(env.id, later))
+    fewer = {**BANK_STATE, "accounts": {"acc-1": BANK_STATE["accounts"]["acc-1"]}}
+    assert start_graph(sandbox, env, fewer, NOW).nodes == graph.nodes  # another state: extracted, tools and all
+    found, _ = find_chains(sandbox, env, [(fewer, NOW), (BANK_STATE, NOW)], 2, 2)  # the graph of the first state
+    assert found
 
 
 async def test_chains_start_from_the_test_states_evaluate_wrote(tmp_path, sandbox):

@@ -46,9 +46,10 @@ def env_check(
     import: any runtime problem, or a module with no single class)."""
     source = _read(path)
     state = _read_json(state_path) if state_path else None
-    warnings = _warnings(source, contract)
     with Sandbox(config) as sandbox:
-        problems, results = probe_environment(sandbox, source, state, now, contract, warnings)
+        probe = probe_environment(sandbox, source, state, now, contract)
+    problems, results = probe.problems, probe.results
+    warnings = [*_warnings(source, contract), *probe.warnings]  # the lint's information, then the runtime's
     if as_json:
         report = {
             "ok": not problems,

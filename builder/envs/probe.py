@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from builder.envs.lint import Contract, ContractError, Problem
 from builder.envs.schema import EnvInterface, inspect_source
 from builder.envs.session import Session, SessionError, ToolResult
@@ -25,7 +27,7 @@ RUNTIME_CODES: dict[str, str] = {
     "signature_mismatch": "the worker refused arguments that fit the derived schema",
     "nondeterministic": "the same calls from the same state gave different results or states",
 }
-# Runtime findings that are warnings, not problems (import contract only): appended to `warnings` when asked.
+# Runtime findings that are warnings, not problems (import contract only): the report's `warnings`.
 RUNTIME_WARNINGS: dict[str, str] = {
     "private_state_omitted": "a private attribute that is not JSON was left out of the state (import contract)",
 }
@@ -49,12 +51,22 @@ class ToolProblem(Problem):
     arguments: dict[str, Any]
 
 
+class ProbeReport(BaseModel):
+    """What `probe_environment` found: the `problems` (empty: the environment behaves), the `results` of the
+    first pass of calls (none when the module did not load) and the runtime `warnings` (`RUNTIME_WARNINGS`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    problems: tuple[Problem, ...]
+    results: tuple[ToolResult, ...] = ()
+    warnings: tuple[Problem, ...] = ()
+
+
 def probe_environment(
     sandbox: Sandbox, source: str, state: dict[str, Any] | None = None, now: str = DEFAULT_NOW,
-    contract: Contract = "strict", warnings: list[Problem] | None = None,
-) -> tuple[list[Problem], list[ToolResult]]:  # fmt: skip
-    """All problems found (empty: the environment behaves) and the results of the first pass of calls; the
-    runtime warnings (`RUNTIME_WARNINGS`) are appended to `warnings` when it is given.
+    contract: Contract = "strict",
+) -> ProbeReport:  # fmt: skip
+    """Lint, load, then call every tool twice from `state` at `now`; what was found, as a `ProbeReport`.
 
     Lint problems count under the strict contract; under import only those that leave nothing to load do (the
     others are information: `inspect_source(source, "import").problems`), and the runtime problems decide.
@@ -66,14 +78,15 @@ def probe_environment(
     try:
         interface = inspect_source(source, contract)
     except ContractError as error:
-        return error.problems, []
+        return ProbeReport(problems=error.problems)
     try:
         first, calls, first_state, omitted = _run_pass(sandbox, source, interface, state, now)
         second, _, second_state, _ = _run_pass(sandbox, source, interface, state, now)
     except SessionError as error:
         code = "state_not_json" if error.kind in ("state_not_json", "not_json") else "load_failed"
-        return [Problem(code=code, line=0, message=str(error))], []
-    for name in sorted(omitted) if warnings is not None else ():
+        return ProbeReport(problems=[Problem(code=code, line=0, message=str(error))])
+    warnings: list[Problem] = []
+    for name in sorted(omitted):
         message = f"state attribute {name!r} is not JSON: left out of the state (private, import contract)"
         warnings.append(OmittedAttribute(code="private_state_omitted", line=0, message=message, attribute=name))
     problems: list[Problem] = []
@@ -88,7 +101,7 @@ def probe_environment(
         problems.append(ToolProblem(code="nondeterministic", line=0, message=message, tool=name, arguments=arguments))
     if not differing and first_state != second_state:
         problems.append(Problem(code="nondeterministic", line=0, message="the final state differed between two runs"))
-    return problems, first
+    return ProbeReport(problems=problems, results=first, warnings=warnings)
 
 
 def _run_pass(

@@ -19,7 +19,8 @@
    upserted into the store by the runner; the per-call verdicts are the evidence (`Environment.evaluation`).
 5. An accepted environment gets its tool dependency graph (`Environment.graph`, `builder.envs.graph`), extracted
    from its first test state: here the sandbox is open and the state is one the check just exercised, so the
-   graph is computed once per environment and export publishes it as stored.
+   graph is computed once per environment, export publishes it as stored and the scenarios stage's graph method
+   starts from it when its chains start from that state.
 
 Rejection reasons: gates_failed, no_valid_test_state, tester_invalid, checker_invalid, low_score, llm_request,
 prompt_too_long, session_failed.

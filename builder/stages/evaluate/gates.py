@@ -46,7 +46,7 @@ def run_gates(
 ) -> tuple[list[Problem], EnvInterface | None, dict[str, Any]]:
     """Problems of the deterministic gates (empty: passed), the code's interface and its default state. Under the
     import contract lint problems are the interface's information, not gate problems (envs/lint.py)."""
-    problems, _ = probe_environment(sandbox, env.code, contract=contract)
+    problems = list(probe_environment(sandbox, env.code, contract=contract).problems)
     if problems:
         return problems, None, {}
     interface = inspect_source(env.code, contract)

@@ -26,7 +26,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 
-from builder.envs.lint import ContractError, Problem, lint
+from builder.envs.lint import ContractError, lint
 from builder.envs.probe import OmittedAttribute, ToolProblem, probe_environment
 from builder.envs.schema import inspect_source
 from builder.envs.state_schema import infer_schema
@@ -77,21 +77,18 @@ async def vet(env: Environment, ctx: StageContext, *, source: Source, dual_agent
     counts = ctx.stats.report.setdefault("lint_problems", {})  # information only under the import contract
     for code, count in Counter(problem.code for problem in lint(env.code)).items():
         counts[code] = counts.get(code, 0) + count
-    warnings: list[Problem] = []
-    problems, _ = await asyncio.to_thread(
-        probe_environment, ctx.sandbox, env.code, state, contract="import", warnings=warnings
-    )
-    omitted = [p.attribute for p in warnings if isinstance(p, OmittedAttribute)]
+    probe = await asyncio.to_thread(probe_environment, ctx.sandbox, env.code, state, contract="import")
+    omitted = [p.attribute for p in probe.warnings if isinstance(p, OmittedAttribute)]
     if omitted:  # the audit lists them (stats.json keeps them across resumes, like the lint counts)
         ref = env.provenance.origin.ref if env.provenance.origin else env.id
         ctx.stats.report.setdefault("private_state_omitted", {})[ref] = omitted
-    if problems:
-        codes = ", ".join(sorted({problem.code for problem in problems}))
+    if probe.problems:
+        codes = ", ".join(sorted({problem.code for problem in probe.problems}))
         found = [
             {"code": p.code, "tool": p.tool if isinstance(p, ToolProblem) else None, "message": p.message[:500]}
-            for p in problems
+            for p in probe.problems
         ]
-        detail = f"{codes}: " + "; ".join(map(str, problems))
+        detail = f"{codes}: " + "; ".join(map(str, probe.problems))
         raise Rejected(ctx.reject(env, "gates_failed", detail[:2000], raw_output=json.dumps(found)))
     if dual_agent:
         return await evaluate(env, ctx, contract="import")

@@ -3,10 +3,11 @@ checks are derived from the chain's state diff, and of which the model writes on
 
 Chains start from the states an accepted environment already has (no model call): its default state (what
 `__init__` builds) when that holds any data, then the test states the evaluate stage wrote and ran; the
-standalone command starts from the state it is given. The graph is extracted once, from the first state that
-loads. Each state gets an equal share of the chains (plus one spare), each chain is verified with its derived
-checks by the same gates as any scenario (negative control included), and the verified ones are taken in turn
-from each state, so the slots see different states.
+standalone command starts from the state it is given. The graph is taken once, from the first state that
+loads: the one evaluate stored (`Environment.graph`) when that state is evaluate's first test state at its `now`,
+else extracted from it. Each state gets an equal share of the chains (plus one spare), each chain is verified
+with its derived checks by the same gates as any scenario (negative control included), and the verified ones are
+taken in turn from each state, so the slots see different states.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from builder.envs.graph import extract_graph
+from builder.envs.graph import ToolGraph, extract_graph
 from builder.envs.lint import ContractError
 from builder.envs.session import SessionError
 from builder.envs.signatures import tool_defaults
@@ -73,9 +74,7 @@ def find_chains(
     graph = None
     for state, now in states:
         try:
-            graph = extract_graph(
-                sandbox, env.code, state, now=now, seed=scenario_seed(env.id, now), contract=env.contract
-            )
+            graph = start_graph(sandbox, env, state, now)
             break
         except (SessionError, ContractError):
             continue
@@ -104,6 +103,17 @@ def find_chains(
         per_state.append(kept)
     taken = [kept[turn] for turn in range(share) for kept in per_state if turn < len(kept)]
     return taken[:count], dropped
+
+
+def start_graph(sandbox: Sandbox, env: Environment, state: dict[str, Any], now: str) -> ToolGraph:
+    """The tool graph from `state` at `now`: `env.graph` when evaluate extracted it from that state (its first test
+    state, at that state's `now`), else extracted here. Raises what `extract_graph` raises."""
+    first = env.evaluation.test_states[0] if env.evaluation is not None and env.evaluation.test_states else None
+    if env.graph is not None and first is not None and (first.state, first.now) == (state, now):
+        # Evaluate extracted it at the default seed, not the scenario's: the seed reaches only values a tool draws
+        # at random (a new uuid4 id), which a consumer probed from the initial state refuses under any seed.
+        return env.graph
+    return extract_graph(sandbox, env.code, state, now=now, seed=scenario_seed(env.id, now), contract=env.contract)
 
 
 async def graph_chains(

@@ -65,7 +65,7 @@ STAGES: tuple[Stage, ...] = (
         concurrency=rollout_concurrency,
         persist="trajectories",
         derive=rollout_figures,
-    ),  # fmt: skip
+    ),
     BatchStage("select", select, input=Trajectory, output=Selection, persist="selections"),
 )
 
@@ -81,7 +81,7 @@ def import_stages(source: Source, *, dual_agent: bool = False, more_scenarios: b
         ItemStage("evaluate", vetted, input=Environment, output=Environment, persist="environments"),
         ItemStage(
             "scenarios", verified, input=Environment, output=Scenario, persist="scenarios", derive=scenario_figures
-        ),  # fmt: skip
+        ),
         *STAGES[-2:],
     )
 

@@ -193,3 +193,60 @@ class Verification(Frozen):
         exclude_if=_empty,
         description="No gold solution exists (an imported scenario): nothing proves it can be solved.",
     )
+
+
+# ------------------------------------------------------------------------------- the tool dependency graph
+# Extracted by `builder.envs.graph` (the edges found by execution in the sandbox); stored with an accepted
+# environment (`Environment.graph`).
+
+
+class ToolNode(Frozen):
+    """One tool: its parameters and the state attributes it reads and writes (writes are also reads)."""
+
+    name: str
+    parameters: tuple[str, ...]
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+
+
+class Edge(Frozen):
+    """`source` feeds `target`: for `data`, result field `output` (dots for keys, `[]` for list items, empty
+    for the whole result) carries values parameter `input` takes, e.g. `example`; for `state`, `source` writes
+    attribute `output` and `target` reads it (`input` is the same attribute)."""
+
+    kind: Literal["data", "state"]
+    source: str
+    target: str
+    output: str
+    input: str
+    example: Any = None
+
+
+class ToolGraph(Frozen):
+    """The typed dependency graph of one environment. `truncated`: the probe budget ran out (edges missing)."""
+
+    nodes: tuple[ToolNode, ...]
+    edges: tuple[Edge, ...]
+    truncated: bool = False
+
+    def node(self, name: str) -> ToolNode:
+        return next(node for node in self.nodes if node.name == name)
+
+    def feeding(self, target: str, parameter: str) -> list[Edge]:
+        """The data edges into parameter `parameter` of `target`."""
+        return [e for e in self.edges if e.kind == "data" and e.target == target and e.input == parameter]
+
+    def writers(self) -> list[str]:
+        return [node.name for node in self.nodes if node.writes]
+
+    def to_dot(self) -> str:
+        """Graphviz text: writers as boxes, data edges solid (labelled field → parameter), state edges dashed."""
+        lines = ["digraph tools {", "  rankdir=LR;"]
+        for node in self.nodes:
+            shape = "box" if node.writes else "ellipse"
+            lines.append(f'  "{node.name}" [shape={shape}];')
+        for edge in self.edges:
+            label = f"{edge.output or '(result)'} → {edge.input}" if edge.kind == "data" else edge.output
+            style = "solid" if edge.kind == "data" else "dashed"
+            lines.append(f'  "{edge.source}" -> "{edge.target}" [label="{label}", style={style}];')
+        return "\n".join(lines + ["}"])

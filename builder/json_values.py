@@ -16,3 +16,14 @@ def leaves(value: Any) -> Iterator[Any]:
             yield from leaves(item)
     else:
         yield value
+
+
+def record_pairs(value: Any) -> list[tuple[Any, dict[str, Any]]] | None:
+    """The (key, record) pairs of a collection of records, else None. A collection of records is a non-empty map
+    whose values are all objects (keyed by the record's key) or a non-empty list whose items are all objects
+    (keyed by position). The one rule every stage uses."""
+    if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+        return list(value.items())
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return list(enumerate(value))
+    return None

@@ -15,6 +15,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,16 +26,18 @@ from builder.config import BuildConfig, LLMConfig
 from builder.errors import ConfigError
 from builder.llm import CallRecord, ChatRequest, LLMClient, Reply, open_llm
 from builder.llm.base import ServerCall
-from builder.llm.connect import RL_AGENT_SERVER_LOG, rl_agent_config, served_model_id
+from builder.llm.connect import RL_AGENT_SERVER_LOG, served_model_id
+from builder.llm.roles import rl_agent_config, user_model_config
 from builder.records import ChatMessage, Environment, EnvPlan, Scenario, SeedTask, Selection, Topic, Trajectory
+from builder.reports import EvaluateReport, RolloutReport, ScenariosReport, SelectReport
 from builder.run.executor import Interrupted, run_stages
 from builder.run.stage import BatchStage, ItemStage, Stage, StageResources
 from builder.sandbox.runtime import Sandbox
-from builder.stages.code import code
+from builder.stages.code import code, repair_tools
 from builder.stages.collect import collect
 from builder.stages.dedupe import dedupe
 from builder.stages.evaluate import evaluate
-from builder.stages.imports import IMPORT_STAGE, import_source, imported_scenarios, vet
+from builder.stages.imports import IMPORT_STAGE, VERIFY_STAGE, VET_STAGE, import_source, imported_scenarios, vet
 from builder.stages.imports.sources import Source
 from builder.stages.mine import mine
 from builder.stages.plan import plan
@@ -49,40 +52,64 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T", bound=BaseModel)
 
+# Stages are leaves: what one needs of another comes in here, as records (`needs`) or as a function (evaluate
+# repairs a failing tool with the code stage's `repair_tools`; an import vets with evaluate and generates
+# scenarios with the scenarios stage).
+SCENARIOS = ItemStage(
+    "scenarios", scenarios, input=Environment, output=Scenario, persist="scenarios", derive=scenario_figures,
+    report=ScenariosReport,
+)  # fmt: skip
+ROLLOUT = ItemStage(
+    "rollout", rollout, input=Scenario, output=Trajectory, concurrency=rollout_concurrency, persist="trajectories",
+    derive=rollout_figures, needs=(Environment,), report=RolloutReport,
+)  # fmt: skip
+SELECT = BatchStage(
+    "select", select, input=Trajectory, output=Selection, persist="selections", needs=(Scenario, Environment),
+    report=SelectReport,
+)  # fmt: skip
 STAGES: tuple[Stage, ...] = (
     BatchStage("collect", collect, input=None, output=SeedTask),
     ItemStage("mine", mine, input=SeedTask, output=Topic),
     BatchStage("dedupe", dedupe, input=Topic, output=Topic),
     ItemStage("plan", plan, input=Topic, output=EnvPlan),
     ItemStage("code", code, input=EnvPlan, output=Environment),
-    ItemStage("evaluate", evaluate, input=Environment, output=Environment, persist="environments"),
-    ItemStage("scenarios", scenarios, input=Environment, output=Scenario, persist="scenarios", derive=scenario_figures),
     ItemStage(
-        "rollout",
-        rollout,
-        input=Scenario,
-        output=Trajectory,
-        concurrency=rollout_concurrency,
-        persist="trajectories",
-        derive=rollout_figures,
-    ),
-    BatchStage("select", select, input=Trajectory, output=Selection, persist="selections"),
+        "evaluate",
+        functools.partial(evaluate, repair=repair_tools),
+        input=Environment,
+        output=Environment,
+        persist="environments",
+        needs=(EnvPlan,),
+        report=EvaluateReport,
+    ),  # fmt: skip
+    SCENARIOS,
+    ROLLOUT,
+    SELECT,
 )
 
 
 def import_stages(source: Source, *, dual_agent: bool = False, more_scenarios: bool = False) -> tuple[Stage, ...]:
-    """The stages `python -m builder import` executes: the source's environments and scenarios re-verified
-    (`builder.stages.imports`) under the names rollout and select read (`evaluate`, `scenarios`), then the
+    """The stages `python -m builder import` executes: the source's environments read (`import`), vetted by the
+    evaluate stage's gates (`vet`) and their scenarios re-verified (`verify`; `builder.stages.imports`), then the
     pipeline's rollout and select, so an import run continues like a synthesis run."""
-    vetted = functools.partial(vet, source=source, dual_agent=dual_agent)
-    verified = functools.partial(imported_scenarios, source=source, more_scenarios=more_scenarios)
+    vetted = functools.partial(vet, source=source, dual_agent=dual_agent, evaluate=evaluate)
+    verified = functools.partial(imported_scenarios, source=source, more_scenarios=more_scenarios, generate=scenarios)
     return (
         BatchStage(IMPORT_STAGE, functools.partial(import_source, source=source), input=None, output=Environment),
-        ItemStage("evaluate", vetted, input=Environment, output=Environment, persist="environments"),
         ItemStage(
-            "scenarios", verified, input=Environment, output=Scenario, persist="scenarios", derive=scenario_figures
+            VET_STAGE, vetted, input=Environment, output=Environment, persist="environments", report=EvaluateReport
         ),
-        *STAGES[-2:],
+        ItemStage(
+            VERIFY_STAGE,
+            verified,
+            input=Environment,
+            output=Scenario,
+            persist="scenarios",
+            derive=scenario_figures,
+            report=ScenariosReport,
+        ),  # fmt: skip
+        ROLLOUT,
+        SELECT,
     )
 
 
@@ -192,6 +219,18 @@ def open_resources(config: BuildConfig, run_dir: Path, stack: ExitStack) -> Stag
             )
 
         rl_agent = LazyModel(rl_llm, open_rl_agent)
+    user_llm = user_model_config(config)
+    user = None
+    if user_llm is not None:
+
+        def open_user(on_call: Callable[[CallRecord], None]) -> LLMClient:
+            on_server_call = user.count_server_call
+            # user_model_config needs llm.url(s): the servers are reached, never started, so no server log.
+            return stack.enter_context(
+                open_llm(user_llm, Path(run_dir), on_call=on_call, on_server_call=on_server_call)
+            )
+
+        user = LazyModel(user_llm, open_user)
 
     @functools.cache
     def open_sandbox() -> Sandbox:
@@ -199,13 +238,18 @@ def open_resources(config: BuildConfig, run_dir: Path, stack: ExitStack) -> Stag
         return stack.enter_context(Sandbox(config.sandbox))
 
     async def aclose() -> None:
-        await model.aclose()
-        if rl_agent is not None:
-            await rl_agent.aclose()
+        for each in (model, rl_agent, user):
+            if each is not None:
+                await each.aclose()
 
+    # Rollout's blocking work (sandbox sessions): a thread per episode in flight; a Ray actor gives its own
+    # executor.sandbox_workers threads instead.
+    threads = ThreadPoolExecutor(max_workers=config.rollout.episodes_in_flight + 4, thread_name_prefix="blocking")
+    stack.callback(threads.shutdown, wait=False)
     return StageResources(
-        llm=model.for_stage, rl_agent=rl_agent.for_stage if rl_agent is not None else None, sandbox=open_sandbox,
-        aclose=aclose,
+        llm=model.for_stage, rl_agent=rl_agent.for_stage if rl_agent is not None else None,
+        user_model=user.for_stage if user is not None else None, sandbox=open_sandbox, aclose=aclose,
+        threads=threads,
     )  # fmt: skip
 
 
@@ -231,7 +275,7 @@ async def run_pipeline(
         try:
             return await run_stages(
                 stages, config, run_dir, until=until, only=only, llm=resources.llm, rl_agent=resources.rl_agent,
-                sandbox=resources.sandbox, items=items,
+                user_model=resources.user_model, sandbox=resources.sandbox, items=items,
             )  # fmt: skip
         finally:
             await resources.aclose()

@@ -18,8 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, Field, computed_field, field_validator
 
 from builder import __version__
-from builder.envs.graph import ToolGraph
-from builder.evidence import Evaluation, Synthesis, Verification
+from builder.evidence import Evaluation, Synthesis, ToolGraph, Verification
 from builder.frozen import JSON, STORED_AS_JSON, Frozen
 from builder.sandbox.world import DEFAULT_NOW, derive_seed, parse_now
 from builder.usage import Usage

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from builder.llm.base import CallRecord, ServerCall
+from builder.reports import Report, StageReport, Unknown
 from builder.usage import Usage
 
 DERIVED = ("tokens_per_kept", "yield", "per_kept")  # keys of `to_json` computed from the counters, not state
@@ -60,7 +61,7 @@ class StageStats:
     usage: Usage = Usage()
     llm_latency_s: float = 0.0  # wall time of the requests sent to the server (cache hits take none)
     wall_s: float = 0.0
-    report: dict = field(default_factory=dict)  # a stage's own summary (e.g. select's rates and decontamination)
+    report: Report = field(default_factory=StageReport)  # the stage's own report (its type: `builder.reports`)
     servers: dict[str, ServerStats] = field(default_factory=dict)  # per model server URL (`add_server_call`)
     executor: dict = field(default_factory=dict)  # --executor ray: per-actor throughput, where time went (last try)
 
@@ -94,6 +95,7 @@ class StageStats:
         data = asdict(self)
         data["dropped"] = dict(sorted(self.dropped.items()))
         data["usage"] = self.usage.model_dump()
+        data["report"] = self.report.to_json()
         data["servers"] = {url: server.to_json(self.wall_s) for url, server in sorted(self.servers.items())}
         data["tokens_per_kept"] = self.tokens_per_kept
         decided = self.kept + self.dropped_total
@@ -118,6 +120,7 @@ class StageStats:
         if flat:
             flat["calls"] = flat.get("calls", 0) - flat.get("failed_calls", 0)
         data["usage"] = Usage.model_validate(data.get("usage", flat))
+        data["report"] = Unknown.model_validate(data.get("report", {}))  # typed when its stage runs again
         data["dropped"] = Counter(data.get("dropped", {}))
         data["servers"] = {
             url: ServerStats(**{key: server[key] for key in ServerStats.__dataclass_fields__ if key in server})

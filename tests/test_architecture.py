@@ -130,3 +130,65 @@ def test_a_package_reexporting_its_modules_is_no_circle_but_importing_it_back_is
     assert import_cycles(import_graph(package)) == []
     (package / "util.py").write_text("def helper():\n    from pkg import run\n    return run\n")
     assert ["pkg", "pkg.util", "pkg"] in import_cycles(import_graph(package))
+
+
+# The stage contract, the models, records and the shared helpers of stages (`builder.stages._*`) are what a stage
+# may use of the rest; another stage, the pipeline that wires them, and the model connection are not.
+FORBIDDEN_FOR_STAGES = ("builder.pipeline", "builder.llm.connect", "builder.cli")
+# What records.py may import: the evidence models, and modules that import nothing of builder but each other.
+RECORD_LEAVES = {"builder", "builder.evidence", "builder.frozen", "builder.usage", "builder.sandbox.world"}
+
+
+def _stage_of(module: str) -> str | None:
+    """The stage a module belongs to (`builder.stages.<stage>`), None for a shared helper (`builder.stages._llm`)."""
+    parts = module.split(".")
+    if len(parts) < 3 or parts[:2] != ["builder", "stages"] or parts[2].startswith("_"):
+        return None
+    return parts[2]
+
+
+def stage_violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, imported in sorted(graph.items()):
+        stage = _stage_of(module)
+        if stage is None:
+            continue
+        for target in sorted(imported):
+            other = _stage_of(target)
+            if other is not None and other != stage:
+                found.append(f"{module} imports the {other} stage ({target})")
+            if any(target == banned or target.startswith(banned + ".") for banned in FORBIDDEN_FOR_STAGES):
+                found.append(f"{module} imports {target}")
+    return found
+
+
+def test_no_stage_imports_another_stage_the_pipeline_or_the_model_connection():
+    assert stage_violations(import_graph(PACKAGE)) == []
+
+
+def test_records_import_only_records_and_evidence():
+    graph = import_graph(PACKAGE)
+    assert graph["builder.records"] <= RECORD_LEAVES, graph["builder.records"] - RECORD_LEAVES
+    for leaf in RECORD_LEAVES - {"builder", "builder.evidence"}:
+        assert graph[leaf] <= {"builder.frozen"}, f"{leaf} imports {graph[leaf]}"
+    assert graph["builder.evidence"] <= {"builder.frozen", "builder.sandbox.world"}
+
+
+def test_the_stage_rule_catches_a_stage_importing_another(tmp_path):
+    package = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/stages/__init__.py": "",
+            "pkg/stages/_llm.py": "",
+            "pkg/stages/scenarios/__init__.py": "from pkg.stages._llm import x\n",
+            "pkg/stages/rollout.py": "def f():\n    from pkg.stages.scenarios import y\n    import pkg.pipeline\n",
+            "pkg/pipeline.py": "",
+        },
+    )
+    graph = {name.replace("pkg.", "builder.", 1): {t.replace("pkg.", "builder.", 1) for t in targets}
+             for name, targets in import_graph(package).items()}  # fmt: skip
+    assert stage_violations(graph) == [
+        "builder.stages.rollout imports builder.pipeline",
+        "builder.stages.rollout imports the scenarios stage (builder.stages.scenarios)",
+    ]

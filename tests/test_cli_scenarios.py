@@ -114,3 +114,15 @@ def test_an_unreachable_model_is_a_clear_error(tmp_path, capsys):
     assert code == 1
     err = capsys.readouterr().err
     assert "the model is unreachable (http://127.0.0.1:9/v1)" in err and "--llm-url" in err
+
+
+def test_set_and_config_decide_the_slots_when_n_is_not_given(tmp_path, model, capsys):
+    assert scenarios(tmp_path, "--method", "graph", "--set", "scenarios.per_environment=1") == 0
+    assert "bank: 1 slots (1 graph)" in capsys.readouterr().err
+    config = tmp_path / "config.toml"
+    config.write_text("[scenarios]\nper_environment = 3\n")
+    assert scenarios(tmp_path, "--method", "graph", "--config", str(config)) == 0
+    assert "bank: 3 slots (3 graph)" in capsys.readouterr().err
+    # -n is applied before --set, so --set has the last word.
+    assert scenarios(tmp_path, "-n", "2", "--method", "graph", "--set", "scenarios.per_environment=1") == 0
+    assert "bank: 1 slots (1 graph)" in capsys.readouterr().err

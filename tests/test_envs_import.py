@@ -386,7 +386,7 @@ def test_a_published_imported_environment_runs_in_the_trainer_api(sandbox):
 def test_evaluates_prompts_show_the_environment_class_of_a_module_with_helper_classes_first():
     # EnvScaler's TypedDicts and BFCL's File/Directory come before the API class; the dual-agent check's prompts
     # (the class header, a method's source) must show the environment's class, the last one with public methods.
-    from builder.stages.evaluate.source import class_header, method_source
+    from builder.views.code import class_header, method_source
 
     code = (
         "class File:\n    def __init__(self, name: str) -> None:\n        self.name = name\n\n"

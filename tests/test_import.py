@@ -35,7 +35,7 @@ SFT = FIXTURES / "envscaler_sft_scenarios.json"
 pytestmark = pytest.mark.usefixtures("restore_logging")  # `main` adds handlers to the builder logger
 
 
-def run_import(root: Path, *args: str, until: str | None = "scenarios") -> int:
+def run_import(root: Path, *args: str, until: str | None = "verify") -> int:
     overrides = {"store.path": root / "store", "hub.root": root / "hub", "hub.release_root": root / "release",
                  "sandbox.call_timeout_s": 2, "llm.url": "http://agent.invalid/v1"}  # fmt: skip
     options = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
@@ -139,7 +139,7 @@ def test_bad_rows_are_rejected_with_reasons(tmp_path):
 
 
 def test_bfcl_style_classes_with_a_default_state_file(tmp_path):
-    assert run_import(tmp_path, "classes", str(FIXTURES / "classes"), until="evaluate") == 0
+    assert run_import(tmp_path, "classes", str(FIXTURES / "classes"), until="vet") == 0
     envs = {env.provenance.origin.ref.rsplit("/", 1)[-1]: env for env in Store(tmp_path / "store").environments()}
     assert set(envs) == {"counter_api.py", "message_api.py"}
     api = envs["message_api.py"]
@@ -177,7 +177,7 @@ def test_hostile_imported_code_is_contained(tmp_path):
         (FIXTURES / "hostile" / "exfiltrate.py").read_text().replace("/tmp/builder-import-attack-marker", str(marker))
     )
     (tmp_path / "exfiltrate.state.json").write_text(json.dumps({"stolen": {"port": port}}))
-    assert run_import(tmp_path / "out", "classes", str(hostile), until="evaluate") == 0
+    assert run_import(tmp_path / "out", "classes", str(hostile), until="vet") == 0
     audit = audit_of(tmp_path / "out")
     assert audit["environments"]["rejected"] == {"gates_failed": 1}
     crashed = {entry["tool"] for entry in audit["crashing_tools"]["items"]}

@@ -30,7 +30,7 @@ def run_import(root: Path, *paths: Path) -> dict:
     overrides = {"store.path": root / "store", "sandbox.call_timeout_s": 2, "llm.url": "http://agent.invalid/v1"}
     options = [arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")]
     args = ["import", "classes", *map(str, paths), "--profile", "none", "--run-dir", str(root / "run")]
-    assert main([*args, *options, "--until", "evaluate"]) == 0
+    assert main([*args, *options, "--until", "vet"]) == 0
     return json.loads((root / "run" / "audit.json").read_text())
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,9 +16,9 @@ from builder.config import LLMConfig, load_config
 from builder.errors import ConfigError
 from builder.llm import ChatRequest, OpenAIChatModel, open_llm
 from builder.llm.base import Reply, ServerCall
-from builder.llm.connect import rl_agent_config
 from builder.llm.pacing import InFlightLimit
 from builder.llm.pool import Endpoint, EndpointPool
+from builder.llm.roles import rl_agent_config
 from builder.llm.server import kv_cache_tokens
 from builder.records import ChatMessage, Sampling
 from builder.stages.rollout import user_model
@@ -211,19 +210,31 @@ def test_contradictory_server_lists_are_config_errors(overrides: list[str], mess
 
 
 def test_the_user_simulator_runs_on_the_llm_urls_servers(tmp_path: Path) -> None:
+    from contextlib import ExitStack
+
+    from builder.pipeline import open_resources
+    from builder.stats import StageStats
+
     with (
         StubServer(lambda body: (200, completion(f"user:{body['model']}"))) as a,
         StubServer(lambda body: (200, completion(f"user:{body['model']}"))) as b,
+        ExitStack() as stack,
     ):
         config = load_config(None, [f'llm.urls=["{a.url}", "{b.url}"]', "rollout.user_model=simulator"])
-        model = user_model(SimpleNamespace(config=config, llm=None))
+        stats = StageStats("rollout")
+        ctx = open_resources(config, tmp_path, stack).context(config, "h", tmp_path, stats)
+        model = user_model(ctx)
 
         async def run() -> list[Any]:
-            return list(await asyncio.gather(*(model.chat(ask(i)) for i in range(6))))
+            replies = list(await asyncio.gather(*(model.chat(ask(i)) for i in range(6))))
+            await model.aclose()
+            return replies
 
         replies = asyncio.run(run())
-        pool = model.backend
+        pool = model._client.backend
     assert {reply.content for reply in replies} == {"user:simulator"}
     assert isinstance(pool, EndpointPool) and [e.url for e in pool.endpoints] == [a.url, b.url]
-    with pytest.raises(ConfigError, match="llm.url or llm.urls"):
-        user_model(SimpleNamespace(config=load_config(None, ["rollout.user_model=simulator"]), llm=None))
+    # Counted in the running stage's stats, like every other model's calls.
+    assert stats.usage.calls == 6 and set(stats.servers) == {a.url, b.url}
+    with pytest.raises(ConfigError, match="llm.url or llm.urls"), ExitStack() as stack:
+        open_resources(load_config(None, ["rollout.user_model=simulator"]), tmp_path, stack)

@@ -29,7 +29,7 @@ import pytest
 from builder.config import BuildConfig
 from builder.errors import ConfigError, RunError
 from builder.run.executor import run_stages
-from builder.run.ray_executor import RayItems, merge_counters
+from builder.run.ray_executor import RayItems
 from tests.fixtures.ray_toy import STAGES, no_resources, toy_config
 from tests.test_pipeline_e2e import model, run, run_outputs  # noqa: F401 - model: a fixture
 
@@ -148,7 +148,11 @@ async def test_ray_gives_the_local_tables_and_says_where_time_went(ray_cluster, 
     # Model calls made in the actors are counted on the driver, once each; counters of the report are summed, and
     # the stage's derived figure is derived from the sums (5 round numbers in 0..23), as under local.
     assert topics.usage.calls == 24 and topics.usage.prompt_tokens == 240
-    assert topics.report == {"toy": {"items": 24, "round": 5, "round_share": 0.2083}}
+    assert topics.report.to_json() == {
+        "prompt_shrunk": {},
+        "toy": {"items": 24, "round": 5, "round_share": 0.2083},
+        "share": None,
+    }
     figures = topics.executor
     assert figures["kind"] == "ray" and figures["items"] == 24 and set(figures["actors"]) == {"actor-1", "actor-2"}
     assert sum(actor["items"] for actor in figures["actors"].values()) == 24
@@ -226,8 +230,17 @@ async def test_an_operator_error_in_an_actor_is_raised_as_itself(ray_cluster, to
 
 
 def test_counters_of_the_actors_reports_are_summed_and_derived_figures_left_out():
-    reports = [{"a": 1, "rate": 0.5, "nested": {"b": 2, "ok": True}}, {"a": 2, "nested": {"b": 3, "c": 1}}, {}]
-    assert merge_counters(reports) == {"a": 3, "nested": {"b": 5, "c": 1}}
+    from builder.reports import MethodFigures, ScenariosReport, merge_reports
+
+    one = ScenariosReport(verified_slots=1, prompt_shrunk={"a": 1}, per_verified_slot={"calls": 3.0})
+    one.methods["graph"] = MethodFigures(slots=2, verified=1, chains_dropped={"no_chain": 2}, yield_=0.5)
+    two = ScenariosReport(verified_slots=2, prompt_shrunk={"a": 1, "b": 1})
+    two.methods["graph"] = MethodFigures(slots=2, verified=2, chains_dropped={"call_failed": 1})
+    merged = merge_reports(ScenariosReport, [one, two, ScenariosReport()])
+    assert (merged.verified_slots, merged.prompt_shrunk, merged.per_verified_slot) == (3, {"a": 2, "b": 1}, None)
+    graph = merged.methods["graph"]
+    assert (graph.slots, graph.verified, graph.chains_dropped) == (4, 3, {"no_chain": 2, "call_failed": 1})
+    assert graph.yield_ is None  # derived: the stage's `derive` fills it from the sums
 
 
 def test_config_refuses_two_ways_to_count_actors():

@@ -212,7 +212,7 @@ async def test_a_prompt_too_long_is_built_smaller_and_then_answered(tmp_path):
     model = counting_model(lambda request: capable(GOOD))
     ctx = context(tmp_path, model, "llm.max_model_len=2048")
     assert await shrinking(ctx, "desk_hours", [12000, 6000, 3000], sized_ask(ctx)) == Schedule.model_validate(GOOD)
-    assert ctx.stats.report["prompt_shrunk"] == {"desk_hours": 1}
+    assert ctx.stats.report.to_json()["prompt_shrunk"] == {"desk_hours": 1}
     (sent,) = model.requests  # the prompt of 12000 characters was measured, never sent
     assert len(sent.messages[1].content) == 6000
 
@@ -223,7 +223,7 @@ async def test_a_prompt_too_long_at_the_smallest_size_is_a_prompt_too_long_rejec
     with pytest.raises(Rejected) as verdict:
         await shrinking(ctx, "desk_hours", [12000, 6000, 3000], sized_ask(ctx))
     assert verdict.value.rejection.reason == "prompt_too_long" and "context tokens" in verdict.value.rejection.detail
-    assert ctx.stats.report["prompt_shrunk"] == {"desk_hours": 2}
+    assert ctx.stats.report.to_json()["prompt_shrunk"] == {"desk_hours": 2}
     assert model.requests == []
 
 
@@ -244,7 +244,7 @@ async def test_shrinking_passes_other_rejections_and_raw_prompt_too_long_errors(
 
     with pytest.raises(PromptTooLongError):
         await shrinking(ctx, "evaluate_state", [3, 2, 1], too_long)
-    assert ctx.stats.report["prompt_shrunk"] == {"evaluate_state": 2}
+    assert ctx.stats.report.to_json()["prompt_shrunk"] == {"evaluate_state": 2}
 
 
 # ------------------------------------------------------------------------- evaluate's agents on the loop

@@ -10,10 +10,12 @@ import pytest
 from builder.config import SandboxConfig, load_config
 from builder.errors import ConfigError, RunError
 from builder.llm import ChatRequest, ScriptedModel, text_reply, tool_reply
-from builder.llm.connect import RL_AGENT_SERVER_LOG, client_for, rl_agent_config, served_model_id
+from builder.llm.connect import RL_AGENT_SERVER_LOG, client_for, served_model_id
+from builder.llm.roles import rl_agent_config
 from builder.llm.server import server_command
 from builder.llm.weights import EMBEDDED_MODEL, chatml_tools_template
-from builder.records import Scenario
+from builder.records import Environment, Scenario
+from builder.reports import RolloutReport
 from builder.rollout.user_sim import STOP
 from builder.run.executor import run_stages
 from builder.run.stage import BatchStage, StageContext
@@ -21,7 +23,7 @@ from builder.sandbox.runtime import Sandbox
 from builder.splits import is_rl_environment
 from builder.stages.rollout import conversation_limit, rollout
 from builder.stats import StageStats
-from tests.fixtures.run_tables import pipeline_stage, write_stage
+from tests.fixtures.run_tables import pipeline_stage, source_stage, write_stage
 from tests.fixtures.scenarios import bank_scenario, environment, library_scenario
 from tests.llm_stub import StubServer, completion
 
@@ -86,7 +88,6 @@ def test_fixture_environments_fall_into_both_splits():
 
 async def rollout_and_select(tmp_path, sandbox, scenarios: list[Scenario], *more, rl_agent=True):
     config = load_config(None, overrides(tmp_path, "rollout.samples_per_scenario=2", "rollout.max_turns=4", *more))
-    write_stage(tmp_path / "run", "evaluate", [environment("bank"), environment("library")])
     teacher, policy = ScriptedModel(teacher_answer), ScriptedModel(policy_answer)
     teacher_client = client_for(config.llm, teacher, model_id=TEACHER)
     policy_client = client_for(config.llm, policy, model_id=POLICY)
@@ -95,6 +96,7 @@ async def rollout_and_select(tmp_path, sandbox, scenarios: list[Scenario], *more
         return scenarios
 
     stages = (
+        source_stage("evaluate", [environment("bank"), environment("library")]),
         BatchStage("scenarios", fixed, input=None, output=Scenario),
         pipeline_stage("rollout"),
         pipeline_stage("select"),
@@ -131,7 +133,7 @@ async def test_rl_environments_are_played_by_the_rl_agent_and_select_cuts_its_ba
     assert all((s["pass_rate"], s["num_rollouts"], s["split"]) == (0.5, 2, "rl") for s in rl)
     sft = [s for s in selections if s["kind"] == "sft"]
     assert sft and {s["env_id"] for s in sft} == {bank}
-    report = stats["rollout"].report["by_model"]
+    report = stats["rollout"].report.to_json()["by_model"]
     assert report == {
         TEACHER: {"train": {"scenarios": 2, "rollouts": 4, "graded": 4, "solved": 4, "pass_rate": 1.0}},
         POLICY: {"rl": {"scenarios": 2, "rollouts": 4, "graded": 4, "solved": 2, "pass_rate": 0.5}},
@@ -143,7 +145,7 @@ async def test_rl_environments_are_played_by_the_rl_agent_and_select_cuts_its_ba
 async def test_without_an_rl_agent_the_teacher_plays_rl_and_the_band_stays_empty(tmp_path, sandbox):
     stats, trajectories, teacher, policy = await rollout_and_select(tmp_path, sandbox, SCENARIOS[2:3])
     assert set(trajectories["model"]) == {TEACHER} and not policy.requests
-    assert stats["rollout"].report["by_model"] == {
+    assert stats["rollout"].report.to_json()["by_model"] == {
         TEACHER: {"rl": {"scenarios": 1, "rollouts": 2, "graded": 2, "solved": 2, "pass_rate": 1.0}}
     }
     assert dict(stats["select"].dropped) == {"pass_rate_out_of_band": 1} and stats["select"].kept == 0
@@ -154,7 +156,10 @@ async def test_an_rl_agent_model_without_a_client_stops_the_run(tmp_path, sandbo
     config = load_config(None, options)
     write_stage(tmp_path, "evaluate", [environment("bank"), environment("library")])
     teacher = client_for(config.llm, ScriptedModel(teacher_answer), model_id=TEACHER)
-    ctx = StageContext(config, "h", tmp_path, StageStats("rollout"), llm=teacher, open_sandbox=lambda: sandbox)
+    ctx = StageContext(
+        config, "h", tmp_path, StageStats("rollout", report=RolloutReport()), llm=teacher, open_sandbox=lambda: sandbox,
+        needs={Environment: "evaluate"},
+    )  # fmt: skip
     (played,) = await rollout(bank_scenario(), ctx)  # a train environment needs no RL agent
     assert played.model == TEACHER and played.solved
     with pytest.raises(RunError, match="rl_agent_model"):
@@ -178,7 +183,8 @@ async def test_the_rl_agents_smaller_context_cuts_its_episodes_earlier(tmp_path,
     )  # fmt: skip
     write_stage(tmp_path, "evaluate", [environment("bank"), environment("library")])
     ctx = StageContext(
-        config, "h", tmp_path, StageStats("rollout"), open_sandbox=lambda: sandbox,
+        config, "h", tmp_path, StageStats("rollout", report=RolloutReport()), open_sandbox=lambda: sandbox,
+        needs={Environment: "evaluate"},
         llm=client_for(config.llm, ScriptedModel(looping), model_id=TEACHER),
         rl_agent=client_for(config.llm, ScriptedModel(looping), model_id=POLICY),
     )  # fmt: skip
@@ -299,7 +305,7 @@ async def test_pipeline_uses_the_rl_agent_url_for_rl_environments(tmp_path):
     assert all("borrow" in {t["function"]["name"] for t in r["tools"]} for r in policy.requests)
     by_env = dict(trajectories.group_by("env_id").agg(pl.col("model").unique().sort()).iter_rows())
     assert by_env == {environment("bank").id: ["local"], environment("library").id: ["policy-1.7b"]}
-    assert stats["rollout"].report["by_model"]["policy-1.7b"]["rl"]["pass_rate"] == 0.5
+    assert stats["rollout"].report.to_json()["by_model"]["policy-1.7b"]["rl"]["pass_rate"] == 0.5
     assert stats["rollout"].usage.calls == len(teacher.requests) + len(policy.requests)
     assert not (tmp_path / "run" / RL_AGENT_SERVER_LOG).exists()
 
@@ -349,7 +355,7 @@ async def test_pipeline_starts_a_managed_rl_agent_server_only_when_an_rl_scenari
     library = trajectories.filter(pl.col("env_id") == environment("library").id)
     assert set(library["model"]) == {POLICY} and library.height == 2
     assert set(trajectories.filter(pl.col("env_id") == environment("bank").id)["model"]) == {"local"}
-    assert stats["rollout"].report["by_model"][POLICY]["rl"]["solved"] == 1
+    assert stats["rollout"].report.to_json()["by_model"][POLICY]["rl"]["solved"] == 1
 
 
 async def test_a_managed_cpu_server_gets_no_per_request_seeds(tmp_path, fake_server, monkeypatch):

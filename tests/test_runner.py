@@ -11,10 +11,10 @@ import pytest
 
 from builder.config import BuildConfig, load_config
 from builder.errors import RunError
-from builder.records import Topic
+from builder.records import SeedTask, Topic
 from builder.run.executor import run_stages
 from builder.run.folder import INPUT_ID
-from builder.run.stage import StageContext
+from builder.run.stage import BatchStage, ItemStage, StageContext, earlier_sources
 from builder.stats import StageStats
 from builder.tables import from_frame
 
@@ -79,10 +79,22 @@ async def test_a_stage_can_read_a_record_an_earlier_stage_kept(tmp_path, monkeyp
     monkeypatch.setattr(toy_pipeline, "CALLS", tmp_path / "calls")
     await run_stages(toy_pipeline.STAGES, BuildConfig(), tmp_path / "run")
     kept = from_frame(Topic, pl.read_parquet(tmp_path / "run" / "topics.parquet").drop(INPUT_ID))
-    ctx = StageContext(BuildConfig(), "h", tmp_path / "run", StageStats("later"))
-    assert ctx.earlier_record("topics", Topic, kept[3].id) == kept[3]
-    assert ctx.earlier_record("topics", Topic, "topic-0000000000000000") is None
-    assert ctx.earlier_record("plan", Topic, kept[3].id) is None  # a stage that never ran in this folder
+    ctx = StageContext(BuildConfig(), "h", tmp_path / "run", StageStats("later"), needs={Topic: "topics"})
+    assert ctx.earlier_record(Topic, kept[3].id) == kept[3]
+    assert ctx.earlier_record(Topic, "topic-0000000000000000") is None
+    never_ran = StageContext(BuildConfig(), "h", tmp_path / "run", StageStats("later"), needs={Topic: "plan"})
+    assert never_ran.earlier_record(Topic, kept[3].id) is None  # a stage that never ran in this folder
+    with pytest.raises(RunError, match="reads SeedTask records it did not declare"):
+        ctx.earlier(SeedTask)
+
+
+def test_a_stage_is_handed_the_records_of_the_nearest_earlier_stage_of_the_type_it_needs():
+    make = BatchStage("make", lambda inputs, ctx: inputs, input=None, output=Topic)
+    refine = ItemStage("refine", lambda item, ctx: item, input=Topic, output=Topic)
+    use = ItemStage("use", lambda item, ctx: item, input=Topic, output=SeedTask, needs=(Topic,))
+    assert earlier_sources((make, refine, use), 2) == {Topic: "refine"}
+    assert earlier_sources((make, use), 1) == {Topic: "make"}
+    assert earlier_sources((use,), 0) == {Topic: None}  # no stage makes them: it finds none
 
 
 async def test_rerun_skips_everything_done(tmp_path, monkeypatch):

@@ -108,7 +108,7 @@ async def test_model_then_template_words_the_slot_once_every_reply_was_refused(t
         assert len(record.verification.repairs) == 2
         assert record.provenance.model is None and record.provenance.prompt_version == "template@1"
         assert "acc-1" not in record.task or "Ada" not in record.task  # not the prompt's example
-    graph = ctx.stats.report["methods"]["graph"]
+    graph = ctx.stats.report.to_json()["methods"]["graph"]
     assert (graph["verified"], graph["template_worded"], graph["calls"]) == (2, 2, 4)
 
 
@@ -117,7 +117,7 @@ async def test_model_wording_still_rejects_the_slot_whose_replies_were_refused(t
                   "llm.structured_retries=0")  # fmt: skip
     (rejection,) = await scenarios(environment("bank"), ctx)
     assert isinstance(rejection, Rejection) and rejection.reason in ("request_leaks", "task_underspecified")
-    assert ctx.stats.report["methods"]["graph"]["template_worded"] == 0
+    assert ctx.stats.report.to_json()["methods"]["graph"]["template_worded"] == 0
 
 
 async def test_template_wording_makes_no_model_call(tmp_path, sandbox):  # noqa: F811
@@ -131,7 +131,7 @@ async def test_template_wording_makes_no_model_call(tmp_path, sandbox):  # noqa:
     assert all(r.verification.repairs == () and r.provenance.sampling is None for r in results)
     talk = next(r for r in results if r.mode == "conversational")
     assert talk.user is not None and talk.user.known_up_front.startswith("I would like to ")
-    graph = ctx.stats.report["methods"]["graph"]
+    graph = ctx.stats.report.to_json()["methods"]["graph"]
     assert (graph["template_worded"], graph["calls"], graph["prompt_tokens"]) == (2, 0, 0)
     # The wording is stored and published.
     store = Store(tmp_path / "store")

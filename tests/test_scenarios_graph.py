@@ -12,6 +12,7 @@ from builder.envs.graph import extract_graph
 from builder.llm import ChatRequest, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
 from builder.records import Environment, Rejection, Scenario, scenario_seed
+from builder.reports import ScenariosReport
 from builder.run.executor import run_stages
 from builder.run.stage import BatchStage, Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
@@ -84,7 +85,7 @@ def verbaliser(*attempts):
 
 def context(tmp_path, model, sandbox, *overrides, stats=None):
     config = load_config(None, [f'store.path="{tmp_path / "store"}"', 'scenarios.method="graph"', *overrides])
-    stats = stats or StageStats("scenarios")
+    stats = stats or StageStats("scenarios", report=ScenariosReport())
     llm = client_for(config.llm, model, model_id="m", on_call=stats.add_call)
     return StageContext(config, "hash", tmp_path, stats, llm=llm, open_sandbox=lambda: sandbox)
 
@@ -113,11 +114,11 @@ async def test_graph_method_words_verified_chains_into_scenarios(tmp_path, sandb
     assert sorted(shown) == sorted([(a.name, a.arguments) for a in s.gold_actions] for s in results[::2])
     assert model.requests[0].response_format["json_schema"]["name"] == "UserRequest"
     derive_report(ctx.stats)  # what the executor does once the stage's inputs are done
-    graph = ctx.stats.report["methods"]["graph"]
+    graph = ctx.stats.report.to_json()["methods"]["graph"]
     assert (graph["slots"], graph["verified"], graph["yield"], graph["calls"]) == (2, 2, 1.0, 2)
     assert graph["per_verified"]["calls"] == 1.0 and graph["prompt_tokens"] == ctx.stats.usage.prompt_tokens > 0
     assert graph["mean_chain_length"] == sum(len(s.gold_actions) for s in results[::2]) / 2
-    assert 0 < graph["tool_coverage"] <= 1 and "llm" not in ctx.stats.report["methods"]
+    assert 0 < graph["tool_coverage"] <= 1 and "llm" not in ctx.stats.report.to_json()["methods"]
 
 
 def test_created_values_and_leaks():
@@ -161,7 +162,7 @@ async def test_a_leaked_id_or_tool_name_is_refused_and_asked_again(tmp_path, san
     assert f"it names {created!r}, which the user cannot know" in second.messages[-1].content
     assert "the tool 'get_account'" in third.messages[-1].content and "get_account" not in plain.task
     assert second.messages[2].role == "assistant" and created in second.messages[2].content  # the refused reply
-    assert ctx.stats.report["methods"]["graph"]["calls"] == 3
+    assert ctx.stats.report.to_json()["methods"]["graph"]["calls"] == 3
 
 
 async def test_an_ungrounded_literal_is_refused_then_the_slot_is_rejected(tmp_path, sandbox):
@@ -175,7 +176,7 @@ async def test_an_ungrounded_literal_is_refused_then_the_slot_is_rejected(tmp_pa
     feedback = model.requests[1].messages[-1].content
     assert "the user script (known_up_front, reveal_when_asked) does not give" in feedback
     derive_report(ctx.stats)
-    graph = ctx.stats.report["methods"]["graph"]
+    graph = ctx.stats.report.to_json()["methods"]["graph"]
     assert (graph["slots"], graph["verified"], graph["yield"], graph["per_verified"]) == (1, 0, 0.0, None)
 
 
@@ -218,12 +219,12 @@ async def test_both_methods_each_report_their_cost_and_yield(tmp_path, sandbox):
         ("graph", "non_conversational"), ("graph", "conversational"),
     ]  # fmt: skip
     derive_report(ctx.stats)
-    methods = ctx.stats.report["methods"]
+    methods = ctx.stats.report.to_json()["methods"]
     assert (methods["llm"]["calls"], methods["graph"]["calls"]) == (4, 1)  # state, task, gold, checks; wording
     assert methods["llm"]["prompt_tokens"] + methods["graph"]["prompt_tokens"] == ctx.stats.usage.prompt_tokens
     assert methods["llm"]["prompt_tokens"] > methods["graph"]["prompt_tokens"] > 0
     assert methods["llm"]["mean_chain_length"] == 4.0 and methods["llm"]["tools_covered"] == 4
-    assert ctx.stats.report["verified_slots"] == 2
+    assert ctx.stats.report.to_json()["verified_slots"] == 2
 
 
 async def test_a_given_start_state_serves_both_methods(tmp_path, sandbox):

@@ -12,7 +12,7 @@ from builder.envs.lint import Problem
 from builder.envs.probe import ToolProblem
 from builder.envs.schema import inspect_source
 from builder.envs.session import SessionError
-from builder.envs.state_schema import generated_state_schema
+from builder.envs.state_schema import generated_state_schema, reference_problems
 from builder.llm import (
     ChatRequest,
     LLMRequestError,
@@ -24,6 +24,7 @@ from builder.llm import (
 )
 from builder.llm.connect import client_for
 from builder.records import Environment, EnvPlan, Rejection, Topic
+from builder.reports import EvaluateReport
 from builder.run.executor import run_stages
 from builder.run.stage import BatchStage, ItemStage, Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
@@ -31,20 +32,13 @@ from builder.stages.code import code
 from builder.stages.evaluate import evaluate
 from builder.stages.evaluate.exercise import schedule
 from builder.stages.evaluate.gates import piece_errors
-from builder.stages.evaluate.source import (
-    attributes_used,
-    class_header,
-    clip_json,
-    method_source,
-    state_output_type,
-    state_text,
-)
 from builder.stages.plan import plan
-from builder.stages.scenarios.state import reference_problems
 from builder.stats import StageStats
 from builder.store import Store
 from builder.tables import from_frame, from_row, to_row
 from builder.usage import Usage
+from builder.views.code import attributes_used, class_header, method_source
+from builder.views.state import clip_json, state_output_type, state_text
 from tests.fixtures.ledger import attempt
 from tests.fixtures.run_tables import pipeline_stage
 
@@ -120,7 +114,9 @@ def context(tmp_path, model, sandbox, *overrides) -> StageContext:
     # The embedded CPU profile: N = 12 judged calls (the built-in default is the paper's 100).
     config = load_config(None, [f"store.path={tmp_path / 'store'}", *overrides], profile="cpu")
     llm = client_for(config.llm, model, model_id="m")
-    return StageContext(config, "hash", tmp_path, StageStats("evaluate"), llm=llm, open_sandbox=lambda: sandbox)
+    return StageContext(
+        config, "hash", tmp_path, StageStats("evaluate", report=EvaluateReport()), llm=llm, open_sandbox=lambda: sandbox
+    )
 
 
 async def rejection(env, ctx) -> Rejection:
@@ -441,7 +437,7 @@ def test_state_schema_prefers_the_declared_one_and_infers_the_rest():
     assert schema["properties"]["note"] == {} and schema["additionalProperties"] is False
     with_ref = generated_state_schema({"today": {"$ref": "#/$defs/Day"}}, default)
     assert with_ref["properties"]["today"] == {"type": "string"}  # a $ref cannot be embedded: inferred instead
-    shape = state_output_type(schema)
+    shape = state_output_type(schema, "TestState", purpose=True, default_now="2024-06-01T09:00:00")
     assert shape.model_validate({"purpose": "p", "state": default}).state.model_dump() == default
     with pytest.raises(ValueError, match="state.books.b1.copies"):
         shape.model_validate({"purpose": "p", "state": {**default, "books": {"b1": {"title": "x", "copies": "2"}}}})
@@ -596,7 +592,7 @@ async def test_a_tool_that_fails_the_probe_is_repaired_through_code_and_accepted
     feedback = request.messages[3].content
     assert 'borrow_book({"member_id": "x", "book_id": "x", "due": "x"})' in feedback
     assert "ValueError: Invalid isoformat string" in feedback and "must never raise" in feedback
-    assert stats["evaluate"].report["fuzz_repairs"] == {"rounds": 1, "repaired": 1}
+    assert stats["evaluate"].report.to_json()["fuzz_repairs"] == {"rounds": 1, "repaired": 1, "failed": 0}
     # The plan's rules reach the tester and the checker (through the module docstring).
     rule = "1. A member may have at most max_loans open loans."
     assert all(rule in r.messages[1].content for r in model.requests if kind(r) in ("tester", "CheckerVerdict"))
@@ -616,7 +612,7 @@ async def test_a_repair_that_keeps_failing_ends_as_the_old_rejection_after_the_b
     assert "borrow_book: ValueError" in rejected.detail
     assert [r["round"] for r in json.loads(rejected.raw_output)] == [1, 2]
     assert len(repairs) == 2 and repairs[0].sample_index != repairs[1].sample_index  # fresh samples, bounded
-    assert stats["evaluate"].report["fuzz_repairs"] == {"rounds": 2, "failed": 1}
+    assert stats["evaluate"].report.to_json()["fuzz_repairs"] == {"rounds": 2, "repaired": 0, "failed": 1}
     assert not any(kind(r) in ("tester", "TestState") for r in model.requests)
 
 
@@ -794,7 +790,7 @@ async def test_no_negative_case_for_a_tool_whose_only_parameter_is_an_optional_f
     ],
 )
 def test_which_tools_admit_a_wrong_value(properties, required, admits):
-    from builder.stages.evaluate.source import admits_wrong_value
+    from builder.stages.evaluate.cases import admits_wrong_value
 
     assert admits_wrong_value({"type": "object", "properties": properties, "required": required}) is admits
 
@@ -809,7 +805,7 @@ def shown_state(text: str, heading: str) -> tuple[dict, list[str]]:
 async def test_a_large_state_reaches_the_tester_cut_at_record_boundaries_with_a_note(tmp_path, sandbox):
     big = ledger_state(payments=80)
     model = scripted(state={"purpose": "busy", "state": big}, tester=ledger_tester)
-    overrides = ("evaluate.test_states=1", "evaluate.calls=2", "evaluate.max_state_chars=1500")
+    overrides = ("evaluate.test_states=1", "evaluate.calls=2", "llm.max_state_chars=1500")
     await evaluate(
         environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA), context(tmp_path, model, sandbox, *overrides)
     )
@@ -854,12 +850,13 @@ async def test_prompts_too_long_for_the_context_shrink_the_state_and_are_counted
         return ledger_tester(request)
 
     model = scripted(state={"purpose": "busy", "state": big}, tester=tester)
-    overrides = ("evaluate.test_states=1", "evaluate.calls=2", "evaluate.max_state_chars=12000")
+    overrides = ("evaluate.test_states=1", "evaluate.calls=2", "llm.max_state_chars=12000")
     ctx = context(tmp_path, model, sandbox, *overrides)
     (accepted,) = await evaluate(environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA), ctx)
     assert accepted.evaluation.counts.judged == 2
-    # 12000 -> 6000 -> 3000 -> 1500 characters of state: three shrinks for the first call, as many for the second.
-    assert ctx.stats.report["prompt_shrunk"] == {"evaluate_tester": 6}
+    # The one shrink scheme (builder/views/budget.py): level 1 shows 6 of the 80 payments within 6000 characters,
+    # which fits: one shrink for the first call, one for the second.
+    assert ctx.stats.report.to_json()["prompt_shrunk"] == {"evaluate_tester": 2}
 
     always = scripted(
         state={"purpose": "busy", "state": big},

@@ -8,7 +8,8 @@ from llm_stub import StubServer, completion
 from builder.config import SandboxConfig, load_config
 from builder.llm import ChatRequest, LLMRequestError, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
-from builder.records import Action, Rejection, Sampling, Trajectory
+from builder.records import Action, Environment, Rejection, Sampling, Trajectory
+from builder.reports import RolloutReport
 from builder.rollout.episode import Limits, run_episode
 from builder.rollout.reward import collateral_paths
 from builder.rollout.user_sim import STOP, UserSimulator, leak_problem
@@ -54,7 +55,10 @@ def context(tmp_path, sandbox, model, *overrides):
     config = load_config(None, [f"store.path={json.dumps(str(tmp_path / 'store'))}", *overrides])
     write_stage(tmp_path, "evaluate", [environment("bank"), environment("library")])
     llm = client_for(config.llm, model, model_id="agent")
-    return StageContext(config, "hash", tmp_path, StageStats("rollout"), llm=llm, open_sandbox=lambda: sandbox)
+    return StageContext(
+        config, "hash", tmp_path, StageStats("rollout", report=RolloutReport()), llm=llm, open_sandbox=lambda: sandbox,
+        needs={Environment: "evaluate"},
+    )  # fmt: skip
 
 
 async def run(tmp_path, sandbox, model, scenario=None, *overrides):
@@ -346,15 +350,24 @@ def test_bench_rollout_judges_the_target_on_the_steady_phase():
     assert "no steady phase" in to_text({"ratio": 0.69, "steady_ratio": None})
 
 
-def test_user_model_needs_a_server_url(tmp_path, sandbox):
-    from builder.errors import ConfigError
+def test_user_model_needs_a_server_url_and_comes_from_the_pipelines_resources(tmp_path, sandbox):
+    from contextlib import ExitStack
+
+    from builder.errors import ConfigError, RunError
+    from builder.pipeline import open_resources
     from builder.stages.rollout import user_model
 
-    ctx = context(tmp_path, sandbox, agent(["x"]), "rollout.user_model=judge")
-    with pytest.raises(ConfigError, match="llm.url"):
-        user_model(ctx)
+    with pytest.raises(ConfigError, match="llm.url"), ExitStack() as stack:
+        open_resources(load_config(None, ["rollout.user_model=judge"]), tmp_path, stack)
     ctx = context(tmp_path, sandbox, agent(["x"]), "rollout.user_model=judge", "llm.url=http://127.0.0.1:9/v1")
-    assert user_model(ctx).model_id == "judge@http://127.0.0.1:9/v1"
+    with pytest.raises(RunError, match="no user model"):
+        user_model(ctx)  # a pipeline that gave the stage no client for it
+    config = load_config(None, ["rollout.user_model=judge", "llm.url=http://127.0.0.1:9/v1"])
+    with ExitStack() as stack:
+        resources = open_resources(config, tmp_path, stack)
+        stats = StageStats("rollout", report=RolloutReport())
+        made = resources.context(config, "hash", tmp_path, stats, {Environment: "evaluate"})
+        assert user_model(made) is made.user_model and made.user_model.model_id == "judge"
     assert user_model(context(tmp_path, sandbox, agent(["x"]))).model_id == "agent"
 
 
@@ -393,7 +406,7 @@ async def test_samples_run_concurrently_and_pass_counts_are_reported(tmp_path, s
     ctx = context(tmp_path, sandbox, model, "rollout.samples_per_scenario=4")
     trajectories = await rollout(bank_scenario(), ctx)
     assert len(trajectories) == 4 and model.peak >= 2
-    assert ctx.stats.report["pass_counts"] == {"4/4": 1}
+    assert ctx.stats.report.to_json()["pass_counts"] == {"4/4": 1}
 
 
 def test_pipeline_ends_with_rollout_then_select():

@@ -10,24 +10,22 @@ import pytest
 
 from builder.config import SandboxConfig, load_config
 from builder.envs.schema import inspect_source
-from builder.envs.state_schema import generated_state_schema, infer_schema
+from builder.envs.state_schema import generated_state_schema, infer_schema, reference_problems
 from builder.evidence import Ablation
 from builder.llm import ChatRequest, ScriptedModel
 from builder.llm.connect import client_for
 from builder.records import Environment, Scenario
+from builder.reports import ScenariosReport
 from builder.run.executor import run_stages
 from builder.run.stage import BatchStage, Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.scenarios import scenarios
-from builder.stages.scenarios.state import (
-    attribute_problems,
-    reference_problems,
-    size_problems,
-)
+from builder.stages.scenarios.state import attribute_problems, size_problems
 from builder.stages.scenarios.verify import lint_check
 from builder.stats import StageStats
 from builder.store import Store
 from builder.tables import to_row
+from builder.views.budget import prompt_budgets
 from tests.fixtures.run_tables import pipeline_stage
 
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"
@@ -158,7 +156,14 @@ def checklist_of(request: ChatRequest) -> list[str]:
 def context(tmp_path, model, sandbox, *overrides):
     config = load_config(None, [f'store.path="{tmp_path / "store"}"', "scenarios.per_environment=1", *overrides])
     llm = client_for(config.llm, model, model_id="m")
-    return StageContext(config, "hash", tmp_path, StageStats("scenarios"), llm=llm, open_sandbox=lambda: sandbox)
+    return StageContext(
+        config,
+        "hash",
+        tmp_path,
+        StageStats("scenarios", report=ScenariosReport()),
+        llm=llm,
+        open_sandbox=lambda: sandbox,
+    )
 
 
 def requests_of(model, name):
@@ -225,7 +230,8 @@ async def test_state_that_breaks_a_tool_is_repaired_then_rejected(tmp_path, sand
     # The state schema went to the model as the structured-output schema, after the scenario's `now`.
     schema = first.response_format["json_schema"]["schema"]
     assert schema["required"] == ["now", "state"] and list(schema["properties"]) == ["now", "state"]
-    assert schema["properties"]["state"]["required"] == ["books", "members", "loans", "today"]
+    state = schema["$defs"][schema["properties"]["state"]["$ref"].rsplit("/", 1)[-1]]
+    assert state["required"] == ["books", "members", "loans", "today"] and state["additionalProperties"] is False
 
 
 def test_state_gates_count_records_and_follow_references():
@@ -613,9 +619,10 @@ async def test_a_prompt_too_long_is_asked_again_smaller_and_counted(tmp_path, sa
     ctx = context(tmp_path, ScriptedModel(answer), sandbox)
     plain, _ = await scenarios(environment("bank"), ctx)
     assert plain.verification.repairs == ()
-    assert ctx.stats.report["prompt_shrunk"] == {"scenario_task": 1}
-    assert len(sizes) == 2 and len(sizes[1]) < len(sizes[0]) and "acc-11" in sizes[0] and "acc-11" not in sizes[1]
-    assert "(some records left out)" in sizes[1]
+    assert ctx.stats.report.to_json()["prompt_shrunk"] == {"scenario_task": 1}
+    shown = sizes[1].partition("\n… ")[0]  # the JSON of the state, before the note naming what was left out
+    assert len(sizes) == 2 and len(sizes[1]) < len(sizes[0]) and "acc-11" in sizes[0] and "acc-11" not in shown
+    assert "… 5 more accounts not shown: ids acc-7, acc-8, acc-9, acc-10, acc-11" in sizes[1]
 
 
 async def test_a_prompt_that_never_fits_is_a_prompt_too_long_rejection(tmp_path, sandbox):
@@ -631,7 +638,12 @@ async def test_a_prompt_that_never_fits_is_a_prompt_too_long_rejection(tmp_path,
     ctx = context(tmp_path, ScriptedModel(answer), sandbox)
     (rejection,) = await scenarios(environment("bank"), ctx)
     assert rejection.reason == "prompt_too_long" and rejection.subject_id.endswith("/scenario-0")
-    assert ctx.stats.report["prompt_shrunk"] == {"scenario_gold": 2}
+    # Every level of the one shrink scheme was tried (builder/views/budget.py: 12000 characters halved to 200).
+    assert (
+        ctx.stats.report.to_json()["prompt_shrunk"]
+        == {"scenario_gold": len(prompt_budgets(12000)) - 1}
+        == {"scenario_gold": 6}
+    )
 
 
 # A tool the way a capable model writes one: long, stamping records with the clock and ids with uuid4.
@@ -780,11 +792,13 @@ async def test_a_now_without_seconds_is_repaired_to_whole_seconds(tmp_path, sand
 
 
 def test_a_large_state_is_shown_in_whole_records_never_cut_mid_json():
-    from builder.stages.scenarios.views import STATE_CHARS, state_text
+    from builder.views.budget import prompt_budgets
+    from builder.views.state import state_text
 
+    budget = prompt_budgets(12000)[0]
     big = {"accounts": {f"acc-{i}": {"owner": f"customer {i}", "balance": i, "note": "x" * 80} for i in range(400)}}
-    text = state_text(big)
+    text = state_text(big, budget)
     shown, _, note = text.partition("\n…")
     parsed = json.loads(shown)  # the JSON part parses: whole records only
-    assert 0 < len(parsed["accounts"]) < 400 and len(text) <= STATE_CHARS[0]
+    assert 0 < len(parsed["accounts"]) < 400 and len(text) <= budget.state_chars
     assert f"{400 - len(parsed['accounts'])} more accounts not shown" in note

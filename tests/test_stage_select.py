@@ -11,7 +11,18 @@ from builder.config import SandboxConfig, load_config
 from builder.decontaminate import BenchmarkIndex, read_benchmark
 from builder.llm import ChatRequest, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
-from builder.records import ChatMessage, FunctionCall, Rejection, Sampling, Selection, ToolCall, Trajectory
+from builder.records import (
+    ChatMessage,
+    Environment,
+    FunctionCall,
+    Rejection,
+    Sampling,
+    Scenario,
+    Selection,
+    ToolCall,
+    Trajectory,
+)
+from builder.reports import SelectReport
 from builder.run.executor import run_stages
 from builder.run.stage import BatchStage, StageContext
 from builder.sandbox.runtime import Sandbox
@@ -19,7 +30,7 @@ from builder.splits import is_rl_environment
 from builder.stages.select import select
 from builder.stats import StageStats
 from builder.store import Store
-from tests.fixtures.run_tables import pipeline_stage, write_stage
+from tests.fixtures.run_tables import pipeline_stage, source_stage, write_stage
 from tests.fixtures.scenarios import PROVENANCE, bank_scenario, environment, library_scenario
 
 BENCHMARKS = Path(__file__).parent / "fixtures" / "benchmarks"
@@ -67,7 +78,8 @@ def context(tmp_path, *overrides):
     config = load_config(
         None, [f"store.path={json.dumps(str(tmp_path / 'store'))}", "select.rl_env_fraction=0.5", *overrides]
     )
-    return StageContext(config, "hash", tmp_path, StageStats("select"))
+    needs = {Scenario: "scenarios", Environment: "evaluate"}
+    return StageContext(config, "hash", tmp_path, StageStats("select", report=SelectReport()), needs=needs)
 
 
 def verdicts(results):
@@ -166,7 +178,7 @@ async def test_decontamination_drops_copied_scenarios_and_reports(tmp_path):
     ctx = context(tmp_path, f"select.benchmarks={files}", "select.rl_env_fraction=0")
     got = verdicts(await select(group, ctx))
     assert got == {group[0].id: "contaminated", group[1].id: "contaminated"}
-    report = ctx.stats.report["decontamination"]
+    report = ctx.stats.report.to_json()["decontamination"]
     assert report["checked"] and report["benchmark_texts"] == 5 and report["scenarios_checked"] == 2
     assert "tau_sample.jsonl#2" in report["scenarios_dropped"][bank.id]
     assert "bfcl_sample.json#1" in report["scenarios_dropped"][library.id]
@@ -181,7 +193,7 @@ async def test_report_has_rates_distributions_and_yield(tmp_path):
     group = [trajectory(sample=i, solved=i < 3, final=f"Done {i}.", num_turns=2 + i) for i in range(4)]
     ctx = context(tmp_path)
     await select(group, ctx)
-    report = ctx.stats.report
+    report = ctx.stats.report.to_json()
     assert report["solve_rate"][f"{TRAIN_ENV}/non_conversational"] == 0.75
     assert report["solve_rate"]["*/non_conversational"] == 0.75
     assert report["turns"]["min"] == 2 and report["turns"]["max"] == 5
@@ -193,7 +205,7 @@ async def test_report_has_rates_distributions_and_yield(tmp_path):
     balanced = context(tmp_path, "select.rl_env_fraction=0.3")
     envs = env_ids(False, 2, 0.3) + env_ids(True, 2, 0.3)
     await select([trajectory(env, f"s-{env}", 0) for env in envs], balanced)
-    assert balanced.stats.report["splits"] == {"train_envs": 2, "rl_envs": 2}
+    assert balanced.stats.report.to_json()["splits"] == {"train_envs": 2, "rl_envs": 2}
 
 
 # ------------------------------------------------------------------------------ rollout → select, end to end
@@ -211,7 +223,6 @@ async def test_rollout_then_select_through_the_runner(tmp_path, sandbox):
         [f"store.path={json.dumps(str(tmp_path / 'store'))}", "rollout.samples_per_scenario=2",
          "select.rl_env_fraction=0"],
     )  # fmt: skip
-    write_stage(tmp_path / "run", "evaluate", [environment("bank"), environment("library")])
 
     async def scenarios(_, ctx):
         return [bank_scenario(), library_scenario()]
@@ -225,6 +236,7 @@ async def test_rollout_then_select_through_the_runner(tmp_path, sandbox):
 
     model = client_for(config.llm, ScriptedModel(answer), model_id="agent")
     stages = (
+        source_stage("evaluate", [environment("bank"), environment("library")]),
         BatchStage("scenarios", scenarios, input=None, output=type(bank_scenario())),
         pipeline_stage("rollout"),
         pipeline_stage("select"),

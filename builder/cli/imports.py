@@ -52,8 +52,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         sub.add_argument("--run-dir", type=Path, metavar="DIR", help="run folder (default: <run.runs_root>/"
                          "import-<hash of the config and the source revision>)")  # fmt: skip
         sub.add_argument(
-            "--until", choices=("import", "evaluate", "scenarios", "rollout", "select"), metavar="STAGE",
-            help="stop after this stage (import, evaluate, scenarios, rollout, select; default: select)",
+            "--until", choices=("import", "vet", "verify", "rollout", "select"), metavar="STAGE",
+            help="stop after this stage: import, vet (the gates), verify (the scenarios re-verified), rollout or "
+            "select (the default)",
         )  # fmt: skip
         sub.add_argument("--dual-agent", action="store_true", help="also run evaluate's dual-agent check (model)")
         sub.add_argument(

@@ -36,6 +36,15 @@ class LLMConfig(Section):
         "rotation, and one that fails is routed around (its requests retried on the others). See docs/llm.md.",
     )
     device: Literal["auto", "cpu", "gpu"] = Field("auto", description="Which vLLM to start; auto detects a GPU.")
+    max_state_chars: int = Field(
+        12000,
+        ge=200,
+        description="States shown in any prompt (evaluate's test-state writer, tester and checker; the scenario "
+        "requests) are cut to this many JSON characters by dropping whole records (the largest collections' "
+        "first), with a note naming what was left out. While a prompt is too long for the model's context it is "
+        "built again smaller: this halved, fewer records per collection, a shorter class header, fewer method "
+        "sources (builder/views/budget.py).",
+    )
     max_model_len: int = Field(
         32768,
         ge=256,

@@ -94,13 +94,6 @@ class EvaluateConfig(Section):
         "named", description="named: force the tool the harness scheduled this round; required: let the tester pick."
     )
     history_calls: int = Field(3, ge=0, description="Recent calls on the same state shown to the tester.")
-    max_state_chars: int = Field(
-        12000,
-        ge=200,
-        description="States shown to the test-state writer, tester and checker are cut to this many JSON "
-        "characters by dropping whole records (the largest collections' first), with a note naming what was left "
-        "out; halved while a prompt is too long for the model's context.",
-    )
     fuzz_repairs: int = Field(
         2,
         ge=0,

@@ -12,6 +12,8 @@ import copy
 import json
 from typing import Any
 
+from builder.json_values import record_pairs
+
 
 def generated_state_schema(declared: Any, default_state: dict[str, Any]) -> dict[str, Any]:
     """One object schema, every attribute required and no others allowed.
@@ -87,3 +89,39 @@ def record_schema(prop: Any) -> dict[str, Any] | None:
 def record_collections(schema: dict[str, Any]) -> list[str]:
     """State attributes that hold collections of records (a map of objects or an array of objects)."""
     return [name for name, prop in schema.get("properties", {}).items() if record_schema(prop) is not None]
+
+
+def reference_problems(state: dict[str, Any], limit: int = 5) -> list[str]:
+    """Dangling references: a record field `<entity>_id` whose value is no key (or id) of the `<entity>s` collection.
+
+    A heuristic on naming alone: fields whose stem names no collection are not checked. An empty string or null
+    means "no reference" (state schemas say so: "empty if not from a transfer"), never a dangling one.
+    """
+    problems: list[str] = []
+    for collection, records in state.items():
+        for key, record in record_pairs(records) or ():
+            label = repr(key) if isinstance(records, dict) else str(key)
+            for field, value in record.items():
+                if not (isinstance(field, str) and field.endswith("_id") and isinstance(value, str) and value.strip()):
+                    continue
+                known = _known_ids(state, field.removesuffix("_id"))
+                if known is not None and value not in known:
+                    problems.append(
+                        f"{collection}[{label}].{field} = {value!r} is not a known {field.removesuffix('_id')}"
+                    )
+                    if len(problems) >= limit:
+                        return problems
+    return problems
+
+
+def _known_ids(state: dict[str, Any], stem: str) -> set[str] | None:
+    for name in (f"{stem}s", f"{stem}es", stem, f"{stem[:-1]}ies" if stem.endswith("y") else None):
+        target = state.get(name) if name else None
+        if isinstance(target, dict) and not target:
+            return set()  # an empty map of records: nothing can be referenced yet
+        pairs = record_pairs(target)
+        if pairs is not None and isinstance(target, dict):
+            return {key for key, _ in pairs}
+        if pairs is not None:
+            return {str(v[key]) for _, v in pairs for key in ("id", f"{stem}_id") if key in v}
+    return None

@@ -17,7 +17,6 @@ import hashlib
 import inspect
 import json
 from collections.abc import Callable, Iterable, Mapping
-from string import Template
 from typing import Any, Literal, Optional, Union
 
 from builder.envs.checks import Verdict, checks_from_scenario, run_checks
@@ -27,10 +26,10 @@ from builder.envs.schema import inspect_source
 from builder.envs.session import Session
 from builder.envs.signatures import tool_defaults
 from builder.errors import BuilderError
-from builder.prompts import prompt
 from builder.records import scenario_seed
 from builder.sandbox.runtime import Sandbox
-from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED, describe_now
+from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED
+from builder.views.agent import agent_system_prompt
 
 
 def column(row: Mapping[str, Any], *names: str) -> Any:
@@ -264,9 +263,10 @@ def trl_prompt_row(scenario: Mapping[str, Any], environment: Mapping[str, Any] |
 def agent_prompt(name: str, scenario: Mapping[str, Any], environment: Mapping[str, Any]) -> str:
     """The agent system prompt `prompts/<name>.md` for a scenario row: the environment's name, domain and
     description, and the scenario's date-time."""
-    about = f"{column(environment, 'name')} ({column(environment, 'domain')}): {column(environment, 'description')}"
-    now = describe_now(scenario_world(scenario)[0])
-    return Template(prompt(name)).safe_substitute(environment=about, now=now)
+    return agent_system_prompt(
+        name, name=str(column(environment, "name")), domain=str(column(environment, "domain")),
+        description=str(column(environment, "description")), now=scenario_world(scenario)[0],
+    )  # fmt: skip
 
 
 def trl_environment_factories(

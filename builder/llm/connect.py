@@ -1,7 +1,7 @@
 """Building a ready client from an `llm` config: the managed server (or `llm.url`), cache and accounting.
 
 The synthesis model uses the `llm` section as it is; the RL agent (`rollout.rl_agent_model`) gets an `llm`
-config derived from it by `rl_agent_config`, and its own server log.
+config derived from it by `builder.llm.roles.rl_agent_config`, and its own server log.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from builder.config import BuildConfig, LLMConfig
+from builder.config import LLMConfig
 from builder.llm.base import CallRecord, ChatModel, ServerCall
 from builder.llm.cache import ResponseCache
 from builder.llm.client import LLMClient
@@ -20,7 +20,6 @@ from builder.llm.openai_backend import OpenAIChatModel
 from builder.llm.pacing import InFlightLimit
 from builder.llm.pool import Endpoint, EndpointPool
 from builder.llm.server import VLLMServer, check_external_server, kv_cache_tokens
-from builder.llm.weights import EMBEDDED_MODEL, EMBEDDED_MODEL_CONTEXT
 from builder.records import Sampling
 
 CACHE_FILE = "llm_cache.sqlite"
@@ -32,43 +31,6 @@ def served_model_id(config: LLMConfig) -> str:
     """The model's name in provenance, `Trajectory.model` and every cache key: the served name on `config.url`
     (or `config.urls`), else the model the managed server loads."""
     return config.served_model_name if config.url or config.urls else config.model
-
-
-def rl_agent_config(config: BuildConfig) -> LLMConfig | None:
-    """The `llm` config of the RL agent (`rollout.rl_agent_model`), or None when none is set.
-
-    Derived from `llm`: it keeps how a server is reached and paced (device, timeouts, retries, concurrency,
-    cache, tool parser) and drops what belongs to the synthesis model (its chat template, reasoning parser and
-    thinking mode, dtype, tensor parallelism, extra vLLM arguments), so the policy gets its own defaults: for
-    the builtin SmolLM2 the packaged ChatML+tools template and, on CPU, the dtype `server_command` picks; it
-    plays without a reasoning mode. The context is `rollout.rl_agent_max_model_len`, else `llm.max_model_len`
-    capped at 8192 for the builtin model. With `rollout.rl_agent_url` (or `rollout.rl_agent_urls`, several
-    servers paced and balanced as `llm.urls`) the model is used there under the name `rl_agent_model`; else a
-    managed server loads it.
-    """
-    rollout = config.rollout
-    if rollout.rl_agent_model is None:
-        return None
-    context = rollout.rl_agent_max_model_len
-    if context is None:
-        context = config.llm.max_model_len
-        if rollout.rl_agent_model == EMBEDDED_MODEL:
-            context = min(context, EMBEDDED_MODEL_CONTEXT)
-    served = rollout.rl_agent_url or rollout.rl_agent_urls
-    derived = {
-        "model": rollout.rl_agent_model,
-        "url": rollout.rl_agent_url,
-        "urls": rollout.rl_agent_urls,
-        "served_model_name": rollout.rl_agent_model if served else config.llm.served_model_name,
-        "max_model_len": context,
-        "chat_template": None,
-        "reasoning_parser": None,
-        "thinking": "off",
-        "dtype": "auto",
-        "tensor_parallel_size": 1,
-        "extra_server_args": (),
-    }
-    return LLMConfig.model_validate({**config.llm.model_dump(), **derived})
 
 
 @contextmanager

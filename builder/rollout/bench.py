@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from builder.llm import ChatRequest, Reply, ScriptedModel, tool_reply
 from builder.records import Action, Sampling
 from builder.rollout.episode import Limits, run_episode
 from builder.rollout.reward import gold_paths, grade
-from builder.rollout.runner import SandboxRunner, in_thread
+from builder.rollout.runner import SandboxRunner
 from builder.sandbox.bench import BENCH_CHECK, BENCH_ENV
 from builder.sandbox.runtime import Sandbox
 
@@ -135,6 +136,9 @@ async def run_rollouts(model: Any, sandbox: Sandbox, episodes: int, in_flight: i
     check = CheckSpec(name="grew", source=BENCH_CHECK)
     limits = Limits(config.rollout.max_turns, config.rollout.max_tool_calls, config.rollout.max_tokens)
     gate = asyncio.Semaphore(in_flight)
+    # Sandbox calls block on a worker's pipe, not the CPU: a thread per episode in flight, as a run gives them.
+    threads = ThreadPoolExecutor(max_workers=in_flight + 4, thread_name_prefix="sandbox")
+    asyncio.get_running_loop().set_default_executor(threads)
     solved = 0
     starts: list[float] = []
 
@@ -142,7 +146,7 @@ async def run_rollouts(model: Any, sandbox: Sandbox, episodes: int, in_flight: i
         nonlocal solved
         async with gate:
             starts.append(time.perf_counter())
-            session = await in_thread(Session, sandbox, BENCH_ENV, {"value": 0})
+            session = await asyncio.to_thread(Session, sandbox, BENCH_ENV, {"value": 0})
             try:
                 episode = await run_episode(
                     clock, list(session.tools), SandboxRunner(session), system=SYSTEM, opening=TASK, limits=limits,
@@ -150,10 +154,10 @@ async def run_rollouts(model: Any, sandbox: Sandbox, episodes: int, in_flight: i
                                       max_tokens=config.rollout.max_reply_tokens),
                     sample_index=index,
                 )  # fmt: skip
-                final = await in_thread(session.snapshot)
+                final = await asyncio.to_thread(session.snapshot)
             finally:
-                await in_thread(session.close)
-            verdict = await in_thread(
+                await asyncio.to_thread(session.close)
+            verdict = await asyncio.to_thread(
                 grade, sandbox, [check.source], {"value": 0}, final, allowed, collateral_zeroes_reward=False
             )
             solved += verdict.solved and episode.end_reason == "agent_done"

@@ -1,32 +1,23 @@
-"""The episode loop's tool runner over a sandbox session, and the thread pool its blocking calls run in."""
+"""The episode loop's tool runner over a sandbox session."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from concurrent.futures import Executor
+from typing import Any
 
 from builder.envs.session import Session, ToolResult
 
-T = TypeVar("T")
-
-# Sandbox calls block on a worker's pipe, not on the CPU: with asyncio's default pool (cores + 4 threads) the
-# episodes would queue for threads while the model server idles, so they get a pool of their own.
-_SANDBOX_THREADS = ThreadPoolExecutor(max_workers=128, thread_name_prefix="sandbox")
-
-
-async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`fn(*args, **kwargs)` in the sandbox thread pool."""
-    return await asyncio.get_running_loop().run_in_executor(_SANDBOX_THREADS, functools.partial(fn, *args, **kwargs))
-
 
 class SandboxRunner:
-    """`builder.rollout.episode.ToolRunner` over a `Session`; its blocking calls run in a thread."""
+    """`builder.rollout.episode.ToolRunner` over a `Session`. Its blocking calls run in `threads` (the stage's,
+    `StageContext.threads`; None: the event loop's default pool)."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, threads: Executor | None = None) -> None:
         self.session = session
+        self.threads = threads
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        return await in_thread(self.session.call, name, arguments)
+        call = functools.partial(self.session.call, name, arguments)
+        return await asyncio.get_running_loop().run_in_executor(self.threads, call)

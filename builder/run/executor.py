@@ -29,10 +29,19 @@ from tqdm import tqdm
 
 from builder.config import BuildConfig
 from builder.errors import BuilderError, RunError
+from builder.limits import DETAIL_CHARS
 from builder.llm.accounting import estimate_gpu_hours
 from builder.records import Record, Rejection
 from builder.run.folder import RunFolder
-from builder.run.stage import BatchStage, ItemStage, Rejected, Stage, StageContext
+from builder.run.stage import (
+    BatchStage,
+    ItemStage,
+    Rejected,
+    Stage,
+    StageContext,
+    StageResources,
+    earlier_sources,
+)
 from builder.stats import StageStats, load_stats, save_stats
 from builder.store import Store
 from builder.usage import Usage
@@ -65,6 +74,7 @@ async def run_stages(
     only: str | None = None,
     llm: Callable[[StageStats], Any] | None = None,
     rl_agent: Callable[[StageStats], Any] | None = None,
+    user_model: Callable[[StageStats], Any] | None = None,
     sandbox: Callable[[], Any] | None = None,
     items: ItemRunner | None = None,
 ) -> dict[str, StageStats]:
@@ -75,6 +85,7 @@ async def run_stages(
         only: run just this stage, from the stored output of the stage before it.
         llm: makes the model client of a stage from its stats (so calls are counted per stage).
         rl_agent: likewise for the RL agent's model (`rollout.rl_agent_model`), if the run has one.
+        user_model: likewise for the user simulator's model (`rollout.user_model`), if it has its own.
         sandbox: returns the sandbox runtime shared by all stages (started on first use).
         items: runs the pending inputs of an item stage (default `local_items`: in this process); batch stages
             always run here.
@@ -96,6 +107,7 @@ async def run_stages(
     if only is not None:
         selected = [stages[names.index(only)]]
     digest = state["config_hash"]
+    resources = StageResources(llm=llm, rl_agent=rl_agent, user_model=user_model, sandbox=sandbox)
     with _signals_cancel_current_task() as interrupted:
         try:
             for stage in selected:
@@ -104,10 +116,8 @@ async def run_stages(
                 inputs = folder.read(previous.name, previous.output) if stage.input is not None else []
                 # Model usage and wall time accumulate over attempts; counts are recomputed from the tables.
                 stats = all_stats.setdefault(stage.name, StageStats(stage.name))
-                ctx = StageContext(
-                    config, digest, folder.root, stats, llm=llm(stats) if llm is not None else None,
-                    rl_agent=rl_agent(stats) if rl_agent is not None else None, open_sandbox=sandbox,
-                )  # fmt: skip
+                stats.report = stage.report.model_validate(stats.report.model_dump(by_alias=True))
+                ctx = resources.context(config, digest, folder.root, stats, earlier_sources(stages, index))
                 started = time.monotonic()
                 try:
                     if isinstance(stage, ItemStage):
@@ -204,7 +214,7 @@ async def call_item(stage: ItemStage, item: Record, ctx: StageContext) -> Sequen
         raise  # an interrupt or an operator error (bad config, store locked) is not a property of this item
     except Exception as error:  # noqa: BLE001 - a bad item is data, not a crash of the batch
         logger.error("%s: %s failed:\n%s", stage.name, item.id, traceback.format_exc())
-        return [ctx.reject(item, f"exception:{type(error).__name__}", str(error)[:2000])]
+        return [ctx.reject(item, f"exception:{type(error).__name__}", str(error)[:DETAIL_CHARS])]
     if not results:
         return [ctx.reject(item, "no_output", "the stage produced nothing for this input")]
     for result in results:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -34,6 +35,7 @@ from builder.errors import RunError
 from builder.llm import CallRecord
 from builder.llm.base import ServerCall
 from builder.records import Record
+from builder.reports import merge_reports
 from builder.run.executor import call_item
 from builder.run.stage import ItemStage, OpenResources, StageContext
 from builder.stats import StageStats
@@ -137,7 +139,7 @@ class RayItems:
                     for name, actor in list(self.actors.items()):
                         owned = [batch for batch in running.values() if batch.actor == name]
                         if (batch := inputs.next_batch(name, owned, batch_size, depth)) is not None:
-                            ref = actor.run.remote(stage_ref, ctx.config_hash, batch.items, in_flight)
+                            ref = actor.run.remote(stage_ref, ctx.config_hash, ctx.needs, batch.items, in_flight)
                             running[asyncio.wrap_future(ref.future())] = batch
                             handed = True
                 before = time.monotonic()
@@ -160,7 +162,8 @@ class RayItems:
                     for server_call in answer.server_calls:
                         ctx.stats.add_server_call(server_call)
                     figures[batch.actor] = answer.figures
-                    ctx.stats.report = merge_counters([base_report, *(f["report"] for f in figures.values())])
+                    reports = [base_report, *(f["report"] for f in figures.values())]
+                    ctx.stats.report = merge_reports(stage.report, reports)
                     for input_id, results in answer.results:
                         done_items += 1
                         yield input_id, results
@@ -170,7 +173,7 @@ class RayItems:
             driver_s = time.monotonic() - started - waited
             ctx.stats.executor = {
                 "kind": "ray",
-                "actors": figures,
+                "actors": {name: {**actor, "report": actor["report"].to_json()} for name, actor in figures.items()},
                 "driver_s": round(driver_s, 3),
                 "driver_s_per_item": round(driver_s / done_items, 6) if done_items else None,
                 "items": done_items,
@@ -277,16 +280,17 @@ class StageActor:
         self.config = config
         self.run_dir = Path(run_dir)
         self.stack = ExitStack()
-        self.resources = open_resources(config, self.run_dir, self.stack)
         self.threads = _TimedThreads(threads)
+        # The stages' blocking work runs in these threads, timed, whatever pool the resources would bring.
+        self.resources = dataclasses.replace(open_resources(config, self.run_dir, self.stack), threads=self.threads)
         self.node = ray.get_runtime_context().get_node_id()[:12]
         self.stages: dict[str, _ActorStage] = {}
 
-    async def run(self, stage: ItemStage, digest: str, batch: list[Record], in_flight: int) -> BatchAnswer:
+    async def run(self, stage: ItemStage, digest: str, needs: dict, batch: list[Record], in_flight: int) -> BatchAnswer:
         asyncio.get_running_loop().set_default_executor(self.threads)
         work = self.stages.get(stage.name)
         if work is None:
-            work = self.stages[stage.name] = self._open_stage(stage, digest, in_flight)
+            work = self.stages[stage.name] = self._open_stage(stage, digest, needs, in_flight)
         start = time.monotonic()
         work.first = work.first or start
 
@@ -310,13 +314,10 @@ class StageActor:
         }
         return BatchAnswer(results, calls, server_calls, figures)
 
-    def _open_stage(self, stage: ItemStage, digest: str, in_flight: int) -> _ActorStage:
+    def _open_stage(self, stage: ItemStage, digest: str, needs: dict, in_flight: int) -> _ActorStage:
         stats = _ActorStats(stage.name)
-        resources = self.resources
-        ctx = StageContext(
-            self.config, digest, self.run_dir, stats, llm=resources.llm(stats) if resources.llm else None,
-            rl_agent=resources.rl_agent(stats) if resources.rl_agent else None, open_sandbox=resources.sandbox,
-        )  # fmt: skip
+        stats.report = stage.report()
+        ctx = self.resources.context(self.config, digest, self.run_dir, stats, needs)
         return _ActorStage(ctx, stats, asyncio.Semaphore(in_flight), self.threads.busy_s)
 
     async def close(self) -> None:
@@ -334,17 +335,3 @@ class _ActorStage:
     first: float = 0.0
     last: float = 0.0
     items: int = 0
-
-
-def merge_counters(reports: Sequence[dict]) -> dict:
-    """Stage reports added up: integer counters are summed, nested dicts merged, other values left out (they
-    differ per actor; each actor's own are in its figures). The rates and costs a stage derives from its counters
-    are then filled in from the sums, by the stage's `derive`, when its inputs are done."""
-    merged: dict = {}
-    for report in reports:
-        for key, value in report.items():
-            if isinstance(value, dict):
-                merged[key] = merge_counters([merged.get(key, {}), value])
-            elif isinstance(value, int) and not isinstance(value, bool):
-                merged[key] = merged.get(key, 0) + value
-    return merged

@@ -3,7 +3,10 @@ the two kinds of stage (`ItemStage`, `BatchStage`) the executor runs."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,10 +17,12 @@ from builder.config import BuildConfig
 from builder.errors import RunError
 from builder.llm.base import StageModel
 from builder.records import Provenance, Record, Rejection, Sampling
+from builder.reports import StageReport
 from builder.run.folder import RunFolder
 from builder.stats import StageStats
 
 R = TypeVar("R", bound=Record)
+T = TypeVar("T")
 
 
 @dataclass
@@ -31,7 +36,12 @@ class StageContext:
     llm: StageModel | None = None  # the model, when the pipeline has one
     rl_agent: StageModel | None = None  # the RL agent's model (rollout.rl_agent_model), when the pipeline has one
     open_sandbox: Callable[[], Any] | None = None  # returns the shared `Sandbox`, starting it on first use
-    _earlier: dict[str, dict[str, Record]] = field(default_factory=dict, repr=False)
+    # The earlier records the stage declared it needs (`ItemStage.needs`): record type -> the stage of this run
+    # whose kept records they are (the nearest earlier stage with that output), resolved by the executor.
+    needs: Mapping[type[Record], str | None] = field(default_factory=dict)
+    user_model: StageModel | None = None  # the user simulator's model, when the pipeline has one
+    threads: Executor | None = None  # where `blocking` runs blocking work (None: the event loop's default pool)
+    _earlier: dict[type[Record], dict[str, Record]] = field(default_factory=dict, repr=False)
 
     @property
     def sandbox(self) -> Any:
@@ -39,6 +49,12 @@ class StageContext:
         if self.open_sandbox is None:
             raise RunError(f"stage {self.stage!r} needs the sandbox, but this pipeline has none")
         return self.open_sandbox()
+
+    async def blocking(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """`fn(*args, **kwargs)` in the threads of the process running the stage (`StageResources.threads`: as
+        many as episodes in flight locally, `executor.sandbox_workers` on a Ray actor)."""
+        call = functools.partial(fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self.threads, call)
 
     @property
     def stage(self) -> str:
@@ -62,22 +78,29 @@ class StageContext:
             parent_ids=tuple(p if isinstance(p, str) else p.id for p in parents),
         )
 
-    def earlier(self, stage: str, record_type: type[R]) -> dict[str, R]:
-        """The records an earlier `stage` of this run kept, by id (empty: that stage has not run).
+    def earlier(self, record_type: type[R]) -> dict[str, R]:
+        """The `record_type` records this run kept before the running stage, by id (empty: the stage that makes
+        them has not run). For a stage that needs more than its input, e.g. rollout needs the environment of a
+        scenario, evaluate repairing code the plan it came from; the stage declares them (`ItemStage.needs`).
 
-        Read once per stage run (the tables before the running stage do not change meanwhile). For a stage that
-        needs more than its input, e.g. rollout needs the environment of a scenario, evaluate repairing code the
-        plan it came from.
+        Read once per stage run (the tables before the running stage do not change meanwhile).
+
+        Raises:
+            RunError: the stage did not declare that it needs `record_type` records.
         """
-        if stage not in self._earlier:
-            folder = RunFolder(self.run_dir)
-            found = folder.read(stage, record_type) if folder.table(stage).exists() else []
-            self._earlier[stage] = {record.id: record for record in found}
-        return self._earlier[stage]  # type: ignore[return-value]
+        if record_type not in self.needs:
+            raise RunError(
+                f"stage {self.stage!r} reads {record_type.__name__} records it did not declare (ItemStage.needs)"
+            )
+        if record_type not in self._earlier:
+            folder, stage = RunFolder(self.run_dir), self.needs[record_type]
+            found = folder.read(stage, record_type) if stage is not None and folder.table(stage).exists() else []
+            self._earlier[record_type] = {record.id: record for record in found}
+        return self._earlier[record_type]  # type: ignore[return-value]
 
-    def earlier_record(self, stage: str, record_type: type[R], record_id: str) -> R | None:
-        """The record `record_id` an earlier `stage` of this run kept (None: that stage kept no such record)."""
-        return self.earlier(stage, record_type).get(record_id)
+    def earlier_record(self, record_type: type[R], record_id: str) -> R | None:
+        """The `record_type` record `record_id` this run kept before the running stage (None: none such)."""
+        return self.earlier(record_type).get(record_id)
 
     def reject(self, subject: Record | str, reason: str, detail: str = "", raw_output: str | None = None) -> Rejection:
         """A rejection of `subject` by this stage, with a stable reason code."""
@@ -118,6 +141,10 @@ class ItemStage:
     # executor calls it once the inputs are done, so under `--executor ray` the figures are those of the counters
     # summed over the actors, not one actor's: stage functions only count.
     derive: Callable[[StageStats], None] | None = None
+    # Earlier records the stage looks up by id (`StageContext.earlier`): the executor hands it those of the
+    # nearest earlier stage whose output is of each type. No stage names another stage's table.
+    needs: tuple[type[Record], ...] = ()
+    report: type[StageReport] = StageReport  # the type of `StageStats.report` while the stage runs
 
 
 @dataclass(frozen=True)
@@ -129,9 +156,21 @@ class BatchStage:
     input: type[Record] | None
     output: type[Record]
     persist: str | None = None  # the store table the executor upserts the kept records into
+    needs: tuple[type[Record], ...] = ()  # as `ItemStage.needs`
+    report: type[StageReport] = StageReport
 
 
 Stage = ItemStage | BatchStage
+
+
+def earlier_sources(stages: Sequence[Stage], index: int) -> dict[type[Record], str | None]:
+    """What `stages[index]` needs, resolved: each record type it declares -> the nearest stage before it whose
+    output is of that type (None when no stage before it makes them: the stage then finds none)."""
+    stage, found = stages[index], {}
+    for record_type in stage.needs:
+        makers = [earlier.name for earlier in stages[:index] if earlier.output is record_type]
+        found[record_type] = makers[-1] if makers else None
+    return found
 
 
 @dataclass(frozen=True)
@@ -141,8 +180,22 @@ class StageResources:
 
     llm: Callable[[StageStats], Any] | None = None
     rl_agent: Callable[[StageStats], Any] | None = None
+    user_model: Callable[[StageStats], Any] | None = None  # the user simulator's, when it is not `llm`'s model
     sandbox: Callable[[], Any] | None = None
     aclose: Callable[[], Awaitable[None]] | None = None
+    threads: Executor | None = None  # for the stages' blocking work that runs many at once (`StageContext.blocking`)
+
+    def context(
+        self, config: BuildConfig, config_hash: str, run_dir: Path, stats: StageStats,
+        needs: Mapping[type[Record], str | None] | None = None,
+    ) -> StageContext:  # fmt: skip
+        """The context of one stage run: the model clients counted in `stats`, the sandbox, its earlier records."""
+        return StageContext(
+            config, config_hash, run_dir, stats, llm=self.llm(stats) if self.llm else None,
+            rl_agent=self.rl_agent(stats) if self.rl_agent else None, open_sandbox=self.sandbox,
+            needs=dict(needs or {}), user_model=self.user_model(stats) if self.user_model else None,
+            threads=self.threads,
+        )  # fmt: skip
 
 
 # Opens the resources of a process for `config` and `run_dir`, entering what must be closed into the stack. The Ray

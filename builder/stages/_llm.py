@@ -9,6 +9,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
+from builder.limits import DETAIL_CHARS
 from builder.llm import LLMRequestError, PromptTooLongError, StructuredOutputError
 from builder.llm.reask import NoUsableReply, Refusal, reask
 from builder.records import ChatMessage, Record, Sampling
@@ -45,14 +46,14 @@ async def ask(
     try:
         return await ctx.llm.structured(messages, output_type, sampling=sampling, attempt=attempt)
     except StructuredOutputError as error:
-        detail = "; ".join(error.errors)[-2000:]
+        detail = "; ".join(error.errors)[-DETAIL_CHARS:]
         raise Rejected(ctx.reject(subject, invalid_reason, detail, raw_output=error.raw_text)) from None
     except PromptTooLongError as error:
-        raise Rejected(ctx.reject(subject, "prompt_too_long", str(error)[:2000])) from error
+        raise Rejected(ctx.reject(subject, "prompt_too_long", str(error)[:DETAIL_CHARS])) from error
     except LLMRequestError as error:
         if error.retryable:
             raise
-        raise Rejected(ctx.reject(subject, "llm_request", str(error)[:2000])) from None
+        raise Rejected(ctx.reject(subject, "llm_request", str(error)[:DETAIL_CHARS])) from None
 
 
 async def repaired(
@@ -77,13 +78,15 @@ async def repaired(
         return await reask(messages, ask_once, attempts=attempts)
     except NoUsableReply as failed:
         last = failed.refusal
-        raise Rejected(ctx.reject(subject, last.reason, last.detail[:2000], raw_output=last.raw_output)) from None
+        raise Rejected(
+            ctx.reject(subject, last.reason, last.detail[:DETAIL_CHARS], raw_output=last.raw_output)
+        ) from None
 
 
 async def shrinking(ctx: StageContext, prompt_name: str, sizes: Sequence[S], ask_at: Callable[[S], Awaitable[A]]) -> A:
     """`ask_at(size)` with the first of `sizes`; while the prompt is too long for the model's context (a
     `PromptTooLongError`, or `ask`'s `prompt_too_long` rejection), again with the next smaller size, each shrink
-    counted in `ctx.stats.report["prompt_shrunk"][prompt_name]`. At the last size the error goes up as it is."""
+    counted in `ctx.stats.report.prompt_shrunk[prompt_name]`. At the last size the error goes up as it is."""
     *larger, smallest = sizes
     for size in larger:
         try:
@@ -91,6 +94,6 @@ async def shrinking(ctx: StageContext, prompt_name: str, sizes: Sequence[S], ask
         except (PromptTooLongError, Rejected) as error:
             if isinstance(error, Rejected) and error.rejection.reason != "prompt_too_long":
                 raise
-        shrunk = ctx.stats.report.setdefault("prompt_shrunk", {})
+        shrunk = ctx.stats.report.prompt_shrunk
         shrunk[prompt_name] = shrunk.get(prompt_name, 0) + 1
     return await ask_at(smallest)

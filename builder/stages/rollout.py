@@ -1,6 +1,7 @@
 """rollout: k sampled episodes of the agent model per scenario against the sandboxed environment, each graded.
 
-Per scenario: the environment's code comes from this run's evaluate stage (by id), the gold solution
+Per scenario: the environment's code comes from this run's accepted environments (by id; the stage declares it
+needs `Environment` records and the executor hands in those of the stage that accepted them), the gold solution
 is replayed once to learn which state paths the task may touch, then `rollout.samples_per_scenario` episodes run
 concurrently (`builder.rollout.episode.run_episode`), each in its own sandbox session, with the user simulator in
 conversational mode. Each final state is graded by the scenario's checks (`builder.rollout.reward.grade`). Trajectories
@@ -10,34 +11,36 @@ computes it from the trajectories).
 Who plays the agent depends on the environment's split (`builder.splits.is_rl_environment`, select's): the
 synthesis model (the teacher of the SFT set) in `train` environments, and `rollout.rl_agent_model` (the policy
 the RL set is for) in `rl` environments when it is set, so select's RL band holds the policy's pass rates. The
-user simulator stays on the synthesis model (or `rollout.user_model`) either way.
+user simulator stays on the synthesis model (or `rollout.user_model`) either way. Models, the sandbox and the
+threads blocking sandbox calls run in all come from the process running the stage (`StageResources`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from dataclasses import dataclass
-from string import Template
 from typing import TypeVar
 
 from builder.config import BuildConfig, LLMConfig, RolloutConfig
 from builder.envs.lint import ContractError
 from builder.envs.session import Session, SessionError
 from builder.errors import ConfigError, RunError
-from builder.llm import LLMClient, StageModel
-from builder.llm.connect import client_for, endpoint_pool, over_pool, rl_agent_config
-from builder.prompts import prompt, prompt_version
+from builder.limits import DETAIL_CHARS
+from builder.llm import StageModel
+from builder.llm.roles import rl_agent_config
+from builder.prompts import prompt_version
 from builder.records import Environment, Record, Sampling, Scenario, Trajectory
+from builder.reports import RolloutReport, SplitFigures
 from builder.rollout.episode import ENV_ERROR, INFRA_END_REASONS, Episode, Limits, run_episode
 from builder.rollout.reward import Grade, gold_paths, grade
-from builder.rollout.runner import SandboxRunner, in_thread
+from builder.rollout.runner import SandboxRunner
 from builder.rollout.user_sim import UserSimulator
 from builder.run.stage import Rejected, StageContext
-from builder.sandbox.world import DEFAULT_NOW, describe_now
+from builder.sandbox.world import DEFAULT_NOW
 from builder.splits import declared_split, is_rl_environment
 from builder.stats import StageStats
+from builder.views.agent import agent_system_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -50,28 +53,18 @@ def rollout_concurrency(config: BuildConfig) -> int:
     return max(1, -(-config.rollout.episodes_in_flight // config.rollout.samples_per_scenario))
 
 
-@functools.cache
-def _served_model(llm: LLMConfig, name: str) -> LLMClient:
-    served = llm.model_copy(update={"served_model_name": name})
-    pool = endpoint_pool(served, llm.urls or (str(llm.url),))
-    return client_for(over_pool(served, pool), pool, model_id=name if llm.urls else f"{name}@{llm.url}")
-
-
 def user_model(ctx: StageContext) -> StageModel:
-    """The user simulator's model: the agent's client, or `rollout.user_model` on the `llm.url` (or `llm.urls`)
-    servers, through a pool of its own (paced and routed around failures as the synthesis model's).
+    """The user simulator's model: `rollout.user_model` (the pipeline's client for it, counted and closed like
+    the others), else the agent's.
 
     Raises:
-        ConfigError: `rollout.user_model` is set without `llm.url(s)` (the managed server serves one model).
+        RunError: `rollout.user_model` is set, but the pipeline gave the stage no model for it.
     """
-    name = ctx.config.rollout.user_model
-    if name is None:
+    if ctx.config.rollout.user_model is None:
         return ctx.llm
-    if not (ctx.config.llm.url or ctx.config.llm.urls):
-        raise ConfigError(
-            "rollout.user_model needs llm.url or llm.urls: the managed vLLM server serves only the agent's model"
-        )
-    return _served_model(ctx.config.llm, name)
+    if ctx.user_model is None:
+        raise RunError("rollout.user_model is set, but this pipeline has no user model")
+    return ctx.user_model
 
 
 @dataclass(frozen=True)
@@ -120,14 +113,10 @@ def conversation_limit(rollout: RolloutConfig, llm: LLMConfig) -> int:
     return min(rollout.max_tokens, room)
 
 
-def environment_text(env: Environment) -> str:
-    return f"{env.name} ({env.domain}): {env.description}"
-
-
 def system_prompt(env: Environment, mode: str, now: str = DEFAULT_NOW) -> tuple[str, str]:
     """The agent's system prompt for `mode` at the scenario's date-time `now`, and its prompt version."""
     name = "rollout_task" if mode == "non_conversational" else "rollout_conversation"
-    text = Template(prompt(name)).safe_substitute(environment=environment_text(env), now=describe_now(now))
+    text = agent_system_prompt(name, name=env.name, domain=env.domain, description=env.description, now=now)
     return text, prompt_version(name)
 
 
@@ -142,10 +131,10 @@ def agent_sampling(ctx: StageContext, sample_index: int) -> Sampling:
 
 
 def load_environment(ctx: StageContext, scenario: Scenario) -> Environment:
-    """The scenario's environment, as this run's evaluate stage accepted it."""
-    env = ctx.earlier_record("evaluate", Environment, scenario.env_id)
+    """The scenario's environment, as this run accepted it."""
+    env = ctx.earlier_record(Environment, scenario.env_id)
     if env is None:
-        detail = f"environment {scenario.env_id} is not among this run's accepted environments (evaluate.parquet)"
+        detail = f"environment {scenario.env_id} is not among this run's accepted environments"
         raise Rejected(ctx.reject(scenario, "env_missing", detail))
     return env
 
@@ -155,15 +144,15 @@ async def rollout(scenario: Scenario, ctx: StageContext) -> list[Record]:
     env_missing, env_load_failed: the environment or the gold replay does not load)."""
     if scenario.mode == "conversational" and scenario.user is None:
         raise Rejected(ctx.reject(scenario, "no_user_script", "a conversational scenario needs a user script"))
-    env = await asyncio.to_thread(load_environment, ctx, scenario)
+    env = await ctx.blocking(load_environment, ctx, scenario)
     try:
         # No gold (an imported scenario): nothing to compare the agent's writes with, so no collateral guard.
-        allowed = None if not scenario.gold_actions else await in_thread(
+        allowed = None if not scenario.gold_actions else await ctx.blocking(
             gold_paths, ctx.sandbox, env.code, scenario.initial_state, scenario.gold_actions,
             now=scenario.now, seed=scenario.seed, contract=env.contract,
         )  # fmt: skip
     except (SessionError, ContractError) as error:
-        raise Rejected(ctx.reject(scenario, "env_load_failed", str(error)[:2000])) from None
+        raise Rejected(ctx.reject(scenario, "env_load_failed", str(error)[:DETAIL_CHARS])) from None
     agent = player(ctx, scenario.env_id, declared_split(env.provenance))
     samples = range(ctx.config.rollout.samples_per_scenario)
     trajectories = list(await asyncio.gather(*(_sample(ctx, scenario, env, allowed, i, agent) for i in samples)))
@@ -171,7 +160,7 @@ async def rollout(scenario: Scenario, ctx: StageContext) -> list[Record]:
     logger.info("rollout: %s (%s, %s) pass rate %d/%d", scenario.id, agent.split, agent.model.model_id, solved,
                 len(trajectories))  # fmt: skip
     # How many scenarios were solved by 0, 1, ..., k of their k samples: the shape select's RL band cuts from.
-    histogram = ctx.stats.report.setdefault("pass_counts", {})
+    histogram = ctx.stats.report.pass_counts
     histogram[f"{solved}/{len(trajectories)}"] = histogram.get(f"{solved}/{len(trajectories)}", 0) + 1
     _count_by_model(ctx, agent, trajectories)
     return trajectories
@@ -181,20 +170,21 @@ def _count_by_model(ctx: StageContext, agent: Player, trajectories: list[Traject
     """`report.by_model[model][split]`: scenarios, rollouts, graded rollouts and solved, so the stats say which
     model's pass rates the RL band was cut from (`derive_report` adds the pass rate: solved / graded, as select
     counts it)."""
-    by_model = ctx.stats.report.setdefault("by_model", {}).setdefault(agent.model.model_id, {})
-    entry = by_model.setdefault(agent.split, {"scenarios": 0, "rollouts": 0, "graded": 0, "solved": 0})
+    by_model = ctx.stats.report.by_model.setdefault(agent.model.model_id, {})
+    entry = by_model.setdefault(agent.split, SplitFigures())
     graded = [t for t in trajectories if t.end_reason not in INFRA_END_REASONS]
-    entry["scenarios"] += 1
-    entry["rollouts"] += len(trajectories)
-    entry["graded"] += len(graded)
-    entry["solved"] += sum(t.solved for t in graded)
+    entry.scenarios += 1
+    entry.rollouts += len(trajectories)
+    entry.graded += len(graded)
+    entry.solved += sum(t.solved for t in graded)
 
 
 def derive_report(stats: StageStats) -> None:
     """`pass_rate` of each model and split in `report.by_model` from its counters (`ItemStage.derive`)."""
-    for splits in stats.report.get("by_model", {}).values():
+    report: RolloutReport = stats.report  # type: ignore[assignment]
+    for splits in report.by_model.values():
         for entry in splits.values():
-            entry["pass_rate"] = round(entry["solved"] / entry["graded"], 4) if entry["graded"] else None
+            entry.pass_rate = round(entry.solved / entry.graded, 4) if entry.graded else None
 
 
 async def _sample(
@@ -220,23 +210,23 @@ async def _sample(
         )
     limits = Limits(config.max_turns, config.max_tool_calls, agent.max_tokens)
     state, now, seed = scenario.initial_state, scenario.now, scenario.seed
-    session = await in_thread(Session, ctx.sandbox, env.code, state, now=now, seed=seed, contract=env.contract)
+    session = await ctx.blocking(Session, ctx.sandbox, env.code, state, now=now, seed=seed, contract=env.contract)
     try:
         episode = await run_episode(
-            agent.model, tools, SandboxRunner(session), system=system,
+            agent.model, tools, SandboxRunner(session, ctx.threads), system=system,
             opening=scenario.task if user is None else None, limits=limits, sampling=sampling,
             sample_index=index, user=user,
         )  # fmt: skip
         try:
-            final = await in_thread(session.snapshot)
+            final = await ctx.blocking(session.snapshot)
         except SessionError as error:
             final = None
             episode = _void(episode, f"final state unreadable: {error}")
     finally:
-        await in_thread(session.close)
+        await ctx.blocking(session.close)
     verdict = None
     if final is not None:
-        verdict = await in_thread(
+        verdict = await ctx.blocking(
             grade, ctx.sandbox, scenario.checks, scenario.initial_state, final, allowed,
             collateral_zeroes_reward=config.collateral_zeroes_reward, now=scenario.now, seed=scenario.seed,
         )  # fmt: skip

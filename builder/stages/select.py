@@ -31,6 +31,7 @@ from typing import Any
 from builder.decontaminate import BenchmarkIndex
 from builder.llm.parsing import check_tool_call
 from builder.records import Environment, Record, Scenario, Selection, Trajectory
+from builder.reports import SelectReport
 from builder.rollout.episode import AGENT_DONE, INFRA_END_REASONS, USER_STOP
 from builder.run.stage import StageContext
 from builder.splits import declared_split, is_rl_environment
@@ -46,8 +47,8 @@ logger = logging.getLogger(__name__)
 
 async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[Record]:
     """Selections (sft trajectories, rl scenarios) and rejections with the reason codes above."""
-    scenarios = await asyncio.to_thread(ctx.earlier, "scenarios", Scenario)
-    environments = await asyncio.to_thread(ctx.earlier, "evaluate", Environment)
+    scenarios = await asyncio.to_thread(ctx.earlier, Scenario)
+    environments = await asyncio.to_thread(ctx.earlier, Environment)
     contaminated, decontamination = _decontaminate(ctx, trajectories, scenarios, environments)
     by_scenario: dict[str, list[Trajectory]] = defaultdict(list)
     # Sample order decides which of two identical conversations is kept: the earlier sample.
@@ -70,9 +71,9 @@ async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[
                 results.append(ctx.reject(trajectory, reason, detail))
             else:
                 results.append(_selection(ctx, "sft", "train", trajectory.id, scenario_id, env_id, rate, len(graded)))
-    ctx.stats.report = _report(trajectories, results, decontamination)
+    ctx.stats.report = SelectReport(**_report(trajectories, results, decontamination))
     declared = {env_id: declared_split(env.provenance) for env_id, env in environments.items()}
-    ctx.stats.report["splits"] = _split_sizes({t.env_id for t in trajectories}, fraction, declared)
+    ctx.stats.report.splits = _split_sizes({t.env_id for t in trajectories}, fraction, declared)
     return results
 
 

@@ -14,6 +14,7 @@ from builder.config import load_config
 from builder.envs.schema import inspect_source
 from builder.llm import open_llm
 from builder.records import Environment
+from builder.reports import EvaluateReport
 from builder.run.stage import Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.evaluate import evaluate
@@ -47,7 +48,7 @@ async def test_evaluate_with_the_real_model(tmp_path):
         description="A small retail bank: customers, accounts and transfers with a daily limit.", code=BANK,
         tools=list(inspect_source(BANK).tools), state_schema={},
     )  # fmt: skip
-    stats = StageStats("evaluate")
+    stats = StageStats("evaluate", report=EvaluateReport())
     with Sandbox(config.sandbox) as sandbox, open_llm(config.llm, tmp_path, on_call=stats.add_call) as llm:
         ctx = StageContext(config, "h", tmp_path, stats, llm=llm, open_sandbox=lambda: sandbox)
         try:

@@ -104,5 +104,5 @@ async def test_rl_scenarios_are_played_by_the_embedded_model_the_pipeline_starts
     assert "--max-model-len 4096" in command and f"--chat-template {chatml_tools_template()}" in command
     assert not (run_dir / SERVER_LOG).exists()  # the synthesis model is external: no server of its own
     assert vllm_processes(log) == []  # stopped at the end of the run
-    by_model = stats["rollout"].report["by_model"]
+    by_model = stats["rollout"].report.to_json()["by_model"]
     assert by_model[EMBEDDED_MODEL]["rl"]["rollouts"] == 2 and by_model["local"]["train"]["rollouts"] == 1

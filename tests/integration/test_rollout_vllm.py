@@ -12,7 +12,8 @@ import pytest
 
 from builder.config import config_hash, load_config
 from builder.llm import open_llm
-from builder.records import Rejection, Selection, Trajectory
+from builder.records import Environment, Rejection, Scenario, Selection, Trajectory
+from builder.reports import RolloutReport, SelectReport
 from builder.rollout.episode import END_REASONS
 from builder.run.stage import StageContext
 from builder.sandbox.runtime import Sandbox
@@ -42,8 +43,11 @@ async def test_rollout_and_select_with_the_real_model(tmp_path):
     write_stage(tmp_path, "evaluate", [environment("bank")])
     trajectories: list[Trajectory] = []
     with open_llm(config.llm, tmp_path) as llm, Sandbox(config.sandbox) as sandbox:
-        ctx = StageContext(config, config_hash(config), tmp_path, StageStats("rollout"), llm=llm,
-                           open_sandbox=lambda: sandbox)  # fmt: skip
+        stats = StageStats("rollout", report=RolloutReport())
+        needs = {Environment: "evaluate"}
+        ctx = StageContext(
+            config, config_hash(config), tmp_path, stats, llm=llm, open_sandbox=lambda: sandbox, needs=needs
+        )
         for mode in ("non_conversational", "conversational"):
             trajectories += await rollout(bank_scenario(mode), ctx)
         calls = llm.totals
@@ -61,6 +65,15 @@ async def test_rollout_and_select_with_the_real_model(tmp_path):
     # conversational one may end at the simulated user's opening, a verdict on that reply's content).
     (task,) = [t for t in trajectories if t.mode == "non_conversational"]
     assert task.num_turns >= 1 and task.messages[2].role == "assistant", task.messages
-    results = await select(trajectories, StageContext(config, "h", tmp_path, StageStats("select")))
+    results = await select(
+        trajectories,
+        StageContext(
+            config,
+            "h",
+            tmp_path,
+            StageStats("select", report=SelectReport()),
+            needs={Scenario: "scenarios", Environment: "evaluate"},
+        ),
+    )
     assert len(results) == 2
     assert all(isinstance(r, Selection) or (isinstance(r, Rejection) and r.reason in SFT_REASONS) for r in results)

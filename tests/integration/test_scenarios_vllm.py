@@ -14,6 +14,7 @@ from builder.config import config_hash, load_config
 from builder.envs.schema import inspect_source
 from builder.llm import open_llm
 from builder.records import Environment, Rejection, Scenario
+from builder.reports import ScenariosReport
 from builder.run.stage import StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.scenarios import REASONS, scenarios
@@ -53,7 +54,7 @@ async def test_scenarios_with_the_real_model(tmp_path):
         state_schema={},
         status="accepted",
     )
-    stats = StageStats("scenarios")
+    stats = StageStats("scenarios", report=ScenariosReport())
     with open_llm(config.llm, tmp_path) as llm, Sandbox(config.sandbox) as sandbox:
         ctx = StageContext(config, config_hash(config), tmp_path, stats, llm=llm, open_sandbox=lambda: sandbox)
         results = await scenarios(env, ctx)  # a whole-environment rejection raises: the model was never asked
@@ -95,7 +96,7 @@ async def test_graph_scenarios_worded_by_the_real_model(tmp_path):
         class_name=interface.class_name, description="A small retail bank: customers, accounts and transfers.",
         domain="finance", code=BANK, tools=list(interface.tools), state_schema={}, status="accepted",
     )  # fmt: skip
-    stats = StageStats("scenarios")
+    stats = StageStats("scenarios", report=ScenariosReport())
     with open_llm(config.llm, tmp_path, on_call=stats.add_call) as llm, Sandbox(config.sandbox) as sandbox:
         ctx = StageContext(config, config_hash(config), tmp_path, stats, llm=llm, open_sandbox=lambda: sandbox)
         results = await scenarios(env, ctx)
@@ -111,5 +112,5 @@ async def test_graph_scenarios_worded_by_the_real_model(tmp_path):
         assert scenario.method == "graph" and scenario.verification.verified
         assert all(scenario.verification.checks_on_final) and not all(scenario.verification.checks_on_initial)
         assert scenario.task.strip() and len(scenario.checks) == len(scenario.checklist) >= 2
-    graph = stats.report["methods"]["graph"]
+    graph = stats.report.to_json()["methods"]["graph"]
     assert graph["slots"] == 2 and graph["calls"] == calls.calls

@@ -19,23 +19,26 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from builder.envs.lint import ContractError
 from builder.envs.schema import inspect_source
 from builder.envs.session import Session, SessionError
 from builder.evidence import Synthesis
+from builder.limits import DETAIL_CHARS
 from builder.llm import ChatRequest, LLMRequestError
 from builder.llm.reask import NoUsableReply, Refusal, reask_each
+from builder.naming import snake_case
 from builder.prompts import prompt, prompt_version
 from builder.records import ChatMessage, Environment, EnvPlan, OperationPlan, Record, Sampling
 from builder.run.stage import Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages._llm import system_user
-from builder.stages.code.assembly import Assembly, assemble, module_errors, state_schema
+from builder.stages._repair import ToolProblemText, ToolRepair
+from builder.stages.code.assembly import Assembly, assemble, module_errors, split_module, state_schema
 from builder.stages.code.pieces import STATE, Piece, PieceError, docstring, method_piece, signature, state_piece
-from builder.stages.plan import describe_entity
-from builder.stages.plan.rules import snake_case
+from builder.views.plan import describe_entity
 
 # Error codes in the order they decide the rejection reason when several pieces fail differently.
 _REASONS = (
@@ -132,6 +135,24 @@ async def regenerate(
     return Regenerated(assembly, {} if assembly else work.errors, sum(work.generated.values()), raw)
 
 
+async def repair_tools(
+    ctx: StageContext, env: Environment, plan: EnvPlan, problems: Mapping[str, Sequence[ToolProblemText]],
+    repair: int,
+) -> ToolRepair | None:  # fmt: skip
+    """The evaluate gates' repair (`builder.stages._repair.RepairTools`): the methods named in `problems`
+    regenerated (`regenerate`) in `env`'s module, which must be `plan`'s; None when it is not (not coded from
+    this plan, or its methods are not the plan's): nothing to regenerate."""
+    pieces = split_module(env.code, plan)
+    if set(pieces) != {STATE, *(op.name for op in plan.operations)} or set(problems) - set(pieces):
+        return None
+    errors = {tool: [PieceError(p.code, p.message) for p in found] for tool, found in problems.items()}
+    made = await regenerate(ctx, env, plan, pieces, errors, repair=repair)
+    if made.assembly is None:
+        left = {key: tuple(str(error) for error in found) for key, found in sorted(made.errors.items())}
+        return ToolRepair(source=None, requests=made.requests, left=left)
+    return ToolRepair(source=made.assembly.source, requests=made.requests)
+
+
 def _sampling(ctx: StageContext) -> Sampling:
     return Sampling(temperature=ctx.config.llm.temperature, max_tokens=ctx.config.code.max_tokens)
 
@@ -185,7 +206,7 @@ async def _write(
     except LLMRequestError as error:
         if error.retryable:
             raise  # the server is gone: stop the run, a rerun resumes
-        raise Rejected(ctx.reject(subject, "llm_request", str(error)[:2000])) from None
+        raise Rejected(ctx.reject(subject, "llm_request", str(error)[:DETAIL_CHARS])) from None
     return reply.content or "", reply.finish_reason == "length"
 
 
@@ -244,7 +265,7 @@ def _reason(errors: dict[str, list[PieceError]]) -> str:
 
 def _detail(errors: dict[str, list[PieceError]]) -> str:
     parts = [f"{key}: " + "; ".join(map(str, found)) for key, found in sorted(errors.items())]
-    return " | ".join(parts)[:2000]
+    return " | ".join(parts)[:DETAIL_CHARS]
 
 
 def _raw(raw: dict[str, str], errors: dict[str, list[PieceError]]) -> str:

@@ -40,7 +40,7 @@ from builder.envs.graph import ToolGraph, extract_graph
 from builder.envs.lint import Contract, ContractError
 from builder.envs.schema import EnvInterface
 from builder.envs.session import Session, SessionError
-from builder.envs.state_schema import generated_state_schema
+from builder.envs.state_schema import generated_state_schema, reference_problems
 from builder.evidence import (
     Evaluation,
     EvaluationCounts,
@@ -49,51 +49,60 @@ from builder.evidence import (
     FailedTestState,
     UnusableReply,
 )
+from builder.limits import DETAIL_CHARS
 from builder.llm import LLMRequestError, PromptTooLongError
 from builder.prompts import prompt_version
 from builder.records import Environment, Record
 from builder.run.stage import Rejected, StageContext
 from builder.sandbox.world import DEFAULT_NOW
 from builder.stages._llm import shrinking
+from builder.stages._repair import RepairTools
 from builder.stages.evaluate.agents import Agents, InvalidReply
 from builder.stages.evaluate.exercise import (
     StateRun,
     TestState,
     _all,
     exercise_all,
-    state_sizes,
 )
 from builder.stages.evaluate.gates import passing_gates
-from builder.stages.evaluate.source import (
-    class_header,
-    state_output_type,
-)
-from builder.stages.scenarios.state import reference_problems
+from builder.views.budget import PromptBudget, prompt_budgets
+from builder.views.code import class_header
+from builder.views.state import state_output_type
 
 logger = logging.getLogger(__name__)
 
 PROMPTS = ("evaluate_state", "evaluate_tester", "evaluate_checker")
 
 
-async def evaluate(env: Environment, ctx: StageContext, contract: Contract = "strict") -> list[Record]:
+async def evaluate(
+    env: Environment, ctx: StageContext, contract: Contract = "strict", *, repair: RepairTools | None = None,
+    gate_state: dict[str, Any] | None = None, judge: bool = True,
+) -> list[Record]:  # fmt: skip
     """The environment accepted (with scores and evidence; the runner upserts it into the store) or a rejection.
-    `contract`: the trust level its code is read under (envs/lint.py; imported environments: "import")."""
-    env, interface, default_state = await passing_gates(env, ctx, contract)
+
+    `contract`: the trust level its code is read under (envs/lint.py; imported environments: "import").
+    `repair`: how a tool that fails the gates is repaired (the pipeline passes the code stage's; None: it is
+    rejected). `gate_state`: the state the gates probe the tools on (None: the default state). `judge=False`
+    accepts on the gates alone (an import without the dual-agent check).
+    """
+    env, interface, default_state = await passing_gates(env, ctx, contract, repair, gate_state)
+    if not judge:
+        return [env.model_copy(update={"status": "accepted"})]
     agents = Agents(ctx.llm, ctx.config.evaluate, retries=ctx.config.llm.structured_retries, seed=ctx.config.run.seed)
     try:
         states, failures = await make_test_states(env, interface, default_state, ctx, agents)
         if not states:
-            detail = "; ".join(f"state {i + 1}: {f.detail}" for i, f in failures)[:2000]
+            detail = "; ".join(f"state {i + 1}: {f.detail}" for i, f in failures)[:DETAIL_CHARS]
             raise Rejected(ctx.reject(env, "no_valid_test_state", detail, raw_output=failures[-1][1].raw))
         runs = await exercise_all(env, interface, states, ctx, agents)
     except PromptTooLongError as error:
-        raise Rejected(ctx.reject(env, "prompt_too_long", str(error)[:2000])) from None
+        raise Rejected(ctx.reject(env, "prompt_too_long", str(error)[:DETAIL_CHARS])) from None
     except LLMRequestError as error:
         if error.retryable:
             raise  # the server is gone: stop the run, a rerun resumes
-        raise Rejected(ctx.reject(env, "llm_request", str(error)[:2000])) from None
+        raise Rejected(ctx.reject(env, "llm_request", str(error)[:DETAIL_CHARS])) from None
     except SessionError as error:  # a session broke beyond replay (its state could no longer be read or restored)
-        raise Rejected(ctx.reject(env, "session_failed", f"{error.kind}: {error}"[:2000])) from None
+        raise Rejected(ctx.reject(env, "session_failed", f"{error.kind}: {error}"[:DETAIL_CHARS])) from None
     evidence = summarize(env, interface, states, failures, runs, ctx, agents)
     counts = evidence.counts
     logger.info(
@@ -135,26 +144,28 @@ async def make_test_states(
 ) -> tuple[list[TestState], list[tuple[int, InvalidReply]]]:
     """Valid test states (in index order) and the slots that produced none, with their last error."""
     config = ctx.config.evaluate
-    output_type = state_output_type(generated_state_schema(env.state_schema, default_state))
+    output_type = state_output_type(
+        generated_state_schema(env.state_schema, default_state), "TestState", purpose=True, default_now=DEFAULT_NOW
+    )
     header = class_header(env.code)
 
     async def loads(draft: Any) -> str | None:
-        state = draft.state.model_dump()
+        state = draft.values()
         dangling = "; ".join(reference_problems(state))
         if dangling:
             return f"references that name no record (use an existing id, or an empty value for none): {dangling}"
         return await asyncio.to_thread(load_error, ctx.sandbox, env.code, interface, state, draft.now)
 
     async def one(index: int) -> TestState | InvalidReply:
-        def ask(state_chars: int) -> Awaitable[Any]:
-            messages = agents.state_messages(env, header, default_state, index, state_chars)
+        def ask(budget: PromptBudget) -> Awaitable[Any]:
+            messages = agents.state_messages(env, header, default_state, index, budget)
             return agents.ask_json(messages, output_type, "state", sample_index=index, accept=loads)
 
         try:
-            draft = await shrinking(ctx, "evaluate_state", state_sizes(config), ask)
+            draft = await shrinking(ctx, "evaluate_state", prompt_budgets(ctx.config.llm.max_state_chars), ask)
         except InvalidReply as invalid:
             return invalid
-        return TestState(index, " ".join(draft.purpose.split()), draft.state.model_dump(), draft.now)
+        return TestState(index, " ".join(draft.purpose.split()), draft.values(), draft.now)
 
     results = await _all([one(i) for i in range(min(config.test_states, config.calls))])
     states = [r for r in results if isinstance(r, TestState)]
@@ -242,7 +253,7 @@ def _low_score_detail(evidence: Evaluation) -> str:
     return (
         f"score {evidence.score:.2f} < {evidence.keep_score} over {counts.judged} judged calls "
         f"({counts.pass_} pass, {counts.warning} warning, {counts.fail} fail){worst}"
-    )[:2000]
+    )[:DETAIL_CHARS]
 
 
 def _compact(evidence: Evaluation) -> str:

@@ -16,13 +16,16 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field
 
 from builder.config import EvaluateConfig
+from builder.limits import DETAIL_CHARS
 from builder.llm import ChatRequest, Reply, StageModel
 from builder.llm.parsing import parse_structured, response_format
 from builder.llm.reask import NoUsableReply, Refusal, reask
 from builder.prompts import prompt
 from builder.records import ChatMessage, Environment, Sampling
-from builder.stages.evaluate.source import environment_text, state_text
 from builder.usage import Usage
+from builder.views.budget import PromptBudget
+from builder.views.code import environment_text
+from builder.views.state import state_text
 
 T = TypeVar("T", bound=BaseModel)
 CaseType = Literal["positive", "negative"]
@@ -115,20 +118,20 @@ class Agents:
             return await reask(messages, ask_once, attempts=self.retries + 1)
         except NoUsableReply as failed:
             last = failed.refusal
-            raise InvalidReply(last.reason, last.detail[:2000], last.raw_output or "") from None
+            raise InvalidReply(last.reason, last.detail[:DETAIL_CHARS], last.raw_output or "") from None
 
     # ------------------------------------------------------------------------------------------ test states
 
     def state_messages(
-        self, env: Environment, header: str, default_state: dict[str, Any], index: int, state_chars: int
+        self, env: Environment, header: str, default_state: dict[str, Any], index: int, budget: PromptBudget
     ) -> list[ChatMessage]:
-        """The request of test state `index`; the shape example is cut to `state_chars` at record boundaries."""
+        """The request of test state `index`; the shape example is cut to `budget` at record boundaries."""
         focus = STATE_FOCUS[index % len(STATE_FOCUS)]
         user = (
             f"Environment `{env.class_name}` ({env.domain}): {environment_text(env.description, env.code)}\n\n"
             f"State definition:\n```python\n{header}\n```\n\n"
             f"The state its constructor builds (shape example only; write new content):\n"
-            f"{state_text(default_state, state_chars)}\n\n"
+            f"{state_text(default_state, budget)}\n\n"
             f"Write test state {index + 1} of {self.config.test_states}. Focus: {focus}."
         )
         return [ChatMessage(role="system", content=prompt("evaluate_state")), ChatMessage(role="user", content=user)]

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
-from builder.config import EvaluateConfig
 from builder.envs.schema import EnvInterface
 from builder.envs.session import Session, SessionError, ToolResult, diff_states
 from builder.evidence import JudgedCall
@@ -19,17 +18,10 @@ from builder.records import Environment
 from builder.run.stage import StageContext
 from builder.stages._llm import shrinking
 from builder.stages.evaluate.agents import Agents, CaseType, CheckerVerdict, InvalidReply
-from builder.stages.evaluate.source import (
-    admits_wrong_value,
-    attributes_used,
-    class_header,
-    clip_json,
-    environment_text,
-    method_source,
-    now_text,
-    state_text,
-    state_view,
-)
+from builder.stages.evaluate.cases import admits_wrong_value
+from builder.views.budget import PromptBudget, prompt_budgets
+from builder.views.code import attributes_used, class_header, environment_text, method_source, now_text
+from builder.views.state import clip_json, state_text, state_view
 
 T = TypeVar("T")
 
@@ -46,9 +38,6 @@ CASE_TEXT = {
 
 
 EVIDENCE_CHARS = 600  # per result and per diff in the stored evidence, so 100 calls stay a small JSON
-
-
-MIN_STATE_CHARS = 200  # a prompt that is too long even with this little state is rejected (`prompt_too_long`)
 
 
 @dataclass(frozen=True)
@@ -84,15 +73,6 @@ def negatable_tools(tools: Collection[dict[str, Any]]) -> frozenset[str]:
     return frozenset(t["function"]["name"] for t in tools if admits_wrong_value(t["function"]["parameters"]))
 
 
-def state_sizes(config: EvaluateConfig) -> list[int]:
-    """The state characters a prompt is built with, in turn while it is too long for the model's context
-    (`shrinking`): `evaluate.max_state_chars`, halved (fewer whole records) down to MIN_STATE_CHARS."""
-    sizes = [config.max_state_chars]
-    while sizes[-1] > MIN_STATE_CHARS:
-        sizes.append(max(MIN_STATE_CHARS, sizes[-1] // 2))
-    return sizes
-
-
 async def exercise_all(
     env: Environment, interface: EnvInterface, states: list[TestState], ctx: StageContext, agents: Agents
 ) -> list[StateRun]:
@@ -121,6 +101,7 @@ async def exercise(
 ) -> None:  # fmt: skip
     """Rounds on one test state until `run.quota` calls are judged or too many replies were unusable."""
     config = ctx.config.evaluate
+    budgets = prompt_budgets(ctx.config.llm.max_state_chars)
     negatable = negatable_tools(interface.tools)
     session = await asyncio.to_thread(_session, ctx.sandbox, env.code, state, interface)
     try:
@@ -136,7 +117,7 @@ async def exercise(
                 before = await asyncio.to_thread(session.snapshot)
             propose = partial(_propose, agents, env, interface, slot, state, run, before, config.history_calls)
             try:
-                name, arguments, raw = await shrinking(ctx, "evaluate_tester", state_sizes(config), propose)
+                name, arguments, raw = await shrinking(ctx, "evaluate_tester", budgets, propose)
             except InvalidReply as invalid:
                 run.invalid.append({**where, "kind": invalid.kind, "detail": invalid.detail, "raw": invalid.raw})
                 continue
@@ -162,7 +143,7 @@ async def exercise(
                 continue
             check = partial(_check, agents, env, call, result, before, after, changes, now=state.now)
             try:
-                verdict = await shrinking(ctx, "evaluate_checker", state_sizes(config), check)
+                verdict = await shrinking(ctx, "evaluate_checker", budgets, check)
             except InvalidReply as invalid:
                 run.invalid.append({**where, "kind": invalid.kind, "detail": invalid.detail, "raw": invalid.raw})
                 continue
@@ -173,17 +154,17 @@ async def exercise(
 
 async def _propose(
     agents: Agents, env: Environment, interface: EnvInterface, slot: tuple[str, CaseType], state: TestState,
-    run: StateRun, current: dict[str, Any], history_calls: int, state_chars: int,
+    run: StateRun, current: dict[str, Any], history_calls: int, budget: PromptBudget,
 ) -> tuple[str, dict[str, Any], str]:  # fmt: skip
-    facts = _tester_facts(state, run, current, history_calls, state_chars)
+    facts = _tester_facts(state, run, current, history_calls, budget)
     return await agents.propose(env, interface.tools, slot, facts)
 
 
 async def _check(
     agents: Agents, env: Environment, call: dict[str, Any], result: ToolResult, before: dict[str, Any],
-    after: dict[str, Any], changes: list[dict[str, Any]], state_chars: int, *, now: str,
+    after: dict[str, Any], changes: list[dict[str, Any]], budget: PromptBudget, *, now: str,
 ) -> CheckerVerdict:  # fmt: skip
-    facts = _checker_facts(env, call, result, before, after, changes, state_chars, now)
+    facts = _checker_facts(env, call, result, before, after, changes, budget, now)
     return await agents.ask_json(agents.checker_messages(facts), CheckerVerdict, "checker")
 
 
@@ -206,7 +187,9 @@ def _session(sandbox: Any, code: str, state: TestState, interface: EnvInterface)
     return Session(sandbox, code, state.state, interface, now=state.now)
 
 
-def _tester_facts(state: TestState, run: StateRun, current: dict[str, Any], history_calls: int, limit: int) -> str:
+def _tester_facts(
+    state: TestState, run: StateRun, current: dict[str, Any], history_calls: int, budget: PromptBudget
+) -> str:
     done = len(run.judged)
     recent = run.judged[-history_calls:] if history_calls else []
     lines = [f"- {c.tool}({json.dumps(c.arguments)}) -> {c.result or c.error}" for c in recent]
@@ -220,15 +203,16 @@ def _tester_facts(state: TestState, run: StateRun, current: dict[str, Any], hist
         f"Test state {state.index + 1}, as first set up: {state.purpose}\n"
         f"Call {done + 1} of {run.quota} on this state; the current state below includes the calls made since.\n"
         f"Now: {now_text(state.now)}.\n\n"
-        f"Current state (JSON):\n{state_text(current, limit)}\n\nRecent calls on this state:\n"
+        f"Current state (JSON):\n{state_text(current, budget)}\n\nRecent calls on this state:\n"
         f"{history}{feedback}"
     )
 
 
 def _checker_facts(
     env: Environment, call: dict[str, Any], result: ToolResult, before: dict[str, Any], after: dict[str, Any],
-    changes: list[dict[str, Any]], limit: int, now: str,
+    changes: list[dict[str, Any]], budget: PromptBudget, now: str,
 ) -> str:  # fmt: skip
+    limit = budget.state_chars
     name = call["tool"]
     used = attributes_used(env.code, name)
     return (
@@ -239,8 +223,8 @@ def _checker_facts(
         f"Method source:\n```python\n{method_source(env.code, name)}\n```\n\n"
         f"Arguments: {json.dumps(call['arguments'], ensure_ascii=False)}\n"
         f"Result: {clip_json(result.result, limit)}\n\n"
-        f"State before (attributes the method uses):\n{state_text(state_view(before, used), limit)}\n\n"
-        f"State after:\n{state_text(state_view(after, used), limit) if changes else '(identical to the state before)'}"
+        f"State before (attributes the method uses):\n{state_text(state_view(before, used), budget)}\n\n"
+        f"State after:\n{state_text(state_view(after, used), budget) if changes else '(identical to the state before)'}"
         f"\n\nChanges: {clip_json(changes, limit) if changes else 'none: the state did not change'}"
         f"{_outcome_note(result, changes)}"
     )

@@ -7,39 +7,42 @@ resume and stats are the pipeline's own), followed by the pipeline's `rollout` a
    the source, its revision, the environment's id there and the split it gave it (`Provenance.origin`); the
    code is adapted to the runtime's conventions in visible source (`adapt`). Rows that cannot be read are
    rejected (`bad_row`, `bad_state_file`).
-2. `evaluate`: the deterministic gates of the evaluate stage under the `import` contract (lint problems are
+2. `vet`: the deterministic gates of the evaluate stage under the `import` contract (lint problems are
    information, the sandbox is the boundary): load, every tool called with schema-valid arguments on the
    source's first initial state (or the default state), twice in fresh workers (determinism), JSON state.
    Rejection: `gates_failed` (the problems in the raw output). A private attribute that is not JSON (BFCL's
    `self._random`) is left out of the state, not a failure: listed in the stats report and the audit. With
    `dual_agent`, an environment that passes then goes through the evaluate stage's dual-agent check as well.
-3. `scenarios`: each imported scenario re-verified (`verify`): rejected as `no_checks`, `check_invalid`,
+   The pipeline passes the evaluate and scenarios stage functions in (`evaluate`, `generate`): no stage imports
+   another.
+3. `verify`: each imported scenario re-verified (`verify`): rejected as `no_checks`, `check_invalid`,
    `state_load_failed`, `already_solved` or `duplicate`, else kept with `unverified_solvability` (no gold exists). An
    environment that brought no scenarios (or all of them with `more_scenarios`) also gets scenarios from the
    pipeline's scenarios stage (the model writes them, with gold solutions).
+
+Rollout and select find these stages' records by type (`ItemStage.needs`), as after a synthesis run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
-from builder.envs.lint import ContractError, lint
-from builder.envs.probe import OmittedAttribute, ToolProblem, probe_environment
+from builder.envs.lint import ContractError
 from builder.envs.schema import inspect_source
 from builder.envs.state_schema import infer_schema
+from builder.limits import DETAIL_CHARS
 from builder.records import Environment, Record, Rejection, Scenario, scenario_seed
 from builder.run.stage import Rejected, StageContext
 from builder.sandbox.world import DEFAULT_NOW
-from builder.stages.evaluate import evaluate
 from builder.stages.imports.adapt import adapted_code
 from builder.stages.imports.sources import Source, SourceEnv
 from builder.stages.imports.verify import check_scenario, imported_scenario_fields
-from builder.stages.scenarios import scenarios as generated_scenarios
 
-IMPORT_STAGE = "import"
+IMPORT_STAGE, VET_STAGE, VERIFY_STAGE = "import", "vet", "verify"  # the run folder's tables of an import
+StageFn = Callable[[Environment, StageContext], Awaitable[list[Record]]]
+EvaluateFn = Callable[..., Awaitable[list[Record]]]  # `builder.stages.evaluate.evaluate`
 
 
 async def import_source(inputs: Sequence[Record], ctx: StageContext, *, source: Source) -> list[Record]:
@@ -70,33 +73,19 @@ def candidate(item: SourceEnv, source: Source, ctx: StageContext) -> Environment
     )  # fmt: skip
 
 
-async def vet(env: Environment, ctx: StageContext, *, source: Source, dual_agent: bool) -> list[Record]:
-    """The environment accepted by the deterministic gates (and the dual-agent check with `dual_agent`)."""
+async def vet(
+    env: Environment, ctx: StageContext, *, source: Source, dual_agent: bool, evaluate: EvaluateFn
+) -> list[Record]:
+    """The environment accepted by the evaluate stage's gates under the import contract, its tools probed on the
+    source's first initial state (and by the dual-agent check with `dual_agent`). `evaluate` is that stage's
+    function, which the pipeline passes in."""
     item = source.env(env.provenance.origin.ref) if env.provenance.origin else None
     state = item.scenarios[0].initial_state if item is not None and item.scenarios else None
-    counts = ctx.stats.report.setdefault("lint_problems", {})  # information only under the import contract
-    for code, count in Counter(problem.code for problem in lint(env.code)).items():
-        counts[code] = counts.get(code, 0) + count
-    probe = await asyncio.to_thread(probe_environment, ctx.sandbox, env.code, state, contract="import")
-    omitted = [p.attribute for p in probe.warnings if isinstance(p, OmittedAttribute)]
-    if omitted:  # the audit lists them (stats.json keeps them across resumes, like the lint counts)
-        ref = env.provenance.origin.ref if env.provenance.origin else env.id
-        ctx.stats.report.setdefault("private_state_omitted", {})[ref] = omitted
-    if probe.problems:
-        codes = ", ".join(sorted({problem.code for problem in probe.problems}))
-        found = [
-            {"code": p.code, "tool": p.tool if isinstance(p, ToolProblem) else None, "message": p.message[:500]}
-            for p in probe.problems
-        ]
-        detail = f"{codes}: " + "; ".join(map(str, probe.problems))
-        raise Rejected(ctx.reject(env, "gates_failed", detail[:2000], raw_output=json.dumps(found)))
-    if dual_agent:
-        return await evaluate(env, ctx, contract="import")
-    return [env.model_copy(update={"status": "accepted"})]
+    return await evaluate(env, ctx, "import", gate_state=state, judge=dual_agent)
 
 
 async def imported_scenarios(
-    env: Environment, ctx: StageContext, *, source: Source, more_scenarios: bool
+    env: Environment, ctx: StageContext, *, source: Source, more_scenarios: bool, generate: StageFn
 ) -> list[Record]:
     """The environment's imported scenarios, re-verified, plus generated ones when it brought none (or with
     `more_scenarios`)."""
@@ -112,7 +101,7 @@ async def imported_scenarios(
                 check_scenario, ctx.sandbox, env.code, interface, scenario, now=DEFAULT_NOW, seed=seed
             )
             if found.reason is not None:
-                results.append(ctx.reject(subject, found.reason, found.detail[:2000], raw_output=found.facts()))
+                results.append(ctx.reject(subject, found.reason, found.detail[:DETAIL_CHARS], raw_output=found.facts()))
                 continue
             provenance = ctx.provenance([env]).model_copy(update={"origin": source.origin(scenario.ref, origin.split)})
             fields = imported_scenario_fields(found, scenario, env.id, DEFAULT_NOW)
@@ -123,7 +112,7 @@ async def imported_scenarios(
                 results.append(made)
     if more_scenarios or item is None or not item.scenarios:
         try:
-            results += await generated_scenarios(env, ctx)
+            results += await generate(env, ctx)
         except Rejected as verdict:
             if not results:
                 raise

@@ -18,7 +18,7 @@ from builder.envs.lint import lint
 from builder.records import Environment, Rejection, Scenario
 from builder.run.folder import INPUT_ID, RunFolder
 from builder.sandbox.allowed import ALLOWED_MODULES
-from builder.stages.imports import IMPORT_STAGE, rejection_facts
+from builder.stages.imports import IMPORT_STAGE, VERIFY_STAGE, VET_STAGE, rejection_facts
 from builder.stages.imports.siblings import inlined_imports
 from builder.stats import load_stats
 from builder.tables import from_frame
@@ -38,8 +38,8 @@ def build_audit(run_dir: Path) -> dict[str, Any]:
     imported = _kept(folder, IMPORT_STAGE, Environment)
     refs = {env.id: env.provenance.origin.ref for env in imported if env.provenance.origin is not None}
     origin = next((env.provenance.origin for env in imported if env.provenance.origin is not None), None)
-    accepted = _kept(folder, "evaluate", Environment)
-    env_rejected = _rejected(folder, "evaluate")
+    accepted = _kept(folder, VET_STAGE, Environment)
+    env_rejected = _rejected(folder, VET_STAGE)
     not_loading, crashing = [], []
     for rejection in env_rejected:
         for problem in _list(rejection_facts(rejection)):
@@ -48,8 +48,8 @@ def build_audit(run_dir: Path) -> dict[str, Any]:
                 not_loading.append(entry | _load_fix(str(problem.get("message") or "")))
             elif problem.get("code") in CRASH_CODES:
                 crashing.append({**entry, "tool": problem.get("tool"), "code": problem.get("code")})
-    kept = [s for s in _kept(folder, "scenarios", Scenario) if s.provenance.origin is not None]
-    scenario_rejected = [r for r in _rejected(folder, "scenarios") if "/" in r.subject_id]
+    kept = [s for s in _kept(folder, VERIFY_STAGE, Scenario) if s.provenance.origin is not None]
+    scenario_rejected = [r for r in _rejected(folder, VERIFY_STAGE) if "/" in r.subject_id]
     raising, on_initial, constant = [], [], []
     for ref, facts in [(s.provenance.origin.ref, _facts(s)) for s in kept] + [
         (r.subject_id.split("/", 1)[1], rejection_facts(r)) for r in scenario_rejected
@@ -66,8 +66,8 @@ def build_audit(run_dir: Path) -> dict[str, Any]:
         for env in imported
         for found in inlined_imports(env.code)
     ]
-    evaluate_stats = load_stats(folder.stats_path).get("evaluate")
-    omitted = evaluate_stats.report.get("private_state_omitted", {}) if evaluate_stats else {}
+    evaluate_stats = load_stats(folder.stats_path).get(VET_STAGE)
+    omitted = evaluate_stats.report.to_json().get("private_state_omitted", {}) if evaluate_stats else {}
     return {
         "source": origin.model_dump(exclude={"ref", "split"}) if origin is not None else None,
         "environments": {

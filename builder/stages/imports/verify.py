@@ -15,6 +15,7 @@ from typing import Any
 from builder.envs.checks import CheckResult, checks_from_scenario, run_checks
 from builder.envs.schema import EnvInterface
 from builder.envs.session import Session, SessionError
+from builder.limits import DETAIL_CHARS
 from builder.stages.imports.adapt import adapted_check, check_problem
 from builder.stages.imports.sources import SourceScenario
 
@@ -56,7 +57,7 @@ def check_scenario(
         with Session(sandbox, code, scenario.initial_state, interface, now=now, seed=seed) as session:
             initial = session.snapshot()
     except SessionError as error:
-        return Checked("state_load_failed", str(error)[:2000], checks)
+        return Checked("state_load_failed", str(error)[:DETAIL_CHARS], checks)
     specs = checks_from_scenario(checks)
     on_initial = run_checks(sandbox, specs, initial, initial, now=now, seed=seed).checks
     on_empty = run_checks(sandbox, specs, initial, {}, now=now, seed=seed).checks

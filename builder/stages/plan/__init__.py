@@ -30,6 +30,7 @@ from builder.stages.plan.rules import (
     operation_plans,
     state_errors,
 )
+from builder.views.plan import describe_entity
 
 D = TypeVar("D", bound=BaseModel)
 
@@ -132,9 +133,3 @@ def operations_request(state: StateDraft, entities: list[EntityPlan], min_ops: i
     lines += [f"{number}. {rule}" for number, rule in enumerate(state.rules, 1)]
     lines.append(f"Plan between {min_ops} and {max_ops} operations, with at least one query and one change.")
     return "\n".join(lines)
-
-
-def describe_entity(entity: EntityPlan) -> str:
-    """`member (key member_id; self.members): member_id: str, name: str` — shared with the code stage."""
-    attributes = ", ".join(f"{a.name}: {a.type}" for a in entity.attributes)
-    return f"{entity.name} (key {entity.key}; stored in self.{entity.collection}): {attributes}"

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, Field
 
 from builder.envs.lint import RESERVED_TOOLS
+from builder.naming import snake_case
 from builder.records import EntityPlan, OperationPlan, PlanType
 
 SNAKE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -29,12 +30,6 @@ _TYPE_SYNONYMS = {
     "list": "list[str]", "array": "list[str]",
 }  # fmt: skip
 _KIND_SYNONYMS = {"read": "query", "get": "query", "state_change": "change", "write": "change", "update": "change"}
-
-
-def snake_case(text: str) -> str:
-    """`"Get Member"` -> `get_member`; camelCase is split too (`getMember` -> `get_member`)."""
-    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", text.strip())
-    return re.sub(r"[^a-z0-9]+", "_", spaced.casefold()).strip("_")
 
 
 def pascal_case(text: str) -> str:

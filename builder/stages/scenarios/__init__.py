@@ -45,6 +45,7 @@ from typing import Any
 from builder.envs.lint import ContractError
 from builder.envs.session import SessionError, diff_states
 from builder.errors import BuilderError
+from builder.limits import DETAIL_CHARS
 from builder.prompts import prompt_version
 from builder.records import Environment, Record, Rejection, Scenario, scenario_seed
 from builder.run.stage import Rejected, StageContext
@@ -85,8 +86,8 @@ async def scenarios(
 ) -> list[Record]:
     """Verified scenarios of one environment (each in every configured mode) and one rejection per failed slot.
 
-    `start` is a (state, now) every slot starts from (the standalone command's state; it must load): the llm
-    method then writes no state and the graph method samples from it alone. `on_slot(slot, method, made)` is
+    `start` is a (state, now) every slot starts from (the state of `python -m builder scenarios`; it must load):
+    the llm method then writes no state and the graph method samples from it alone. `on_slot(slot, method, made)` is
     told of each slot as it ends (progress).
 
     Rejects the whole environment with `not_accepted` (its status is not "accepted") or `env_load_failed` (its
@@ -98,7 +99,8 @@ async def scenarios(
     and request_leaks (`verbalise`); and `exception:<Type>` for a slot that hit an unexpected error, logged
     with its traceback.
 
-    Counts in `ctx.stats.report` `verified_slots` (a slot is emitted once per mode, so `per_kept` is per record)
+    Counts in `ctx.stats.report` (`builder.reports.ScenariosReport`) `verified_slots` (a slot is emitted once per
+    mode, so `per_kept` is per record)
     and the figures per method; `method_stats.derive_report` (the stage's `derive`) adds the costs per verified
     slot from them.
     """
@@ -107,7 +109,7 @@ async def scenarios(
     try:
         example = await asyncio.to_thread(default_state, ctx.sandbox, env.code, env.contract)
     except (SessionError, ContractError) as error:
-        raise Rejected(ctx.reject(env, "env_load_failed", str(error)[:2000])) from None
+        raise Rejected(ctx.reject(env, "env_load_failed", str(error)[:DETAIL_CHARS])) from None
     methods = slot_methods(ctx.config.scenarios.method, ctx.config.scenarios.per_environment)
     llm_slots = [slot for slot, method in enumerate(methods) if method == "llm"]
     graph_slots = [slot for slot, method in enumerate(methods) if method == "graph"]
@@ -166,7 +168,7 @@ def slot_methods(method: str, count: int) -> list[str]:
 
 
 def _count_verified(ctx: StageContext, verified: int) -> None:
-    ctx.stats.report["verified_slots"] = ctx.stats.report.get("verified_slots", 0) + verified
+    ctx.stats.report.verified_slots += verified
 
 
 async def _slot(
@@ -202,7 +204,7 @@ def _reject_slot(
         stage=ctx.stage,
         subject_id=f"{env.id}/scenario-{slot}",
         reason=reason,
-        detail=detail[:2000],
+        detail=detail[:DETAIL_CHARS],
         raw_output=raw_output,
     )
 

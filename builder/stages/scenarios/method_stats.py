@@ -1,5 +1,5 @@
-"""The scenarios stage's figures per method (`ctx.stats.report["methods"]`, in stats.json): what each method costs
-and gives per verified slot, so `llm` and `graph` can be compared in one run.
+"""The scenarios stage's figures per method (`ctx.stats.report.methods`, `builder.reports.MethodFigures`, in
+stats.json): what each method costs and gives per verified slot, so `llm` and `graph` can be compared in one run.
 
 Per method: `slots` tried and `verified` (of them `template_worded`: the graph method's words written by the
 template, `scenarios.wording`), `yield` (verified / slots), model `calls`, `prompt_tokens` and
@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from builder.records import Environment, Rejection, Scenario
+from builder.reports import MethodFigures, ScenariosReport
 from builder.run.stage import StageContext
 from builder.stats import StageStats
 from builder.usage import Usage
 
-COUNTERS = ("slots", "verified", "template_worded", "gold_calls", "tools_covered", "tools_offered")
 USAGE = ("calls", "prompt_tokens", "completion_tokens")
 
 
@@ -32,50 +32,49 @@ def report_methods(
 ) -> None:
     """Count one environment's slots (method, what the slot made) in the report; `graph_usage` is what its graph
     requests cost. The rates and costs per verified slot are `derive_report`'s."""
-    methods = ctx.stats.report.setdefault("methods", {})
+    methods = ctx.stats.report.methods
     for method in ("llm", "graph"):
         made = [result for name, result in outcomes if name == method]
         if not made:
             continue
-        entry = methods.setdefault(method, dict.fromkeys(COUNTERS + USAGE, 0))
+        entry = methods.setdefault(method, MethodFigures())
         verified = [result[0] for result in made if not isinstance(result, Rejection)]
-        entry["slots"] += len(made)
-        entry["verified"] += len(verified)
-        entry["template_worded"] += sum(scenario.wording == "template" for scenario in verified)
-        entry["gold_calls"] += sum(len(scenario.gold_actions) for scenario in verified)
-        entry["tools_covered"] += len({action.name for scenario in verified for action in scenario.gold_actions})
-        entry["tools_offered"] += len(env.tools)
+        entry.slots += len(made)
+        entry.verified += len(verified)
+        entry.template_worded += sum(scenario.wording == "template" for scenario in verified)
+        entry.gold_calls += sum(len(scenario.gold_actions) for scenario in verified)
+        entry.tools_covered += len({action.name for scenario in verified for action in scenario.gold_actions})
+        entry.tools_offered += len(env.tools)
     if "graph" in methods:
         graph = methods["graph"]
         for name in USAGE:
-            graph[name] += getattr(graph_usage, name)
-        dropped = graph.setdefault("chains_dropped", {})
+            setattr(graph, name, getattr(graph, name) + getattr(graph_usage, name))
         for reason, count in chains_dropped.items():
-            dropped[reason] = dropped.get(reason, 0) + count
+            graph.chains_dropped[reason] = graph.chains_dropped.get(reason, 0) + count
 
 
 def derive_report(stats: StageStats) -> None:
     """The stage's derived figures from its counters (`ItemStage.derive`): `per_verified_slot` (the stage's model
     usage per verified slot: the figure the prompt budget is sized against), the llm method's usage (the stage's
     less the graph method's) and each method's rates and costs per verified slot."""
-    report = stats.report
-    if slots := report.get("verified_slots", 0):
-        report["per_verified_slot"] = {
+    report: ScenariosReport = stats.report  # type: ignore[assignment]
+    if slots := report.verified_slots:
+        report.per_verified_slot = {
             name: round(getattr(stats.usage, name) / slots, 2 if name == "calls" else 1) for name in USAGE
         }
-    methods = report.get("methods", {})
+    methods = report.methods
     if "llm" in methods:
-        spent_by_graph = methods.get("graph", {})
+        spent_by_graph = methods.get("graph", MethodFigures())
         for name in USAGE:
-            methods["llm"][name] = max(0, getattr(stats.usage, name) - spent_by_graph.get(name, 0))
+            setattr(methods["llm"], name, max(0, getattr(stats.usage, name) - getattr(spent_by_graph, name)))
     for entry in methods.values():
         _derive(entry)
 
 
-def _derive(entry: dict) -> None:
-    verified = entry["verified"]
-    entry["yield"] = round(verified / entry["slots"], 4) if entry["slots"] else None
-    entry["per_verified"] = {name: round(entry[name] / verified, 1) for name in USAGE} if verified else None
-    entry["mean_chain_length"] = round(entry["gold_calls"] / verified, 2) if verified else None
-    offered = entry["tools_offered"]
-    entry["tool_coverage"] = round(entry["tools_covered"] / offered, 4) if offered else None
+def _derive(entry: MethodFigures) -> None:
+    verified = entry.verified
+    entry.yield_ = round(verified / entry.slots, 4) if entry.slots else None
+    entry.per_verified = {name: round(getattr(entry, name) / verified, 1) for name in USAGE} if verified else None
+    entry.mean_chain_length = round(entry.gold_calls / verified, 2) if verified else None
+    offered = entry.tools_offered
+    entry.tool_coverage = round(entry.tools_covered / offered, 4) if offered else None

@@ -24,12 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from builder.limits import RESULT_CHARS
+
 _KEY = r"[A-Za-z_][\w\-]*"
 _SEGMENT = rf"\.{_KEY}|\.\d+|\[-?\d+\]|\[\s*'[^']*'\s*\]|\[\s*\"[^\"]*\"\s*\]"
 _PATH = rf"(?:{_SEGMENT})+"
 _REFERENCE = re.compile(rf"\$(?:\{{(\d+)({_PATH})\}}|(\d+)({_PATH}))")
 _PARTS = re.compile(rf"\.({_KEY})|\.(\d+)|\[(-?\d+)\]|\[\s*'([^']*)'\s*\]|\[\s*\"([^\"]*)\"\s*\]")
-RESULT_CHARS = 300  # an earlier result quoted in a refusal is cut to this many characters
 
 
 @dataclass(frozen=True)

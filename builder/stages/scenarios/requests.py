@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, create_model
 
-from builder.envs.state_schema import generated_state_schema
+from builder.envs.state_schema import generated_state_schema, reference_problems
 from builder.llm.reask import Refusal, repair_messages
 from builder.prompts import prompt
 from builder.records import (
@@ -24,21 +24,11 @@ from builder.records import (
 )
 from builder.run.stage import StageContext
 from builder.stages._llm import ask, repaired, shrinking, system_user
-from builder.stages.evaluate.source import now_text
-from builder.stages.scenarios.state import (
-    attribute_problems,
-    reference_problems,
-    size_problems,
-    state_model,
-)
+from builder.stages.scenarios.state import attribute_problems, size_problems
 from builder.stages.scenarios.verify import load_state
-from builder.stages.scenarios.views import (
-    SHRINK_LEVELS,
-    interface_text,
-    involved_state,
-    state_text,
-    writer_sources,
-)
+from builder.views.budget import PromptBudget, prompt_budgets
+from builder.views.code import interface_text, now_text, writer_sources
+from builder.views.state import involved_state, state_output_type, state_text
 
 CODE_SAMPLING_TEMPERATURE = 0.2  # checks and gold sequences are precise code: sample close to greedy
 
@@ -114,21 +104,21 @@ async def _ask_fitting(
     ctx: StageContext,
     env: Environment,
     kind: str,
-    build: Callable[[int], list[ChatMessage]],
+    build: Callable[[PromptBudget], list[ChatMessage]],
     output_type: type[T],
     *,
     sampling: Sampling,
     invalid_reason: str,
 ) -> tuple[T, list[ChatMessage]]:
-    """`ask` with the messages `build(shrink)`, built one level smaller while too long for the context
+    """`ask` with the messages `build(budget)`, built one level smaller while too long for the context
     (`shrinking`, counted under `kind`). Returns the answer and the messages that fitted, for repairs."""
 
-    async def at(shrink: int) -> tuple[T, list[ChatMessage]]:
-        messages = build(shrink)
+    async def at(budget: PromptBudget) -> tuple[T, list[ChatMessage]]:
+        messages = build(budget)
         answer = await ask(ctx, env, messages, output_type, sampling=sampling, invalid_reason=invalid_reason)
         return answer, messages
 
-    return await shrinking(ctx, kind, range(SHRINK_LEVELS), at)
+    return await shrinking(ctx, kind, prompt_budgets(ctx.config.llm.max_state_chars), at)
 
 
 async def _initial_state(
@@ -139,12 +129,12 @@ async def _initial_state(
     a request is too long for the context)."""
     config = ctx.config.scenarios
     schema = generated_state_schema(env.state_schema, example)
-    model = state_model(schema)
+    model = state_output_type(schema, "InitialState")
 
-    def request(shrink: int) -> list[ChatMessage]:
+    def request(budget: PromptBudget) -> list[ChatMessage]:
         user = (
-            f"{interface_text(env, shrink)}\n\n## State schema\n{json.dumps(schema)}\n\n## Default state of the class\n"
-            f"{state_text(example, shrink)}\n\nWrite initial state {slot + 1} of {config.per_environment} for this "
+            f"{interface_text(env, budget)}\n\n## State schema\n{json.dumps(schema)}\n\n## Default state of the class\n"
+            f"{state_text(example, budget)}\n\nWrite initial state {slot + 1} of {config.per_environment} for this "
             "environment (different people, items and situations from the others), with at least "
             f"{config.min_records} records in every collection of records."
         )
@@ -154,7 +144,7 @@ async def _initial_state(
         reply = await ask(
             ctx, env, conversation, model, sampling=_sampling(ctx), invalid_reason="state_invalid", attempt=attempt
         )
-        now, state = reply.root["now"], reply.root["state"]
+        now, state = reply.now, reply.values()
         loaded, problems = await asyncio.to_thread(
             load_state, ctx.sandbox, env.code, state, now=now, seed=scenario_seed(env.id, now), contract=env.contract
         )
@@ -166,21 +156,21 @@ async def _initial_state(
         if loaded is not None and not problems:
             return loaded, now, attempt  # the loop's first attempt is 0: `attempt` counts the repairs
         feedback = "This state was refused:\n- " + "\n- ".join(problems) + "\nReply with the corrected full state."
-        shown = json.dumps(reply.root)
+        shown = json.dumps({"now": reply.now, "state": state})
         return Refusal(reason, "; ".join(problems), feedback, shown=shown, raw=shown[:20000])
 
-    async def at(shrink: int) -> tuple[dict[str, Any], str, int]:
-        return await repaired(ctx, env, request(shrink), ask_once, attempts=config.repair_attempts + 1)
+    async def at(budget: PromptBudget) -> tuple[dict[str, Any], str, int]:
+        return await repaired(ctx, env, request(budget), ask_once, attempts=config.repair_attempts + 1)
 
-    return await shrinking(ctx, "scenario_state", range(SHRINK_LEVELS), at)
+    return await shrinking(ctx, "scenario_state", prompt_budgets(ctx.config.llm.max_state_chars), at)
 
 
 async def _task(env: Environment, ctx: StageContext, state: dict[str, Any], now: str, feedback: str = "") -> Draft:
     """A task draft; with `feedback` (why the previous task was refused and what to do), its replacement."""
 
-    def request(shrink: int) -> list[ChatMessage]:
+    def request(budget: PromptBudget) -> list[ChatMessage]:
         user = (
-            f"{interface_text(env, shrink)}\n\n## Now\n{now_text(now)}\n\n## Current state\n{state_text(state, shrink)}"
+            f"{interface_text(env, budget)}\n\n## Now\n{now_text(now)}\n\n## Current state\n{state_text(state, budget)}"
         )
         if feedback:
             user += f"\n\n## A previous task for this state was refused\n{feedback}"
@@ -210,12 +200,12 @@ async def _checks(
     involved = involved_state(state, draft.gold)
     checklist = draft.task.checklist
 
-    def request(shrink: int) -> list[ChatMessage]:
-        methods = writer_sources(env.code, [action.name for action in draft.gold], shrink)
+    def request(budget: PromptBudget) -> list[ChatMessage]:
+        methods = writer_sources(env.code, [action.name for action in draft.gold], budget)
         user = (
             f"# Environment {env.name} ({env.domain})\n{env.description}\n\n## State schema\n"
             f"{json.dumps(schema)}\n\n## Initial state (the records the task involves; others exist)\n"
-            f"{state_text(involved, shrink)}\n\n## Now\n{now_text(draft.now)}\n\n"
+            f"{state_text(involved, budget)}\n\n## Now\n{now_text(draft.now)}\n\n"
         )
         if methods:
             user += f"## Methods the solution calls that change the state\n```python\n{methods}\n```\n\n"
@@ -255,10 +245,10 @@ async def _gold(
     sampling = _sampling(ctx, CODE_SAMPLING_TEMPERATURE)
     if not feedback:
 
-        def request(shrink: int) -> list[ChatMessage]:
+        def request(budget: PromptBudget) -> list[ChatMessage]:
             user = (
-                f"{interface_text(env, shrink)}\n\n## Now\n{now_text(draft.now)}\n\n"
-                f"## Current state\n{state_text(state, shrink)}\n\n"
+                f"{interface_text(env, budget)}\n\n## Now\n{now_text(draft.now)}\n\n"
+                f"## Current state\n{state_text(state, budget)}\n\n"
                 f"## Task\n{draft.task.task}"
             )
             return system_user(prompt("scenario_gold"), user)

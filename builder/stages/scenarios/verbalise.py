@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from builder.envs.signatures import tool_defaults
+from builder.limits import DETAIL_CHARS
 from builder.llm import ChatRequest, LLMRequestError, PromptTooLongError, Reply
 from builder.llm.errors import LLMError
 from builder.llm.parsing import parse_structured, response_format
@@ -33,16 +34,16 @@ from builder.prompts import prompt
 from builder.records import ChatMessage, Environment
 from builder.run.stage import Rejected, StageContext
 from builder.stages._llm import repaired, shrinking, system_user
-from builder.stages.evaluate.source import environment_text, now_text
 from builder.stages.scenarios.chains import Chain
 from builder.stages.scenarios.derived_checks import CheckItem
 from builder.stages.scenarios.requests import _sampling
 from builder.stages.scenarios.sufficiency import unsupported_arguments
-from builder.stages.scenarios.views import SHRINK_LEVELS, involved_state, state_text
 from builder.usage import Usage
+from builder.views.budget import PromptBudget, prompt_budgets
+from builder.views.code import environment_text, now_text
+from builder.views.state import involved_state, state_text
 
 PROMPT = "scenario_request"
-RESULT_CHARS = (400, 200, 80)  # a call's result shown in the request, by shrink level
 _ID_LIKE = re.compile(r"^(?=.*[\d_\-])[\w\-.:]{2,80}$")  # one token with a digit, `_` or `-`: an id, a code, a date
 _FENCE = re.compile(r"```(?:json)?\s*\n(.*?)\n\s*```", re.DOTALL)
 
@@ -137,8 +138,8 @@ async def verbalise(
     defaults = tool_defaults(env.code)
     attempts = config.repair_attempts + ctx.config.llm.structured_retries + 1
 
-    async def at(shrink: int) -> UserRequest:
-        messages = system_user(prompt(PROMPT), request_text(env, chain, items, now, created, shrink))
+    async def at(budget: PromptBudget) -> UserRequest:
+        messages = system_user(prompt(PROMPT), request_text(env, chain, items, now, created, budget))
         first = ChatRequest(
             messages=tuple(messages), response_format=response_format(UserRequest), sampling=_sampling(ctx)
         )
@@ -163,7 +164,7 @@ async def verbalise(
 
         return await repaired(ctx, env, messages, ask_once, attempts=attempts)
 
-    return await shrinking(ctx, PROMPT, range(SHRINK_LEVELS), at)
+    return await shrinking(ctx, PROMPT, prompt_budgets(ctx.config.llm.max_state_chars), at)
 
 
 def refusal(
@@ -188,7 +189,7 @@ _WHERE = {"non_conversational": "the task", "conversational": "the user script (
 
 
 def request_text(
-    env: Environment, chain: Chain, items: Sequence[CheckItem], now: str, created: Sequence[str], shrink: int = 0
+    env: Environment, chain: Chain, items: Sequence[CheckItem], now: str, created: Sequence[str], budget: PromptBudget
 ) -> str:
     """The verbalisation request: the environment, `Now`, the records involved, the calls (each argument with
     where it comes from), the changes and the values the system creates."""
@@ -203,13 +204,13 @@ def request_text(
                 where = "a choice the tool lists: the user's wish implies it, no need to name the value"
             lines.append(f"   - {parameter} = {json.dumps(value, ensure_ascii=False)}: {where}")
         result = json.dumps(call.result, ensure_ascii=False)
-        limit = RESULT_CHARS[shrink]
+        limit = budget.result_chars
         lines.append(f"   result: {result if len(result) <= limit else result[:limit] + ' …'}")
     changes = "\n".join(f"- {item.describe()}" for item in items if item.kind != "untouched")
     return (
         f"# Environment {env.name} ({env.domain})\n{environment_text(env.description, env.code)}\n\n"
         f"## Now\n{now_text(now)}\n\n"
-        f"## Records the calls involve (before the calls; other records exist)\n{state_text(involved, shrink)}\n\n"
+        f"## Records the calls involve (before the calls; other records exist)\n{state_text(involved, budget)}\n\n"
         f"## The calls, in order\n" + "\n".join(lines) + "\n\n"
         f"## What changes (nothing else may)\n{changes}\n\n"
         f"## Values the user cannot know (the system creates them)\n{', '.join(created) or '(none)'}\n\n"
@@ -223,12 +224,12 @@ async def _chat(ctx: StageContext, env: Environment, request: ChatRequest, spent
         reply = await ctx.llm.chat(request)
     except PromptTooLongError as error:
         spent.usage += error.cost
-        raise Rejected(ctx.reject(env, "prompt_too_long", str(error)[:2000])) from error
+        raise Rejected(ctx.reject(env, "prompt_too_long", str(error)[:DETAIL_CHARS])) from error
     except LLMRequestError as error:
         spent.usage += error.cost
         if error.retryable:
             raise
-        raise Rejected(ctx.reject(env, "llm_request", str(error)[:2000])) from None
+        raise Rejected(ctx.reject(env, "llm_request", str(error)[:DETAIL_CHARS])) from None
     except LLMError as error:
         spent.usage += error.cost
         raise
@@ -238,7 +239,7 @@ async def _chat(ctx: StageContext, env: Environment, request: ChatRequest, spent
 
 def _refused(spent: Spent, reason: str, detail: str, shown: str | None, feedback: str) -> Refusal:
     spent.refused.append(reason)
-    return Refusal(reason, detail[:2000], feedback, shown=shown or "", raw=(shown or "")[:20000])
+    return Refusal(reason, detail[:DETAIL_CHARS], feedback, shown=shown or "", raw=(shown or "")[:20000])
 
 
 def _field_names(value: Any) -> set[str]:

@@ -21,6 +21,7 @@ from builder.envs.session import Session, SessionError, ToolResult
 from builder.envs.signatures import tool_defaults
 from builder.evidence import Ablation, GoldResult
 from builder.frozen import Frozen
+from builder.limits import DETAIL_CHARS, RESULT_CHARS
 from builder.pyast import parse
 from builder.records import Action
 from builder.sandbox.runtime import Sandbox
@@ -30,7 +31,6 @@ from builder.stages.scenarios.sufficiency import unsupported_arguments
 
 # Tool failures that say the state (or the code) is broken, as opposed to an answered domain error.
 CRASH_KINDS = frozenset({"raised", "timeout", "crashed", "memory", "not_json", "too_large", "protocol"})
-RESULT_CHARS = 300  # tool results kept as evidence are cut to this many characters
 
 
 class Evidence(Frozen):
@@ -257,7 +257,9 @@ def verify(
     }
     if underspecified:
         detail = " | ".join(f"{mode}: {'; '.join(problems)}" for mode, problems in underspecified.items())
-        return Evidence(reason="task_underspecified", detail=detail[:2000], underspecified=underspecified, **seen)
+        return Evidence(
+            reason="task_underspecified", detail=detail[:DETAIL_CHARS], underspecified=underspecified, **seen
+        )
     if len(actions) < min_gold_calls:
         detail = f"the gold sequence has {len(actions)} calls; the task must need at least {min_gold_calls}"
         return Evidence(reason="too_few_calls", detail=detail, gold_problems=(detail,), **seen)
@@ -312,4 +314,4 @@ def verify(
 
 
 def _join(problems: dict[int, str]) -> str:
-    return " | ".join(f"check {i + 1}: {text}" for i, text in sorted(problems.items()))[:2000]
+    return " | ".join(f"check {i + 1}: {text}" for i, text in sorted(problems.items()))[:DETAIL_CHARS]

@@ -120,7 +120,7 @@ class ToolCall(Frozen):
 
 
 class ChatMessage(Frozen):
-    """One OpenAI-style chat message; the fixed struct of DESIGN §3.
+    """One OpenAI-style chat message; a fixed struct, so every table has one schema.
 
     `reasoning_content` is an assistant message's reasoning (thinking) as the model produced it, under the name
     Qwen3's chat template and TRL read. It is stored in trajectories but never sent back to a server.

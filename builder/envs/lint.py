@@ -1,4 +1,4 @@
-"""The environment contract (DESIGN §4) as an AST lint: each violation is a `Problem` with a stable code.
+"""The environment contract (docs/sandbox.md) as an AST lint: each violation is a `Problem` with a stable code.
 
 The lint never executes the code. It is a pre-flight filter that gives the generating model precise feedback
 (its messages say what to change), not the security boundary: that is the sandbox. Codes are stable strings;

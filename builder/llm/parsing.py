@@ -115,7 +115,7 @@ def function_tool(name: str, description: str, parameters: dict[str, Any]) -> di
 def with_strict(tools: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
     """The tools with `strict: true` added where the caller did not say otherwise.
 
-    Without it vLLM forces the tool-call envelope but leaves the arguments unconstrained (notes/vllm-cpu.md).
+    Without it vLLM forces the tool-call envelope but leaves the arguments unconstrained (docs/llm.md).
     """
     result = []
     for tool in tools:

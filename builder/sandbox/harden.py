@@ -3,7 +3,7 @@
 This module is imported by the zygote (a separate interpreter started with a clean environment), so it must
 not import anything outside the standard library. Each `apply_*` function returns a short detail string when
 the layer was applied, or raises `OSError` when the machine does not allow it; the caller records which layers
-took effect. The order matters (notes/sandbox.md §7.3): rlimits, uid drop, Landlock, then seccomp last,
+took effect. The order matters (docs/sandbox.md): rlimits, uid drop, Landlock, then seccomp last,
 because the filter denies `setresuid` and `prlimit`.
 """
 

@@ -35,7 +35,7 @@ class SoftTimeout(BaseException):
 def _preload(extra: list[str]) -> None:
     for name in list(allowed.ALLOWED_MODULES) + extra:
         importlib.import_module(name)
-    # Warm lazy paths that would otherwise open files after the lockdown (notes/sandbox.md §4).
+    # Warm lazy paths that would otherwise open files after the lockdown (docs/sandbox.md).
     import datetime
     import decimal
     import random
@@ -56,6 +56,7 @@ def _preload(extra: list[str]) -> None:
     datetime.datetime.now().isoformat(), datetime.date.today(), time.strftime("%c"), uuid.uuid1(), random.Random()
 
 
+ERROR_CHARS = 2000  # builder.limits.DETAIL_CHARS; this file runs alone in the worker, importing nothing of builder
 PRISTINE_BUILTINS = dict(builtins.__dict__)
 
 
@@ -64,7 +65,7 @@ def _describe(error: BaseException) -> str:
         text = f"{type(error).__name__}: {error}"
     except BaseException:  # a hostile __str__
         text = type(error).__name__
-    return text[:2000]
+    return text[:ERROR_CHARS]
 
 
 def _harden(config: dict[str, Any]) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """Fitting code written elsewhere to builder's runtime conventions, as visible source text (never as hidden
 runtime switches), so the published module is exactly what runs.
 
-- The runtime creates an environment with no arguments and then sets the state attributes (DESIGN §4).
+- The runtime creates an environment with no arguments and then sets the state attributes (the environment
+  contract, builder/envs/lint.py).
   EnvScaler's classes take `__init__(self, init_config)`; the adapter gives them an empty config, which is what
   EnvScaler itself passes for an empty config before it sets every attribute the same way.
 - A default state file is applied at the end of construction, so every later stage (gates, scenario

@@ -4,7 +4,7 @@ Nothing here runs the code it reads: a source is parsed into `SourceEnv`s (the m
 about it, its scenarios) and every judgement is left to the sandbox stages. A source's `revision` pins the bytes
 read: `sha256:` of the files, or the Hub dataset's commit.
 
-EnvScaler (notes/envscaler.md §10): a JSON list (or the repo's dict keyed by `env_id`, or JSON Lines) of
+EnvScaler (docs/import.md): a JSON list (or the repo's dict keyed by `env_id`, or JSON Lines) of
 environment rows `env_id`, `env_class_name`, `env_class_code`, `environment_introduction`, `constraints_rules`,
 ...; scenario rows `env_id`, `task_id`, `init_config` (a JSON string), `task`, `checklist_with_func`
 [{check_item, check_func}]. An `env_id` ending in `_rl` or `_sft` gives the split (`rl`, `train`). A location

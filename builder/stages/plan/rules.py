@@ -40,7 +40,7 @@ def pascal_case(text: str) -> str:
 
 
 def class_name_for(text: str) -> str:
-    """The environment class name: PascalCase ending in `Env` (the naming convention of DESIGN §10)."""
+    """The environment class name: PascalCase ending in `Env` (builder's convention for environment classes)."""
     name = pascal_case(text)
     return name if name.endswith("Env") else f"{name}Env"
 

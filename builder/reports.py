@@ -85,6 +85,8 @@ class MethodFigures(Report):
 
 class ScenariosReport(StageReport):
     verified_slots: int = 0
+    # The reward audit of every verified slot (`builder.envs.audit`): case -> outcome (pass, fail, n/a) -> slots.
+    audit: dict[str, dict[str, int]] = {}
     methods: dict[str, MethodFigures] = {}
     per_verified_slot: Annotated[dict[str, float] | None, Derived()] = None
 

@@ -120,11 +120,13 @@ def test_seeds_to_release_candidate_and_resumed_runs_change_nothing(tmp_path, mo
     )
     for scenario in scenarios:
         evidence = scenario.verification
-        assert evidence.verified and evidence.checks_on_final == (True, True)
-        assert evidence.checks_on_initial == (False, False) and evidence.vacuous_checks == ()
+        # The two checks and the collateral guard (builder.envs.guard).
+        assert evidence.verified and evidence.checks_on_final == (True, True, True)
+        assert evidence.checks_on_initial == (False, False, True) and evidence.vacuous_checks == ()
         assert [call.ok for call in evidence.gold] == [True, True, True]
         assert [a.model_dump() for a in scenario.gold_actions] == GOLD
-        assert scenario.checks == tuple(CHECKS[item] for item in TASK["checklist"])
+        assert scenario.checks[:-1] == tuple(CHECKS[item] for item in TASK["checklist"])
+        assert scenario.checks[-1].startswith("# builder: collateral guard")
         assert (scenario.user is not None) == (scenario.mode == "conversational")
 
     # Trajectories graded by the checks: sample 0 solves, sample 1 gets the due date wrong (one check of two).
@@ -133,7 +135,7 @@ def test_seeds_to_release_candidate_and_resumed_runs_change_nothing(tmp_path, mo
     for trajectory in trajectories:
         solved = trajectory.sample_index == 0
         assert (trajectory.solved, trajectory.reward) == ((True, 1.0) if solved else (False, 0.5))
-        assert trajectory.checks_passed == ((True, True) if solved else (False, True))
+        assert trajectory.checks_passed == ((True, True, True) if solved else (False, True, True))  # and the guard
         assert trajectory.collateral == () and trajectory.num_tool_calls == 3
         ending = "agent_done" if trajectory.mode == "non_conversational" else "user_stop"
         assert trajectory.end_reason == ending

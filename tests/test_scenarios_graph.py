@@ -9,6 +9,7 @@ import pytest
 
 from builder.config import SandboxConfig, load_config
 from builder.envs.graph import extract_graph
+from builder.envs.guard import GUARD_ITEM
 from builder.llm import ChatRequest, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
 from builder.records import Environment, Rejection, Scenario, scenario_seed
@@ -108,7 +109,7 @@ async def test_graph_method_words_verified_chains_into_scenarios(tmp_path, sandb
         assert 3 <= len(plain.gold_actions) <= 8 and plain.now == "2024-06-01T09:00:00"
         assert plain.initial_state["accounts"]["acc-1"]["balance"] == 10000  # the class's default state
         assert plain.provenance.prompt_version.startswith("scenario_request@")
-        assert plain.checklist[-1] == "nothing else in the state changes"
+        assert plain.checklist[-2:] == ("nothing else in the state changes", GUARD_ITEM)
     # The gold is the chain the request showed, call for call.
     shown = [gold_of(request) for request in model.requests]
     assert sorted(shown) == sorted([(a.name, a.arguments) for a in s.gold_actions] for s in results[::2])

@@ -6,12 +6,12 @@ import pytest
 from llm_stub import StubServer, completion
 
 from builder.config import SandboxConfig, load_config
+from builder.envs.guard import collateral
 from builder.llm import ChatRequest, LLMRequestError, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
 from builder.records import Action, Environment, Rejection, Sampling, Trajectory
 from builder.reports import RolloutReport
 from builder.rollout.episode import Limits, run_episode
-from builder.rollout.reward import collateral_paths
 from builder.rollout.user_sim import STOP, UserSimulator, leak_problem
 from builder.run.stage import Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
@@ -83,7 +83,7 @@ async def test_solved_episode_is_graded(tmp_path, sandbox):
     model = agent([tool_reply(TRANSFER), "Done: moved 300 cents."])
     trajectory = await run(tmp_path, sandbox, model)
     assert (trajectory.solved, trajectory.reward, trajectory.end_reason) == (True, 1.0, "agent_done")
-    assert trajectory.checks_passed == (True, True)
+    assert trajectory.checks_passed == (True, True, True)  # the task's two checks and the guard
     assert (trajectory.num_turns, trajectory.num_tool_calls, trajectory.tool_errors) == (2, 1, 0)
     assert trajectory.flags == () and trajectory.collateral == ()
     assert [m.role for m in trajectory.messages] == ["system", "user", "assistant", "tool", "assistant"]
@@ -100,7 +100,7 @@ async def test_solved_episode_is_graded(tmp_path, sandbox):
 async def test_unsolved_episode_gets_partial_or_zero_reward(tmp_path, sandbox):
     wrong_amount = ("transfer", {"source": "acc-1", "target": "acc-2", "amount": 200})
     trajectory = await run(tmp_path, sandbox, agent([tool_reply(wrong_amount), "Done."]))
-    assert (trajectory.solved, trajectory.reward, trajectory.checks_passed) == (False, 0.0, (False, False))
+    assert (trajectory.solved, trajectory.reward, trajectory.checks_passed) == (False, 0.0, (False, False, True))
     nothing = await run(tmp_path, sandbox, agent(["I cannot help with that."]))
     assert (nothing.solved, nothing.reward, nothing.num_tool_calls, nothing.end_reason) == (False, 0, 0, "agent_done")
 
@@ -143,19 +143,24 @@ async def test_endless_tool_loop_is_cut_by_the_limits(tmp_path, sandbox):
     assert tokens.end_reason == "max_tokens" and tokens.num_turns < 50
 
 
-async def test_collateral_writes_are_flagged_and_zero_the_reward_when_configured(tmp_path, sandbox):
+async def test_collateral_writes_are_flagged_and_zero_the_reward(tmp_path, sandbox):
+    # The fixture scenario predates the guard: rollout derives it from the gold, as `python -m builder reward` does.
     plan = [tool_reply(TRANSFER, ("freeze_account", {"account_id": "acc-3"})), "Done."]
     zeroed = await run(tmp_path, sandbox, agent(plan))
     assert zeroed.collateral == ("accounts.acc-3.frozen",) and "collateral" in zeroed.flags
-    assert (zeroed.reward, zeroed.check_fraction, zeroed.solved) == (0.0, 1.0, False)
-    kept = await run(tmp_path / "b", sandbox, agent(plan), None, "rollout.collateral_zeroes_reward=false")
-    assert (kept.reward, kept.solved, kept.collateral) == (1.0, True, ("accounts.acc-3.frozen",))
+    assert (zeroed.reward, zeroed.solved, zeroed.checks_passed) == (0.0, False, (True, True, False))
+    assert zeroed.check_fraction == pytest.approx(2 / 3)
 
 
 def test_collateral_paths_cover_parents_and_children():
     allowed = ["accounts.acc-1.balance", "transfers"]
-    changed = ["accounts.acc-1", "transfers[0].memo", "accounts.acc-10.balance", "accounts.acc-2.balance"]
-    assert collateral_paths(changed, allowed) == ("accounts.acc-10.balance", "accounts.acc-2.balance")
+    before = {"accounts": {"acc-1": {"balance": 1}, "acc-2": {"balance": 1}, "acc-10": {"balance": 1}},
+              "transfers": [{"memo": ""}]}  # fmt: skip
+    after = {"accounts": {"acc-1": {"balance": 0, "note": "x"}, "acc-2": {"balance": 2}, "acc-10": {"balance": 0}},
+             "transfers": [{"memo": "rent"}]}  # fmt: skip
+    # A field added to a record the gold only changed the balance of is collateral too; a memo of a new transfer is not.
+    expected = ["accounts.acc-1.note", "accounts.acc-10.balance", "accounts.acc-2.balance"]
+    assert collateral(before, after, allowed) == expected
 
 
 async def test_k_samples_with_distinct_ids_and_seeds(tmp_path, sandbox):

@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from builder.config import SandboxConfig, load_config
+from builder.envs.guard import GUARD_ITEM, is_guard
 from builder.envs.schema import inspect_source
 from builder.envs.state_schema import generated_state_schema, infer_schema, reference_problems
 from builder.evidence import Ablation
@@ -178,10 +179,12 @@ async def test_good_scenario_is_kept_in_both_modes_with_its_evidence(tmp_path, s
     assert plain.user is None and talk.user.reveal_when_asked.startswith("Accounts acc-1")
     assert plain.initial_state["accounts"]["acc-3"]["balance"] == 2500 and plain.initial_state == talk.initial_state
     assert [a.name for a in plain.gold_actions] == [g["name"] for g in GOLD]
-    assert plain.checks == tuple(CHECKS[item] for item in TASK["checklist"])
+    # The task's checks, then the collateral guard derived from what the gold changed (builder.envs.guard).
+    assert plain.checks[:-1] == tuple(CHECKS[item] for item in TASK["checklist"]) and is_guard(plain.checks[-1])
+    assert plain.checklist == (*TASK["checklist"], GUARD_ITEM)
     evidence = plain.verification
-    assert evidence.verified and evidence.checks_on_final == (True, True, True)
-    assert evidence.checks_on_initial == (False, False, False)
+    assert evidence.verified and evidence.checks_on_final == (True, True, True, True)
+    assert evidence.checks_on_initial == (False, False, False, True)
     assert evidence.state_changing_calls == (2, 3)
     assert evidence.negative_control == (
         Ablation(removed=2, name="transfer", failing_checks=(0, 1)),
@@ -332,7 +335,7 @@ async def test_vacuous_check_is_kept_and_reported(tmp_path, sandbox):
     checks = {**CHECKS, always: "def check(initial_state, final_state):\n    return len(final_state['accounts']) > 0\n"}
     plain, _ = await scenarios(environment("bank"), context(tmp_path, scripted(task=task, checks=checks), sandbox))
     assert plain.verification.vacuous_checks == (3,)
-    assert plain.verification.checks_on_initial == (False, False, False, True)
+    assert plain.verification.checks_on_initial == (False, False, False, True, True)  # and the guard's
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,7 @@ from typing import Annotated, Any
 import verifiers.v1 as vf
 from pydantic import Field
 
-from builder.envs.checks import checks_from_scenario, run_checks
+from builder.envs.checks import checks_from_scenario, published_reward
 from builder.envs.conversation import REPLY_TOOL, Conversation, SimulatedUser, scenario_from_row
 from builder.envs.lint import Contract
 from builder.envs.schema import inspect_source
@@ -185,7 +185,7 @@ class ScenarioTask(vf.Task[ScenarioData, EpisodeState, ScenarioTaskConfig]):
 
     @vf.reward(weight=1.0)
     async def checks(self, trace: vf.Trace) -> float:
-        """Share of the scenario's checks passed on the final state (the initial one if no tool ran)."""
+        """The published reward of the final state (the initial one if no tool ran)."""
         if trace.state.user_end not in (None, "user_stop"):
             raise vf.TaskError(f"the simulated user failed ({trace.state.user_end}): the episode is void")
         final = trace.state.final_state
@@ -193,11 +193,12 @@ class ScenarioTask(vf.Task[ScenarioData, EpisodeState, ScenarioTaskConfig]):
 
 
 def grade(data: ScenarioData, final_state: dict[str, Any]) -> float:
-    """Run the scenario's checks in a fresh sandbox at the scenario's date-time and seed."""
+    """The published reward (`builder.envs.checks.published_reward`) in a fresh sandbox at the scenario's
+    date-time and seed."""
     now, seed = scenario_world({"env_id": data.env_id, "now": data.now})
     with Sandbox() as sandbox:
-        verdict = run_checks(sandbox, checks_from_scenario(data.checks), data.initial_state, final_state,
-                             now=now, seed=seed)  # fmt: skip
+        verdict = published_reward(sandbox, checks_from_scenario(data.checks), data.initial_state, final_state,
+                                   now=now, seed=seed)  # fmt: skip
     return verdict.reward
 
 

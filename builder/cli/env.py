@@ -1,5 +1,5 @@
-"""`env check`, `env schema`, `env graph` and `env replay`: one environment file, linted, loaded and called in
-the sandbox."""
+"""`env check`, `env schema`, `env graph`, `env replay`, and `reward`: one environment file, linted, loaded and
+called in the sandbox."""
 
 from __future__ import annotations
 
@@ -44,6 +44,24 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     add_config_options(replay)
     _add_contract_option(replay)
     replay.set_defaults(handler=cmd_env_replay)
+    reward = commands.add_parser(
+        "reward",
+        help="the published reward of a call sequence on one scenario",
+        description='Run CALLS (a JSON list of {"name", "arguments"}) on SCENARIO\'s initial state in the sandbox, '
+        "at the scenario's date-time and seed, and print the published reward (what rollouts, the trainer API and "
+        "the adapters give the same calls): 1 when every check and the collateral guard pass, 0 for no progress "
+        "or for any change outside what the task allows, else the share of the checks that were false on the "
+        "initial state and now pass. SCENARIO is a line of the scenarios.jsonl `python -m builder scenarios` "
+        "writes, or a row of a release's `scenarios` config. Exit 1 for a bad file, a tool ENV.py lacks, or a "
+        "scenario of another environment.",
+    )
+    reward.add_argument("path", type=Path, metavar="ENV.py")
+    reward.add_argument("--scenario", type=Path, required=True, metavar="SCENARIO.json")
+    reward.add_argument("--calls", type=Path, required=True, metavar="CALLS.json")
+    reward.add_argument("--json", action="store_true", help='print one JSON object: "reward" and each check\'s result')
+    add_config_options(reward)
+    _add_contract_option(reward)
+    reward.set_defaults(handler=cmd_reward)
 
 
 def _add_contract_option(parser: argparse.ArgumentParser) -> None:
@@ -91,6 +109,15 @@ def cmd_env_graph(args: argparse.Namespace) -> int:
     from builder.envs.commands import env_graph
 
     return env_graph(args.path, args.state, args.form, config_of(args).sandbox, now=args.now, contract=args.contract)
+
+
+def cmd_reward(args: argparse.Namespace) -> int:
+    from builder.envs.reward_report import reward_report
+
+    sandbox = config_of(args).sandbox
+    return reward_report(
+        args.path, args.scenario, args.calls, as_json=args.json, config=sandbox, contract=args.contract
+    )
 
 
 def cmd_env_replay(args: argparse.Namespace) -> int:

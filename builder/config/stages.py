@@ -203,9 +203,6 @@ class RolloutConfig(Section):
     user_retries: int = Field(
         1, ge=0, description="Re-asks of the user simulator after an empty or leaking reply, with the problem fed back."
     )
-    collateral_zeroes_reward: bool = Field(
-        True, description="Writes outside what the gold solution touches set the reward to 0 (else only flagged)."
-    )
 
     @model_validator(mode="after")
     def _rl_agent_named(self) -> RolloutConfig:

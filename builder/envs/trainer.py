@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, Optional, Union
 
-from builder.envs.checks import Verdict, checks_from_scenario, run_checks
+from builder.envs.checks import Verdict, checks_from_scenario, published_reward
 from builder.envs.conversation import REFUSED, REPLY_TOOL, Conversation, SimulatedUser, scenario_from_row
 from builder.envs.lint import Contract
 from builder.envs.schema import inspect_source
@@ -131,19 +131,22 @@ class LiveEnvironment:
         return self._session.snapshot()
 
     def verdict(self) -> Verdict:
-        """Run the scenario's checks on (initial, current) state in a fresh sandbox worker (cached until a call)."""
+        """The published reward's verdict on (initial, current) state (`builder.envs.checks.published_reward`: the
+        scenario's checks with its collateral guard, in a fresh sandbox worker; cached until a call)."""
         if self._verdict is None:
             checks = checks_from_scenario(list(column(self.scenario, "checks", "checks_json")))
             final = self.state()
-            self._verdict = run_checks(self.sandbox, checks, self._initial, final, now=self.now, seed=self.seed)
+            self._verdict = published_reward(
+                self.sandbox, checks, self._initial, final, now=self.now, seed=self.seed
+            )
         return self._verdict
 
     def reward(self) -> float:
-        """Fraction of the scenario's checks passed."""
+        """The published reward: 1 when solved, 0 for no progress or collateral damage, else partial credit."""
         return self.verdict().reward
 
     def solved(self) -> bool:
-        """True when every check passed."""
+        """True when every check (the collateral guard included) passed."""
         return self.verdict().solved
 
     def _close_session(self) -> None:

@@ -1,27 +1,29 @@
-"""Rewards from a scenario's checks, and the collateral-damage guard.
+"""Grading a rollout with the published reward (`builder.envs.checks.published_reward`).
 
-The reward is the share of the scenario's checks that pass on (initial state, final state); solved means all of
-them pass. The guard compares the agent's writes with the writes of the gold solution: a change at a state path
-the gold solution leaves alone is collateral damage (e.g. a transfer from the wrong account that the checks
-happen not to look at). Everything here blocks on the sandbox; call it in a thread.
+The scenario's checks include its collateral guard (`builder.envs.guard`); a scenario made before the guard
+existed gets one derived from its gold here (`with_guard`), so its trajectories are graded as new ones are. The
+changed paths the guard refuses are also reported (`Trajectory.collateral`, the `collateral` flag). Everything
+here blocks on the sandbox; call it in a thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from builder.envs.checks import checks_from_scenario, run_checks
+from builder.envs.checks import checks_from_scenario, published_reward
+from builder.envs.guard import allowed_paths, collateral, guard_source, is_guard
 from builder.envs.lint import Contract
-from builder.envs.session import Session, diff_states
+from builder.envs.session import Session
 from builder.records import Action
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED
 
 
 @dataclass(frozen=True)
 class Grade:
-    """The verdict on one final state."""
+    """The verdict on one final state: the published reward, the plain share of checks passed, each check's
+    result, and the changed paths outside what the gold changes."""
 
     reward: float
     check_fraction: float
@@ -45,26 +47,15 @@ def gold_paths(
         before = session.snapshot()
         for action in gold:
             session.call(action.name, action.arguments)
-        after = session.snapshot()
-    return tuple(sorted({change["path"] for change in diff_states(before, after)}))
+        return tuple(allowed_paths(before, session.snapshot()))
 
 
-def collateral_paths(changed: Iterable[str], allowed: Iterable[str]) -> tuple[str, ...]:
-    """The changed paths not covered by an allowed path.
-
-    A change is covered when it lies under an allowed path (the gold appended to `transfers`, the agent edited
-    `transfers[0].memo`) or above one (the agent replaced the whole record whose field the gold changed).
-    """
-    allowed = tuple(allowed)
-    return tuple(sorted(path for path in set(changed) if not any(_related(path, gold) for gold in allowed)))
-
-
-def _related(path: str, other: str) -> bool:
-    return _under(path, other) or _under(other, path)
-
-
-def _under(path: str, parent: str) -> bool:
-    return path == parent or (path.startswith(parent) and path[len(parent)] in ".[")
+def with_guard(checks: Sequence[str], allowed: Sequence[str] | None) -> list[str]:
+    """`checks` with a collateral guard: the scenario's own, else one for the gold's `allowed` paths (None: no
+    gold, so no guard)."""
+    if any(is_guard(source) for source in checks) or allowed is None:
+        return list(checks)
+    return [*checks, guard_source(list(allowed))]
 
 
 def grade(
@@ -74,22 +65,20 @@ def grade(
     final_state: dict[str, Any],
     allowed_paths: Sequence[str] | None,
     *,
-    collateral_zeroes_reward: bool,
     now: str = DEFAULT_NOW,
     seed: int = DEFAULT_SEED,
 ) -> Grade:
-    """Run the checks on the two snapshots (at the scenario's `now`) and apply the collateral-damage guard
-    (`allowed_paths` None: the scenario has no gold solution to guard with)."""
-    specs = checks_from_scenario(tuple(checks))
-    verdict = run_checks(sandbox, specs, initial_state, final_state, now=now, seed=seed)
-    changed = [change["path"] for change in diff_states(initial_state, final_state)]
-    collateral = collateral_paths(changed, allowed_paths) if allowed_paths is not None else ()
-    reward = 0.0 if collateral and collateral_zeroes_reward else verdict.reward
+    """The published reward of `final_state` under the scenario's checks with their guard (`with_guard`), at the
+    scenario's `now` and seed."""
+    specs = checks_from_scenario(with_guard(checks, allowed_paths))
+    verdict = published_reward(sandbox, specs, initial_state, final_state, now=now, seed=seed)
+    passed = tuple(result.passed for result in verdict.checks)
+    outside = collateral(initial_state, final_state, list(allowed_paths)) if allowed_paths is not None else []
     return Grade(
-        reward=reward,
-        check_fraction=verdict.reward,
-        solved=verdict.solved and reward == verdict.reward,
-        checks_passed=tuple(result.passed for result in verdict.checks),
+        reward=verdict.reward,
+        check_fraction=sum(passed) / len(passed) if passed else 0.0,
+        solved=verdict.solved,
+        checks_passed=passed,
         check_errors=tuple(result.error for result in verdict.checks if result.error),
-        collateral=collateral,
+        collateral=tuple(outside),
     )

@@ -228,7 +228,7 @@ async def _sample(
     if final is not None:
         verdict = await ctx.blocking(
             grade, ctx.sandbox, scenario.checks, scenario.initial_state, final, allowed,
-            collateral_zeroes_reward=config.collateral_zeroes_reward, now=scenario.now, seed=scenario.seed,
+            now=scenario.now, seed=scenario.seed,
         )  # fmt: skip
     return _trajectory(ctx, scenario, env, episode, verdict, sampling, index, version, agent.model.model_id)
 

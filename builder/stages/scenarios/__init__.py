@@ -42,6 +42,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from builder.envs.audit import FAILURES, Audit, audit_reward
 from builder.envs.lint import ContractError
 from builder.envs.session import SessionError, diff_states
 from builder.errors import BuilderError
@@ -75,7 +76,7 @@ REASONS = (
     "task_invalid", "check_invalid", "gold_invalid", "check_broken", "gold_call_failed", "task_underspecified",
     "too_few_calls", "no_state_change", "gold_nondeterministic", "already_solved", "gold_fails_checks",
     "negative_control_failed", "duplicate", "llm_request", "prompt_too_long", "no_chain", "request_invalid",
-    "request_leaks",
+    "request_leaks", *FAILURES.values(),
 )  # fmt: skip
 Made = list[Scenario] | Rejection  # what one slot makes
 OnSlot = Callable[[int, str, Made], None]
@@ -96,7 +97,9 @@ async def scenarios(
     gold_invalid, check_broken, gold_call_failed, task_underspecified, too_few_calls, no_state_change,
     gold_nondeterministic, already_solved, gold_fails_checks, negative_control_failed, duplicate, llm_request,
     prompt_too_long; for the graph method also no_chain (fewer verified chains than slots), request_invalid
-    and request_leaks (`verbalise`); and `exception:<Type>` for a slot that hit an unexpected error, logged
+    and request_leaks (`verbalise`); the reward audit's (`builder.envs.audit`, run on every verified slot with
+    the collateral guard appended to its checks): reward_for_nothing, gold_not_rewarded, collateral_rewarded,
+    order_sensitive, spelling_sensitive; and `exception:<Type>` for a slot that hit an unexpected error, logged
     with its traceback.
 
     Counts in `ctx.stats.report` (`builder.reports.ScenariosReport`) `verified_slots` (a slot is emitted once per
@@ -183,7 +186,12 @@ async def _slot(
 
 async def _made(env: Environment, ctx: StageContext, slot: int, build: Callable[[], Awaitable[list[Scenario]]]) -> Made:
     try:
-        return await build()
+        made = await build()
+        audit = await asyncio.to_thread(_audit, ctx, env, made[0])
+        if audit.reason is not None:
+            raw = json.dumps({"outcomes": audit.outcomes, "rewards": audit.rewards})
+            return _reject_slot(ctx, env, slot, audit.reason, audit.detail, raw)
+        return made
     except Rejected as verdict:
         rejection = verdict.rejection
         if rejection.subject_id == env.id:  # from `ask`: give it this slot's subject, so slots do not collide
@@ -194,6 +202,18 @@ async def _made(env: Environment, ctx: StageContext, slot: int, build: Callable[
     except Exception as error:  # noqa: BLE001 - like the runner: one bad slot must not cost the others
         logger.error("scenarios: %s slot %d failed:\n%s", env.id, slot, traceback.format_exc())
         return _reject_slot(ctx, env, slot, f"exception:{type(error).__name__}", str(error))
+
+
+def _audit(ctx: StageContext, env: Environment, scenario: Scenario) -> Audit:
+    """The reward audit of a slot's scenario (its modes share state, checks and gold), counted in the report."""
+    audit = audit_reward(
+        ctx.sandbox, env.code, scenario.initial_state, scenario.checks, scenario.gold_actions, env.tools,
+        now=scenario.now, seed=scenario.seed, contract=env.contract,
+    )  # fmt: skip
+    for case, outcome in audit.outcomes.items():
+        counts = ctx.stats.report.audit.setdefault(case, {})
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return audit
 
 
 def _reject_slot(

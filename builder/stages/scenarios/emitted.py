@@ -1,5 +1,6 @@
 """A verified slot as the records the scenarios stage emits: one `Scenario` per configured mode, whichever method
-made it, with its `Verification` built from the verifier's evidence."""
+made it, with its `Verification` built from the verifier's evidence and, as its last check, the collateral guard
+derived from what the gold changed (`builder.envs.guard`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from builder.envs.guard import GUARD_ITEM, allowed_paths, guard_source
 from builder.envs.session import diff_states
 from builder.evidence import Verification
 from builder.records import Action, Environment, Provenance, Scenario, UserScript
@@ -60,14 +62,15 @@ def scenario_records(
 ) -> list[Scenario]:
     """The slot's scenario in every mode of `scenarios.modes` (they share a `scenario_group`)."""
     task = " ".join(words.task.split())
+    guard = guard_source(allowed_paths(state, evidence.final_state or state))
     group = hashlib.sha256(json.dumps([env.id, state, task], sort_keys=True).encode()).hexdigest()[:16]
     verification = Verification(
         scenario_group=group,
         gold=evidence.gold,
         state_changing_calls=evidence.state_changing_calls,
         gold_state_changes=tuple(diff_states(state, evidence.final_state)[:200]),
-        checks_on_initial=evidence.checks_on_initial,
-        checks_on_final=evidence.checks_on_final,
+        checks_on_initial=(*evidence.checks_on_initial, True),  # the guard holds on both, by construction
+        checks_on_final=(*evidence.checks_on_final, True),
         negative_control=evidence.negative_control,
         vacuous_checks=evidence.vacuous_checks,
         model_difficulty=words.difficulty,
@@ -91,8 +94,8 @@ def scenario_records(
             now=now,
             task=task,
             user=user if mode == "conversational" else None,
-            checklist=tuple(checklist),
-            checks=tuple(checks),
+            checklist=(*checklist, GUARD_ITEM),
+            checks=(*checks, guard),
             gold_actions=tuple(gold),
             difficulty=difficulty(evidence),
             verification=verification,

@@ -1,0 +1,210 @@
+"""The reward audit: before a scenario is kept, its published reward (`builder.envs.checks.published_reward`) is
+tried on sequences whose right reward is known, all run in the sandbox at the scenario's `now` and seed.
+
+- `nothing`: no call. The reward must be 0, else `reward_for_nothing`.
+- `gold`: the gold sequence. The reward must be 1, else `gold_not_rewarded`.
+- `collateral`: the gold plus one state-changing call on a record the gold does not touch. The reward must be
+  below 1, else `collateral_rewarded`.
+- `order`: the gold with two adjacent state-changing calls swapped that name different records (no record key
+  in common, each naming one): independent, so the order is the gold's incidental choice. When both still
+  succeed and the final state differs (two appends to a log in the other order), the reward must be 1, else
+  `order_sensitive`.
+- `spelling`: the gold with equivalent spellings of its values (an ISO date-time without its `:00` seconds; `""`
+  for `null` and back where the tool's schema allows both). The reward must be 1, else `spelling_sensitive`.
+
+A case that cannot be built for a scenario (no other record to touch, no independent pair, no value with another
+spelling, the environment refusing the variant call) is `n/a`, not a failure. A scenario without a gold sequence
+(imported from a dataset that has none) gets the `nothing` case only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from builder.envs.checks import checks_from_scenario, published_reward
+from builder.envs.guard import changed_paths, covered
+from builder.envs.lint import Contract
+from builder.envs.session import Session, SessionError
+from builder.json_values import record_pairs
+from builder.records import Action
+from builder.sandbox.runtime import Sandbox
+from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED
+
+CASES = ("nothing", "gold", "collateral", "order", "spelling")
+FAILURES = {
+    "nothing": "reward_for_nothing",
+    "gold": "gold_not_rewarded",
+    "collateral": "collateral_rewarded",
+    "order": "order_sensitive",
+    "spelling": "spelling_sensitive",
+}
+_WHOLE_MINUTE = re.compile(r"^(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}):00$")
+
+
+@dataclass(frozen=True)
+class Audit:
+    """Each case's outcome (`pass`, `fail` or `n/a`), the reward seen in each case that ran, and the first failure
+    as a reason code with a detail (None: the scenario passed)."""
+
+    outcomes: dict[str, str]
+    rewards: dict[str, float] = field(default_factory=dict)
+    reason: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class _Run:
+    final: dict[str, Any] | None  # None: a call failed (refused, raised) or the session broke
+    paths: tuple[tuple[str, ...], ...] = ()  # the paths each call changed
+
+
+def audit_reward(
+    sandbox: Sandbox, code: str, initial_state: dict[str, Any], checks: Sequence[str], gold: Sequence[Action],
+    tools: Sequence[dict[str, Any]], *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
+    contract: Contract = "strict",
+) -> Audit:  # fmt: skip
+    """Run every case on one scenario (see the module docstring)."""
+    specs = checks_from_scenario(list(checks))
+
+    def reward(final: dict[str, Any]) -> float:
+        return published_reward(sandbox, specs, initial_state, final, now=now, seed=seed).reward
+
+    def run(actions: Sequence[Action]) -> _Run:
+        return _run(sandbox, code, initial_state, actions, now=now, seed=seed, contract=contract)
+
+    outcomes, rewards = dict.fromkeys(CASES, "n/a"), {}
+    rewards["nothing"] = reward(initial_state)
+    outcomes["nothing"] = "pass" if rewards["nothing"] == 0 else "fail"
+    if gold:
+        done = run(gold)
+        if done.final is None:
+            outcomes["gold"], rewards["gold"] = "fail", 0.0
+        else:
+            rewards["gold"] = reward(done.final)
+            outcomes["gold"] = "pass" if rewards["gold"] == 1 else "fail"
+            allowed = sorted({path for paths in done.paths for path in paths})
+            for case, variant, must in (
+                ("collateral", _collateral_variant(gold, initial_state, allowed), lambda r: r < 1),
+                ("order", _order_variant(gold, done.paths, initial_state), lambda r: r == 1),
+                ("spelling", _spelling_variant(gold, tools), lambda r: r == 1),
+            ):
+                ran = run(variant) if variant is not None else None
+                if ran is None or ran.final is None or ran.final == done.final and case != "collateral":
+                    continue  # not buildable, refused by the environment, or no different from the gold
+                if case == "collateral" and all(covered(p, allowed) for p in changed_paths(done.final, ran.final)):
+                    continue  # the extra call changed nothing outside what the gold changes
+                rewards[case] = reward(ran.final)
+                outcomes[case] = "pass" if must(rewards[case]) else "fail"
+    failed = next((case for case in CASES if outcomes[case] == "fail"), None)
+    if failed is None:
+        return Audit(outcomes, rewards)
+    detail = f"{failed}: reward {rewards.get(failed, 0.0):.3f} ({_EXPECTED[failed]})"
+    return Audit(outcomes, rewards, FAILURES[failed], detail)
+
+
+_EXPECTED = {
+    "nothing": "an agent that makes no call must get 0: a check already holds on the initial state",
+    "gold": "the gold sequence must get 1",
+    "collateral": "the gold plus a write to a record the task does not touch must get less than 1",
+    "order": "the gold with two independent calls swapped must still get 1",
+    "spelling": "the gold with equivalent spellings of its values must still get 1",
+}
+
+
+def _run(
+    sandbox: Sandbox, code: str, state: dict[str, Any], actions: Sequence[Action], *, now: str, seed: int,
+    contract: Contract,
+) -> _Run:  # fmt: skip
+    try:
+        with Session(sandbox, code, state, now=now, seed=seed, contract=contract) as session:
+            before, paths = session.snapshot(), []
+            for action in actions:
+                result = session.call(action.name, action.arguments)
+                if not result.ok or _refused(result.result):
+                    return _Run(None)
+                after = session.snapshot()
+                paths.append(tuple(changed_paths(before, after)))
+                before = after
+            return _Run(before, tuple(paths))
+    except SessionError:
+        return _Run(None)
+
+
+def _refused(value: Any) -> bool:
+    return isinstance(value, dict) and (
+        value.get("success") is False or ("error" in value and not value.get("success"))
+    )
+
+
+def _collateral_variant(gold: Sequence[Action], state: dict[str, Any], allowed: list[str]) -> list[Action] | None:
+    """The gold plus its last write again on another record: an argument naming a record (a key of a collection
+    of records) re-aimed at a record of the same collection that the gold never names."""
+    named = {str(value) for action in gold for value in action.arguments.values()}
+    collections = {name: [str(key) for key, _ in pairs] for name, value in state.items()
+                   if isinstance(value, dict) and (pairs := record_pairs(value))}  # fmt: skip
+    for action in reversed(gold):
+        for parameter, value in action.arguments.items():
+            for name, keys in collections.items():
+                if str(value) not in keys:
+                    continue
+                others = [key for key in keys if key not in named and not covered(f"{name}.{key}", allowed)]
+                if others:
+                    return [*gold, Action(name=action.name, arguments={**action.arguments, parameter: others[0]})]
+    return None
+
+
+def _order_variant(
+    gold: Sequence[Action], paths: Sequence[tuple[str, ...]], state: dict[str, Any]
+) -> list[Action] | None:
+    """The gold with the first adjacent pair of state-changing calls that name different records swapped."""
+    keys = {str(key) for value in state.values() if isinstance(value, dict) for key, _ in record_pairs(value) or ()}
+
+    def records(action: Action) -> set[str]:
+        return {str(value) for value in action.arguments.values() if str(value) in keys}
+
+    for i in range(len(gold) - 1):
+        first, second = records(gold[i]), records(gold[i + 1])
+        if paths[i] and paths[i + 1] and first and second and not first & second:
+            return [*gold[:i], gold[i + 1], gold[i], *gold[i + 2 :]]
+    return None
+
+
+def _spelling_variant(gold: Sequence[Action], tools: Sequence[dict[str, Any]]) -> list[Action] | None:
+    """The gold with every value that has an equivalent spelling respelled; None when none has."""
+    nullable = {
+        (tool["function"]["name"], name)
+        for tool in tools
+        for name, schema in tool["function"].get("parameters", {}).get("properties", {}).items()
+        if _allows_null(schema)
+    }
+    changed, variant = False, []
+    for action in gold:
+        arguments = {}
+        for name, value in action.arguments.items():
+            respelled = _respelled(value, (action.name, name) in nullable)
+            changed |= respelled is not value
+            arguments[name] = respelled
+        variant.append(Action(name=action.name, arguments=arguments))
+    return variant if changed else None
+
+
+def _respelled(value: Any, nullable: bool) -> Any:
+    if isinstance(value, str) and (match := _WHOLE_MINUTE.match(value)):
+        return match.group(1)
+    if nullable and value == "":
+        return None
+    if nullable and value is None:
+        return ""
+    return value
+
+
+def _allows_null(schema: dict[str, Any]) -> bool:
+    if schema.get("nullable") is True:  # how the tool schemas spell `str | None` (builder.envs.signatures)
+        return True
+    kinds = schema.get("type")
+    if kinds == "null" or isinstance(kinds, list) and "null" in kinds:
+        return True
+    return any(_allows_null(option) for option in schema.get("anyOf", []))

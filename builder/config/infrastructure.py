@@ -181,11 +181,14 @@ class HubConfig(Section):
         description="Dataset repository, ORG/NAME.",
     )
     private: bool = Field(False, description="Create the repository private (hf backend).")
-    release_root: Path = Field(Path("release"), description="Exports go to <release_root>/<version>/.")
+    release_root: Path = Field(
+        Path("release"),
+        description="Exports without --run-dir go to <release_root>/<version>/ (a run's go to RUN/release/<version>/).",
+    )
     export_after_run: bool = Field(
         True,
         description="A `run` that finishes its last stage exports the store as the next version's release "
-        "candidate (<release_root>/<version>/), ready for `publish`.",
+        "candidate, in its own folder (RUN/release/<version>/), ready for `publish --run-dir RUN`.",
     )
     card_template: Path | None = Field(
         None, description="Dataset card body template (string.Template); None: the packaged dataset_cards one."

@@ -16,6 +16,9 @@ class Usage(Frozen):
     - `failed_calls`: requests that got no reply: refused by the server, or still failing after the retries.
     - `regrowths`: of the requests sent (`calls` and `failed_calls`), those that re-asked a cut reply with a
       grown completion budget.
+    - `retries`: of the requests sent (`calls` and `failed_calls`), the tries after the first that transient
+      failures (HTTP 429 or 5xx, a dropped connection, a timeout, an unreadable body) made necessary: a request
+      answered at its third try is one call and two retries.
     - `prompt_tokens`, `completion_tokens`: what the server reported for `calls`; a failed request reports none.
 
     So `calls` and the tokens are what the run paid for, every request counts in exactly one of `calls`,
@@ -29,6 +32,7 @@ class Usage(Frozen):
     cached_calls: int = 0
     failed_calls: int = 0
     regrowths: int = 0
+    retries: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
 

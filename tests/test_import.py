@@ -212,7 +212,7 @@ def test_import_then_rollout_select_and_export(tmp_path, monkeypatch, capsys):
     assert all(not t.collateral for t in trajectories)  # no gold: no collateral guard
     selections = Store(tmp_path / "store").read("selections")
     assert [(s.kind, s.split) for s in selections] == [("rl", "rl")]  # env_1_rl stays in the rl split
-    release = next((tmp_path / "release").iterdir())
+    release = next((tmp_path / "run" / "release").iterdir())  # the run's own candidate
     published = pl.read_parquet(next(release.rglob("scenarios/rl*.parquet")))
     assert published["provenance"][0]["origin"]["ref"] == "env_1_rl-task_1"
 

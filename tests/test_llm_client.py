@@ -26,7 +26,7 @@ from builder.llm import (
     text_reply,
     tool_reply,
 )
-from builder.llm.client import backoff_delay
+from builder.llm.retry import backoff_delay
 from builder.records import ChatMessage, Sampling
 from builder.usage import Usage
 
@@ -293,6 +293,7 @@ def test_call_records_in_the_ledger_and_gpu_hours() -> None:
         "cached_calls": 1,
         "failed_calls": 1,
         "regrowths": 2,
+        "retries": 0,
         "prompt_tokens": 20,  # the cache hit's tokens were spent by the attempt that asked first
         "completion_tokens": 60,
     }

@@ -62,14 +62,14 @@ async def test_reply_maps_tool_calls_reasoning_and_usage() -> None:
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (11, 9)
 
 
-@pytest.mark.parametrize("status", [500, 502, 503])
-async def test_5xx_is_transient(status: int) -> None:
+@pytest.mark.parametrize("status", [429, 500, 502, 503, 504])
+async def test_429_and_5xx_are_transient(status: int) -> None:
     with StubServer(lambda body: (status, {"error": {"message": "engine dead"}})) as stub:
         with pytest.raises(TransientLLMError, match=f"HTTP {status}.*engine dead"):
             await OpenAIChatModel(stub.url, "local").chat(ChatRequest(messages=USER))
 
 
-@pytest.mark.parametrize("status", [400, 404, 422, 429])
+@pytest.mark.parametrize("status", [400, 404, 422])
 async def test_4xx_is_final(status: int) -> None:
     with StubServer(lambda body: (status, {"error": {"message": "bad request"}})) as stub:
         with pytest.raises(LLMRequestError, match="bad request") as caught:

@@ -4,6 +4,7 @@ nothing lost or answered twice, probes bringing a server back, the cache and the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -120,7 +121,7 @@ def test_every_server_down_fails_as_retryable_after_the_clients_retries(tmp_path
         b.kill()
         cfg = config(a.url, b.url, max_retries=1)
         with open_llm(cfg, tmp_path, cache=False) as client:
-            client.backoff_base_s = 0.01
+            client.retry = dataclasses.replace(client.retry, base_s=0.01)
             with pytest.raises(LLMRequestError, match="no server of 2 answered") as caught:
                 asyncio.run(client.chat(ask(1)))
     assert caught.value.retryable

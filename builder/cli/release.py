@@ -1,34 +1,56 @@
-"""`export`, `publish` and `hub serve`: the store as a versioned release, published to the local or the real Hub."""
+"""`export`, `publish` and `hub serve`: the store as a versioned release, published to the local or the real Hub.
+
+With `--run-dir RUN` a release is that run's: its config is the run's own (`RUN/config.json`, so its store,
+splits and Hub settings), its folder is `RUN/release/<version>/` (the candidate the run printed), and a config
+whose hash differs from the run's is refused unless `--force`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 from pathlib import Path
 
 from builder.cli.common import EXIT_OK, add_config_options, config_of, counts, stats_path
+from builder.config import BuildConfig, config_hash, load_config
+from builder.errors import ConfigError, RunError
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser(
         "export",
         help="write a release folder (Hub layout, card, manifest) from the store, without publishing",
-        description="Export the store to <hub.release_root>/<version>/: Parquet shards, dataset card, plots, "
-        "release.json. The changelog is written against the repository's previous version.",
+        description="Export the store to <hub.release_root>/<version>/ (with --run-dir: that run's store and "
+        "config, into RUN/release/<version>/): Parquet shards, dataset card, plots, release.json. The changelog "
+        "is written against the repository's previous version.",
     )
     publish = commands.add_parser(
         "publish",
         help="export the store and publish it as a new tagged version",
         description="Export the store and publish it as version X (tag vX) to the local Hub (git) or the "
-        "Hugging Face Hub (hf). An existing version is refused; a failed publish leaves earlier versions intact.",
+        "Hugging Face Hub (hf). With --run-dir RUN, the run's own config (RUN/config.json) and candidate "
+        "(RUN/release/X/). An existing version is refused; a failed publish leaves earlier versions intact.",
     )
     for sub in (export, publish):
         add_config_options(sub)
         sub.add_argument("--version", required=True, metavar="X", help="semantic version, e.g. 0.1.0")
         sub.add_argument("--repo", metavar="ORG/NAME", help="dataset repository (default: hub.repo)")
         sub.add_argument("--backend", choices=["git", "hf"], help="where to publish (default: hub.backend)")
-        sub.add_argument("--run-dir", type=Path, metavar="DIR", help="run folder whose stats.json the card shows")
+        sub.add_argument(
+            "--run-dir",
+            type=Path,
+            metavar="DIR",
+            help="the run whose release this is: its config.json is the config (unless --config), its stats.json "
+            "goes into the card, and the release folder is DIR/release/X/",
+        )
+        sub.add_argument(
+            "--force",
+            action="store_true",
+            help="go on although the config's hash differs from the run's, the release folder holds another run's "
+            "or config's release, or (publish) the store changed since the run's candidate was exported",
+        )
     publish.add_argument("--dry-run", action="store_true", help="export to a temporary folder, report, write nothing")
     export.set_defaults(handler=cmd_export)
     publish.set_defaults(handler=cmd_publish)
@@ -49,8 +71,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from builder.publish.publish import export_version
 
-    config = config_of(args)
-    out, manifest = export_version(config, args.version, args.repo, args.backend, _card_stats(args))
+    config = release_config(args)
+    out, manifest = export_version(
+        config, args.version, args.repo, args.backend, _card_stats(args), run_dir=args.run_dir, force=args.force
+    )
     print(f"exported {manifest['tag']} to {out}: {counts(manifest)}")
     return EXIT_OK
 
@@ -58,9 +82,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_publish(args: argparse.Namespace) -> int:
     from builder.publish.publish import publish
 
-    config = config_of(args)
+    config = release_config(args)
     result = publish(
-        config, args.version, repo=args.repo, backend=args.backend, dry_run=args.dry_run, stats_path=_card_stats(args)
+        config,
+        args.version,
+        repo=args.repo,
+        backend=args.backend,
+        dry_run=args.dry_run,
+        stats_path=_card_stats(args),
+        run_dir=args.run_dir,
+        force=args.force,
     )
     if result.dry_run and result.tag_only:
         print(f"dry run: would tag commit {result.commit}, already on main, as {result.tag}; nothing written")
@@ -83,6 +114,37 @@ def cmd_hub_serve(args: argparse.Namespace) -> int:
     signum = serve(config.hub.root, host, port, config.hub.olah_python)
     print(f"stopped the local Hub ({signal.Signals(signum).name})", file=sys.stderr)
     return 128 + signum
+
+
+def release_config(args: argparse.Namespace) -> BuildConfig:
+    """The config of an export or publish: without --run-dir the one the options name; with it the run's own
+    (RUN/config.json under --set overrides, no profile: it is complete), or --config if given. A config whose
+    hash is not the run's (its store and Hub settings may differ, nothing else) is refused unless --force.
+
+    Raises:
+        RunError: --run-dir is not a run folder, or the config's hash differs from the run's.
+    """
+    if args.run_dir is None:
+        return config_of(args)
+    run_config = args.run_dir / "config.json"
+    try:
+        expected = json.loads((args.run_dir / "run.json").read_text())["config_hash"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise RunError(f"{args.run_dir} is not a run folder (no readable run.json with a config_hash)") from None
+    if args.config is not None:
+        config = config_of(args)
+    elif run_config.is_file():
+        config = load_config(run_config, args.overrides, "none")
+    else:
+        raise ConfigError(f"{args.run_dir} has no config.json; name the run's config with --config")
+    digest = config_hash(config)
+    if digest != expected and not args.force:
+        raise RunError(
+            f"the config has hash {digest} but {args.run_dir} was made with {expected}: the release would not be "
+            f"what the run made (its splits, stages or models differ). Drop --config and the --set overrides that "
+            f"change it (store and hub settings may change), or pass --force to publish with this config"
+        )
+    return config
 
 
 def _card_stats(args: argparse.Namespace) -> Path | None:

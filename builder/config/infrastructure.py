@@ -102,7 +102,19 @@ class LLMConfig(Section):
         256, ge=1, description="The most requests one server is given at once (the adaptive limit's ceiling)."
     )
     request_timeout_s: float = Field(300.0, gt=0, description="A single request is abandoned after this long.")
-    max_retries: int = Field(4, ge=0, description="Retries on connection errors, timeouts and 5xx (never 4xx).")
+    max_retries: int = Field(
+        4,
+        ge=0,
+        description="Retries of a request after a transient failure: HTTP 429 or 5xx, a dropped connection, a "
+        "timeout, a body that is not a chat completion (never another 4xx). Each waits an exponential backoff, "
+        "or the server's Retry-After if longer.",
+    )
+    retry_budget_s: float = Field(
+        900.0,
+        gt=0,
+        description="The most time one request may take with its retries, from its first try: a retry whose "
+        "wait (e.g. a long Retry-After) would end later is not made, and the request fails with the last status.",
+    )
     structured_retries: int = Field(2, ge=0, description="Re-asks with the validation error fed back.")
     cache: bool = Field(True, description="Reuse finished replies from the run folder's response cache.")
     server_tok_s: float | None = Field(
@@ -178,11 +190,14 @@ class HubConfig(Section):
         description="Dataset repository, ORG/NAME.",
     )
     private: bool = Field(False, description="Create the repository private (hf backend).")
-    release_root: Path = Field(Path("release"), description="Exports go to <release_root>/<version>/.")
+    release_root: Path = Field(
+        Path("release"),
+        description="Exports without --run-dir go to <release_root>/<version>/ (a run's go to RUN/release/<version>/).",
+    )
     export_after_run: bool = Field(
         True,
         description="A `run` that finishes its last stage exports the store as the next version's release "
-        "candidate (<release_root>/<version>/), ready for `publish`.",
+        "candidate, in its own folder (RUN/release/<version>/), ready for `publish --run-dir RUN`.",
     )
     card_template: Path | None = Field(
         None, description="Dataset card body template (string.Template); None: the packaged dataset_cards one."

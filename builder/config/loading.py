@@ -3,6 +3,7 @@ one error per invalid value naming the key, the value and what it is for."""
 
 from __future__ import annotations
 
+import json
 import tomllib
 import typing
 from pathlib import Path
@@ -30,8 +31,8 @@ def resolve_profile(profile: str) -> str:
 def load_config(
     path: Path | None = None, overrides: list[str] | tuple[str, ...] = (), profile: str = "none"
 ) -> BuildConfig:
-    """Load the config: built-in defaults, then a packaged profile, then a TOML file, then `section.key=value`
-    overrides, each layer replacing the keys it sets.
+    """Load the config: built-in defaults, then a packaged profile, then a TOML file (or a `.json` one, such as
+    a run folder's config.json), then `section.key=value` overrides, each layer replacing the keys it sets.
 
     `profile` is `none` (built-in defaults only), `cpu` or `gpu` (builder/profiles/<name>.toml), or `auto`
     (the command line's default: the profile for this machine's hardware).
@@ -48,12 +49,7 @@ def load_config(
     if chosen != "none":
         data = tomllib.loads((PROFILE_DIR / f"{chosen}.toml").read_text())
     if path is not None:
-        try:
-            layer = tomllib.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path} does not exist") from None
-        except tomllib.TOMLDecodeError as error:
-            raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
+        layer = _read_file(Path(path))
         for section, values in layer.items():
             if isinstance(values, dict) and isinstance(data.get(section), dict):
                 data[section] = {**data[section], **values}
@@ -65,6 +61,26 @@ def load_config(
         return BuildConfig.model_validate(data)
     except ValidationError as error:
         raise ConfigError(_describe(error, data)) from None
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    """A config file's keys: TOML, or JSON for a `.json` file (a run folder's config.json, which is complete)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    if path.suffix.lower() == ".json":
+        try:
+            layer = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"config file {path} is not valid JSON: {error}") from None
+        if not isinstance(layer, dict):
+            raise ConfigError(f"config file {path} is not a JSON object of sections")
+        return layer
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
 
 
 def _apply_override(data: dict[str, Any], override: str) -> None:

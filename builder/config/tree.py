@@ -53,6 +53,7 @@ OPERATIONAL_KEYS = frozenset(
         "llm.max_concurrency",
         "llm.request_timeout_s",
         "llm.max_retries",
+        "llm.retry_budget_s",
         "llm.cache",
         "llm.cpu_kvcache_space_gb",
         "llm.extra_server_args",

@@ -120,6 +120,7 @@ class CallRecord(_Frozen):
     cached: bool = False
     ok: bool = True
     attempts: int = Field(0, description="Requests sent to the backend (0 for a cache hit).")
+    retries: int = Field(0, description="Of the attempts, those after transient failures (attempts - 1, or 0).")
     finish_reason: str | None = None
     error: str | None = None
     regrowth: int = Field(
@@ -134,9 +135,13 @@ class CallRecord(_Frozen):
             return Usage(cached_calls=1)
         regrowths = int(self.regrowth > 0)
         if not self.ok:
-            return Usage(failed_calls=1, regrowths=regrowths)
+            return Usage(failed_calls=1, regrowths=regrowths, retries=self.retries)
         return Usage(
-            calls=1, regrowths=regrowths, prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens
+            calls=1,
+            regrowths=regrowths,
+            retries=self.retries,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
         )
 
 

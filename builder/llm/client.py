@@ -21,9 +21,11 @@ from pydantic import BaseModel
 
 from builder.llm.base import TOOL_CHOICE_KEYWORDS, CallRecord, ChatModel, ChatRequest, Reply
 from builder.llm.cache import ResponseCache
-from builder.llm.errors import LLMError, LLMRequestError, PromptTooLongError, StructuredOutputError, TransientLLMError
+from builder.llm.errors import LLMError, PromptTooLongError, StructuredOutputError
 from builder.llm.parsing import parse_structured, response_format, split_reasoning, tool_names, with_strict
 from builder.llm.reask import NoUsableReply, Refusal, reask
+from builder.llm.retry import RetryPolicy, with_retries
+from builder.llm.sanitize import clean_reply
 from builder.records import ChatMessage, Sampling
 from builder.usage import Usage
 
@@ -48,24 +50,16 @@ TEMPLATE_ALLOWANCE_TOKENS = 512
 _MEASURED_PROMPTS = 4096  # prompt sizes remembered (growths and repeated samples of one prompt reuse them)
 
 
-def backoff_delay(attempt: int, *, base_s: float, cap_s: float, rng: Callable[[], float] = random.random) -> float:
-    """Seconds to wait before retry number `attempt + 1`: exponential, capped, with jitter.
-
-    Half of the delay is fixed and half random ("equal jitter"), so delays always grow but clients that failed
-    together do not retry together.
-    """
-    ceiling = min(cap_s, base_s * 2**attempt)
-    return ceiling / 2 + rng() * ceiling / 2
-
-
 class LLMClient:
     """A `ChatModel` that adds what every stage needs around a backend.
 
     Per call: sampling defaults filled in, `strict: true` on tools, the thinking switch, the completion budget
     fitted into the context, a response-cache lookup, at most `max_concurrency` backend requests in flight, a
-    hard `request_timeout_s` per attempt, retries with backoff on `TransientLLMError` and timeouts (never on
-    `LLMRequestError`), reasoning split off the content, a cut reply asked again with a larger budget, and one
-    `CallRecord` to `on_call` per request, also for cache hits and failures. Usage follows the one ledger rule
+    hard `request_timeout_s` per attempt, retries with backoff on `TransientLLMError` (HTTP 429 and 5xx, dropped
+    connections, unreadable bodies) and timeouts, never on `LLMRequestError` (`builder.llm.retry`), reasoning
+    split off the content, lone surrogates and NUL characters cleaned out of the reply (`builder.llm.sanitize`),
+    a cut reply asked again with a larger budget, and one `CallRecord` to `on_call` per request, also for cache
+    hits and failures. Usage follows the one ledger rule
     of `usage.Usage`: `totals` sums every request, a reply's `cost` (a failure's `LLMError.cost`) those of
     its call.
 
@@ -89,7 +83,9 @@ class LLMClient:
             switch ignores it); None sends nothing.
         reasoning_budget: With thinking on, added to every completion budget for the reasoning before the answer.
         max_budget_growths: How often a cut reply is asked again with a doubled budget.
-        sleep, rng: Injected for tests of the backoff.
+        max_retries, retry_budget_s: Tries after the first, and the time from the first try within which a
+            retry may still start (`retry.RetryPolicy`).
+        sleep, rng, clock: Injected for tests of the backoff.
     """
 
     def __init__(
@@ -107,11 +103,13 @@ class LLMClient:
         max_concurrency: int = 16,
         request_timeout_s: float = 300.0,
         max_retries: int = 4,
+        retry_budget_s: float = 900.0,
         structured_retries: int = 2,
         backoff_base_s: float = 0.5,
         backoff_cap_s: float = 30.0,
         sleep: Callable[[float], Any] = asyncio.sleep,
         rng: Callable[[], float] = random.random,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.backend = backend
         self.model_id = model_id
@@ -124,13 +122,12 @@ class LLMClient:
         self.max_budget_growths = max_budget_growths
         self.max_concurrency = max_concurrency
         self.request_timeout_s = request_timeout_s
-        self.max_retries = max_retries
+        self.retry = RetryPolicy(max_retries, retry_budget_s, backoff_base_s, backoff_cap_s)
         self.structured_retries = structured_retries
-        self.backoff_base_s = backoff_base_s
-        self.backoff_cap_s = backoff_cap_s
         self.totals = Usage()  # every request of this client, by the ledger rule
         self._sleep = sleep
         self._rng = rng
+        self._clock = clock
         self._loop: asyncio.AbstractEventLoop | None = None
         self._semaphore: asyncio.Semaphore | None = None
         self._measured: dict[str, int] = {}
@@ -298,29 +295,21 @@ class LLMClient:
             error.cost = self._report_failure(key, start, error, regrowth=regrowth).usage
             raise
         content, reasoning = split_reasoning(raw.content, raw.reasoning)
-        # The cache keeps the answer, not what it cost: a later hit costs nothing.
-        reply = raw.model_copy(update={"content": content, "reasoning": reasoning, "cost": Usage()})
+        # The cache keeps the answer, not what it cost: a later hit costs nothing. Cleaned before it is cached or
+        # returned: a lone surrogate cannot be written to the cache, a record or Parquet.
+        reply = clean_reply(raw.model_copy(update={"content": content, "reasoning": reasoning, "cost": Usage()}))
         if self.cache is not None:
             self.cache.put(key, reply)
         record = self._report(key, reply, start, cached=False, attempts=attempts, regrowth=regrowth)
         return reply.model_copy(update={"cost": record.usage})
 
     async def _call_with_retries(self, request: ChatRequest) -> tuple[Reply, int]:
-        last: BaseException | None = None
-        for attempt in range(self.max_retries + 1):
-            try:
-                async with self._bound():
-                    async with asyncio.timeout(self.request_timeout_s):
-                        return await self.backend.chat(request), attempt + 1
-            except (TransientLLMError, TimeoutError) as error:
-                last = error
-                if attempt == self.max_retries:
-                    break
-                delay = backoff_delay(attempt, base_s=self.backoff_base_s, cap_s=self.backoff_cap_s, rng=self._rng)
-                logger.warning("LLM request failed (%s); retry %d in %.1f s", _describe(error), attempt + 1, delay)
-                await self._sleep(delay)
-        attempts = self.max_retries + 1
-        raise LLMRequestError(f"LLM request failed after {attempts} attempts: {_describe(last)}", retryable=True)
+        async def attempt_once() -> Reply:
+            async with self._bound():
+                async with asyncio.timeout(self.request_timeout_s):
+                    return await self.backend.chat(request)
+
+        return await with_retries(attempt_once, self.retry, sleep=self._sleep, clock=self._clock, rng=self._rng)
 
     def _bound(self) -> asyncio.Semaphore:
         # A semaphore belongs to one event loop; the pipeline may run each stage in its own `asyncio.run`.
@@ -340,6 +329,7 @@ class LLMClient:
             latency_s=time.perf_counter() - start,
             cached=cached,
             attempts=attempts,
+            retries=max(attempts - 1, 0),
             finish_reason=reply.finish_reason,
             regrowth=regrowth,
         )
@@ -348,8 +338,16 @@ class LLMClient:
 
     def _report_failure(self, key: str, start: float, error: LLMError, *, regrowth: int) -> CallRecord:
         latency = time.perf_counter() - start
+        attempts = getattr(error, "attempts", 1)
         record = CallRecord(
-            model=self.model_id, key=key, latency_s=latency, ok=False, error=str(error), regrowth=regrowth
+            model=self.model_id,
+            key=key,
+            latency_s=latency,
+            ok=False,
+            attempts=attempts,
+            retries=max(attempts - 1, 0),
+            error=str(error),
+            regrowth=regrowth,
         )
         self._emit(record)
         return record
@@ -358,12 +356,6 @@ class LLMClient:
         self.totals += record.usage
         if self.on_call is not None:
             self.on_call(record)
-
-
-def _describe(error: BaseException | None) -> str:
-    if isinstance(error, TimeoutError):
-        return "timed out"
-    return str(error) or type(error).__name__
 
 
 def prompt_key(request: ChatRequest) -> str:

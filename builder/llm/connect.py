@@ -163,6 +163,7 @@ def client_for(
         max_concurrency=config.max_concurrency,
         request_timeout_s=config.request_timeout_s,
         max_retries=config.max_retries,
+        retry_budget_s=config.retry_budget_s,
         structured_retries=config.structured_retries,
     )
 

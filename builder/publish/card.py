@@ -22,6 +22,7 @@ from datasets.splits import SplitDict, SplitInfo
 from datasets.utils.metadata import MetadataConfigs
 from huggingface_hub import DatasetCardData
 
+from builder.config import HubConfig
 from builder.publish.columns import COLUMN_DOCS, ROW_MEANING
 from builder.publish.export import CONFIG_SPLITS, SplitFiles, features_of
 from builder.publish.plots import TOOL_ROLES, tool_roles, value_label
@@ -35,6 +36,7 @@ TEMPLATE = Path(__file__).resolve().parents[1] / "dataset_cards" / "README.md.tm
 CHAT_TEMPLATE = "chat_template.jinja"  # the packaged ChatML+tools template, shipped in every release
 TAGS = ("agents", "tool-use", "environments", "synthetic", "reinforcement-learning", "builder")
 TASK_CATEGORIES = ("reinforcement-learning", "text-generation")
+DISTRIBUTION = "builder-envs"  # builder's name on PyPI (`builder` there is another project); it imports as `builder`
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class CardInputs:
     stats: dict[str, StageStats] = field(default_factory=dict)
     export_counts: dict[str, dict] = field(default_factory=dict)
     tokens: TokenStats | None = None
+    endpoint: str | None = None  # the Hub the release is published to, when not the Hugging Face Hub
 
 
 # SFT on the `sft` split with the packaged template (its {% generation %} marks make assistant_only_loss work).
@@ -133,6 +136,8 @@ def _fill(template: Template, inputs: CardInputs, tag: str) -> str:
         license=inputs.license,
         summary_table=_summary_table(inputs.files),
         load_examples=_load_examples(inputs.repo, tag),
+        hub_endpoint=hub_note(inputs.endpoint),
+        distribution=DISTRIBUTION,
         columns=_columns(inputs.tables),
         stats=_stats(inputs.stats, inputs.export_counts),
         graphs=_graphs(inputs.tables),
@@ -203,6 +208,27 @@ def _summary_table(files: dict[tuple[str, str], SplitFiles]) -> str:
         f"{ROW_MEANING[config]} |"
         for config, splits in CONFIG_SPLITS.items()
         for split in splits
+    )
+
+
+def hub_endpoint(hub: HubConfig, backend: str | None = None) -> str | None:
+    """The address `HF_ENDPOINT` must have for a release published with `backend` (default hub.backend): the
+    local Hub's (`hub serve` on hub.host:hub.port) for `git`, None (the Hugging Face Hub) for `hf`."""
+    return f"http://{hub.host}:{hub.port}" if (backend or hub.backend) == "git" else None
+
+
+def hub_note(endpoint: str | None) -> str:
+    """How to point `datasets` and `huggingface_hub` at the Hub the release is on (`HF_ENDPOINT`)."""
+    if endpoint is None:
+        return (
+            "The examples load from the Hugging Face Hub. To load from another Hub (a mirror, or builder's local "
+            "Hub, `python -m builder hub serve`), set `HF_ENDPOINT` to its address before `datasets` or "
+            "`huggingface_hub` is imported."
+        )
+    return (
+        f"This release is on a local Hub, served by `python -m builder hub serve` at {endpoint}: point `datasets` "
+        f"and `huggingface_hub` at it with `export HF_ENDPOINT={endpoint}` (from another machine, that machine's "
+        "address) before either is imported. Without it they ask the Hugging Face Hub, which does not have it."
     )
 
 

@@ -80,7 +80,8 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "model": "the agent model",
         "sampling": "the agent's sampling: `temperature`, `top_p`, `max_tokens`, `seed`",
         "usage": "what the rollout's model calls cost: `calls` the server answered with their `prompt_tokens` and "
-        "`completion_tokens`, `cached_calls` replayed from the run's cache (no tokens), `failed_calls`, `regrowths`",
+        "`completion_tokens`, `cached_calls` replayed from the run's cache (no tokens), `failed_calls`, `regrowths`, "
+        "`retries` (tries again after transient failures: rate limits, server errors, dropped connections)",
         "schema_version": "version of the record layout",
         "provenance": _PROVENANCE,
     },

@@ -1,8 +1,8 @@
 """Release versions, the release manifest and the changelog.
 
 Versions are semantic versions (`1.2.3`, `1.2.3-rc.1`) published as git tags `v1.2.3`. Each release carries
-`release.json`: its version, the previous version, the config hash, content hashes of every file, the ids it
-contains (so the next release can say what changed) and the changelog history.
+`release.json`: its version, the previous version, the config hash and run id, content hashes of every file, the
+ids it contains (so the next release can say what changed) and the changelog history.
 """
 
 from __future__ import annotations
@@ -120,8 +120,10 @@ def build_manifest(
     contents: dict[str, list[str]],
     counts: dict[str, int],
     history: list[dict],
+    run_id: str | None = None,
 ) -> dict:
-    """The release manifest written to `release.json` once every other file of the release exists."""
+    """The release manifest written to `release.json` once every other file of the release exists; `run_id` is
+    the run folder it was exported from (None: exported from the store alone)."""
     hashes = file_hashes(root)
     return {
         "manifest_version": MANIFEST_VERSION,
@@ -132,6 +134,7 @@ def build_manifest(
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "builder_version": builder_version,
         "config_hash": config_hash,
+        "run_id": run_id,
         "data_sha256": data_hash(hashes),
         "counts": counts,
         "contents": contents,

@@ -25,8 +25,9 @@ from builder.usage import Usage
 
 # 2: ChatMessage.reasoning_content, Scenario.now; 3: the selections table (was .selected); 4: `Usage` by the one
 # ledger rule (cached_calls, failed_calls, regrowths; cache hits count no calls or tokens); 5: `Provenance.origin`
-# (imported), Scenario.method and .wording (tables without them read as "llm", "model"), Environment.graph
-SCHEMA_VERSION = 5
+# (imported), Scenario.method and .wording (tables without them read as "llm", "model"), Environment.graph;
+# 6: `Usage.retries`
+SCHEMA_VERSION = 6
 
 
 def _decoded(value: Any) -> Any:

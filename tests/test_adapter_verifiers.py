@@ -174,7 +174,7 @@ def test_grade_is_the_share_of_checks_passed(release):
 
 
 def test_hub_package_pins_its_release(package, release, tmp_path):
-    assert (package.parent / "pyproject.toml").read_text().count('"builder[verifiers]"') == 1
+    assert (package.parent / "pyproject.toml").read_text().count('"builder-envs[verifiers]"') == 1
     config = vf.resolve_env_config({"taskset": {"id": "lending_envs", "split": "train"}})
     assert type(config.taskset).__name__ == "ReleaseConfig" and config.taskset.path == str(release)
     train = [task.data.env_id for task in vf.load_environment(config).taskset]

@@ -1,4 +1,4 @@
-"""A published environment as an OpenEnv `Environment` (`pip install builder[openenv]`).
+"""A published environment as an OpenEnv `Environment` (`pip install builder-envs[openenv]`).
 
 `BuilderEnvironment(environment_row, scenario_rows)` is an `MCPEnvironment`: `reset(scenario_id=...)` starts an
 episode of one scenario in builder's sandbox and returns the prompt the rollouts used (system prompt and user

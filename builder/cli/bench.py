@@ -47,8 +47,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "scale",
         help="items/s of a sandbox-heavy stage: local executor against 1 and 2 Ray actors",
         description="Scenario verification of a small environment, after one scripted model call of fixed "
-        "latency per item, under the local executor and on 1 and 2 Ray actors (needs builder[ray]; see the README, "
-        "Running on a cluster).",
+        "latency per item, under the local executor and on 1 and 2 Ray actors (needs builder-envs[ray]; see the "
+        "README, Running on a cluster).",
     )
     add_config_options(scale)
     scale.add_argument("--json", action="store_true", help="print one JSON object")

@@ -16,7 +16,10 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--config", type=Path, metavar="FILE", help="TOML config file, layered over the profile (default: none)"
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="config file, layered over the profile: TOML, or a run folder's config.json (default: none)",
     )
     parser.add_argument(
         "--profile",

@@ -136,9 +136,7 @@ class LiveEnvironment:
         if self._verdict is None:
             checks = checks_from_scenario(list(column(self.scenario, "checks", "checks_json")))
             final = self.state()
-            self._verdict = published_reward(
-                self.sandbox, checks, self._initial, final, now=self.now, seed=self.seed
-            )
+            self._verdict = published_reward(self.sandbox, checks, self._initial, final, now=self.now, seed=self.seed)
         return self._verdict
 
     def reward(self) -> float:

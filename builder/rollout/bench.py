@@ -157,9 +157,7 @@ async def run_rollouts(model: Any, sandbox: Sandbox, episodes: int, in_flight: i
                 final = await asyncio.to_thread(session.snapshot)
             finally:
                 await asyncio.to_thread(session.close)
-            verdict = await asyncio.to_thread(
-                grade, sandbox, [check.source], {"value": 0}, final, allowed
-            )
+            verdict = await asyncio.to_thread(grade, sandbox, [check.source], {"value": 0}, final, allowed)
             solved += verdict.solved and episode.end_reason == "agent_done"
 
     started = time.perf_counter()

@@ -16,7 +16,9 @@ resume and stats are the pipeline's own), followed by the pipeline's `rollout` a
    The pipeline passes the evaluate and scenarios stage functions in (`evaluate`, `generate`): no stage imports
    another.
 3. `verify`: each imported scenario re-verified (`verify`): rejected as `no_checks`, `check_invalid`,
-   `state_load_failed`, `already_solved` or `duplicate`, else kept with `unverified_solvability` (no gold exists). An
+   `state_load_failed`, `already_solved` or `duplicate`, else kept with `unverified_solvability` (no gold exists).
+   The reward audit (`builder.envs.audit`) runs on each kept one too; without a gold only its `nothing` case
+   applies (`reward_for_nothing`), and without a gold there is no collateral guard. An
    environment that brought no scenarios (or all of them with `more_scenarios`) also gets scenarios from the
    pipeline's scenarios stage (the model writes them, with gold solutions).
 
@@ -29,6 +31,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
 
+from builder.envs.audit import audit_reward
 from builder.envs.lint import ContractError
 from builder.envs.schema import inspect_source
 from builder.envs.state_schema import infer_schema
@@ -106,6 +109,16 @@ async def imported_scenarios(
             provenance = ctx.provenance([env]).model_copy(update={"origin": source.origin(scenario.ref, origin.split)})
             fields = imported_scenario_fields(found, scenario, env.id, DEFAULT_NOW)
             made = Scenario(provenance=provenance, **fields)
+            audit = await asyncio.to_thread(
+                audit_reward, ctx.sandbox, env.code, made.initial_state, made.checks, made.gold_actions, env.tools,
+                now=made.now, seed=made.seed, contract="import",
+            )  # fmt: skip
+            for case, outcome in audit.outcomes.items():
+                counts = ctx.stats.report.audit.setdefault(case, {})
+                counts[outcome] = counts.get(outcome, 0) + 1
+            if audit.reason is not None:
+                results.append(ctx.reject(subject, audit.reason, audit.detail))
+                continue
             if made.id in {record.id for record in results}:
                 results.append(ctx.reject(subject, "duplicate", "the same state and task as an earlier scenario"))
             else:

@@ -50,6 +50,11 @@ BROKEN = {
     "undocumented_parameter": env(TOOL.replace("text: str)", "text: str, n: int)").replace("ping", "p2")),
     "no_tools": "class E:\n    def _only(self):\n        return 1\n",
     "async_tool": env(TOOL.replace("def ping", "async def p2")),
+    "clock_parameter": env(
+        TOOL.replace("text: str)", "text: str, today: str)")
+        .replace("ping", "p2")
+        .replace("            text: What to echo.", "            text: What to echo.\n            today: Today's date.")
+    ),
 }
 
 
@@ -97,3 +102,10 @@ def test_known_escapes_are_rejected(payload):
 
 def test_from_typing_import_sys_is_rejected():
     assert "module_attribute" in {p.code for p in lint(env(header="from typing import sys"))}
+
+
+def test_a_records_own_date_is_no_clock_parameter():
+    documented = "            text: What to echo.\n            due: When it is due, YYYY-MM-DD."
+    tool = TOOL.replace("text: str)", "text: str, due: str)").replace("ping", "p2")
+    due = env(tool.replace("            text: What to echo.", documented))
+    assert "clock_parameter" not in {p.code for p in lint(due)}

@@ -261,6 +261,23 @@ async def test_gates_reject_broken_environments_without_asking_the_model(tmp_pat
     assert model.requests == []
 
 
+async def test_gates_refuse_a_tool_that_takes_the_current_time_as_an_argument(tmp_path, sandbox):
+    # "A rescheduled date cannot be in the past" is the caller's to bypass when the caller says what today is.
+    bank = (FIXTURES / "bank.py").read_text()
+    code = bank.replace(
+        'def transfer(self, source: str, target: str, amount: int, memo: str = "")',
+        'def transfer(self, source: str, target: str, amount: int, today: str, memo: str = "")',
+    )
+    code = code.replace(
+        "            memo: Free text stored with the transfer.",
+        "            today: Today's date, YYYY-MM-DD.\n            memo: Free text stored with the transfer.",
+    )
+    assert code != bank
+    model = scripted()
+    rejected = await rejection(environment("bank", code), context(tmp_path, model, sandbox))
+    assert rejected.reason == "gates_failed" and "clock_parameter" in rejected.detail and model.requests == []
+
+
 async def test_gates_reject_contract_violations_and_stale_tool_schemas(tmp_path, sandbox):
     ctx = context(tmp_path, scripted(), sandbox)
     bad = await rejection(environment("bad", "import os\nclass X:\n    pass\n"), ctx)

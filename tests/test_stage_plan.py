@@ -264,3 +264,29 @@ async def test_the_plan_budget_is_its_own_not_capped_by_llm_max_tokens(tmp_path)
     other = scripted()
     await plan(topic(), context(tmp_path, other, "plan.max_tokens=3000", "llm.max_tokens=128"))
     assert {r.sampling.max_tokens for r in other.requests} == {3000}  # llm.max_tokens: only for calls without one
+
+
+def test_a_parameter_carrying_the_current_time_is_an_error_and_a_records_own_date_is_not():
+    state, entities, operations = valid_parts()
+    params = list(operations.operations[2].parameters)
+    today = params[0].model_copy(update={"name": "today", "description": "Today's date, YYYY-MM-DD."})
+    stamped = params[0].model_copy(update={"name": "resolved_at", "description": "The time of this action."})
+    due = params[0].model_copy(update={"name": "due", "description": "When the book is due back, YYYY-MM-DD."})
+    changed = with_op(operations, 2, parameters=[*params, today, stamped, due])
+    errors = operation_errors(changed, entities, len(state.rules), 4, 12)
+    clock = [e for e in errors if "carries the current date or time" in e]
+    assert len(clock) == 2 and "(today)" in clock[0] and "(resolved_at)" in clock[1]
+    assert "datetime.datetime.now()" in clock[0] and not any("(due)" in e for e in errors)
+
+
+async def test_an_operation_taking_today_is_repaired_with_the_clock_advice(tmp_path):
+    broken = json.loads(json.dumps(OPERATIONS))
+    broken["operations"][2]["parameters"].append(
+        {"name": "today", "type": "str", "description": "The current date.", "required": True}
+    )
+    model = scripted(operations=[broken, OPERATIONS])
+    (result,) = await plan(topic(), context(tmp_path, model))
+    assert isinstance(result, EnvPlan)
+    assert not any(p.name == "today" for op in result.operations for p in op.parameters)
+    feedback = requests_named(model, "OperationsDraft")[1].messages[-1].content
+    assert "(today) carries the current date or time" in feedback

@@ -449,3 +449,23 @@ async def test_episodes_run_at_the_scenarios_now_and_share_the_golds_ids(tmp_pat
     placed = [json.loads(t.messages[3].content)["order"] for t in (first, second)]
     assert placed[0]["placed_at"] == "2024-03-14T10:30:00" and placed[0]["order_id"] == placed[1]["order_id"]
     assert "2024-03-14T10:30:00 (Thursday)" in first.messages[0].content
+
+
+async def test_the_agent_is_shown_the_environments_policy(tmp_path, sandbox):
+    """The rules the environment enforces (the module docstring's numbered rules, as the code stage writes them)
+    are in the agent's system prompt, in rollouts and in the trainer API alike."""
+    from builder.envs.trainer import agent_prompt, trl_prompt_row
+
+    bank = environment("bank")
+    rules = "Rules:\n1. A frozen account can neither send nor receive money.\n2. Transfers stay within the daily limit."
+    code = bank.code.replace('transfers with an overdraft rule and a daily limit."""', f'transfers.\n\n{rules}\n"""')
+    ruled = bank.model_copy(update={"code": code})
+    ctx = context(tmp_path, sandbox, agent([tool_reply(TRANSFER), "Done."]), "rollout.samples_per_scenario=1")
+    write_stage(tmp_path, "evaluate", [ruled])
+    (trajectory,) = await rollout(bank_scenario().model_copy(update={"env_id": ruled.id}), ctx)
+    system = trajectory.messages[0].content
+    assert "Policy: the rules the system enforces." in system
+    assert "1. A frozen account can neither send nor receive money." in system and "2. Transfers stay" in system
+    row = json.loads(bank_scenario().model_copy(update={"env_id": ruled.id}).model_dump_json())
+    assert agent_prompt("rollout_task", row, ruled.model_dump()) == system  # the trainer API: the same prompt
+    assert trl_prompt_row(row, ruled.model_dump())["prompt"][0]["content"] == system

@@ -50,6 +50,8 @@ PROBLEM_CODES: dict[str, str] = {
     "undocumented_parameter": "a tool parameter missing from the docstring's Args section",
     "no_tools": "the class has no public methods",
     "async_tool": "an async tool; tools are plain synchronous methods",
+    "clock_parameter": "a tool parameter that carries the current date or time (today, now, as_of): the "
+    "environment reads its own clock",
 }
 
 FORBIDDEN_NAMES = frozenset(
@@ -72,6 +74,24 @@ CONTRACTS: tuple[Contract, ...] = ("strict", "import")
 STRUCTURAL = frozenset({"syntax", "no_env_class"})
 DUNDER = re.compile(r"__\w+__")
 RESERVED_TOOLS = frozenset({"reset", "get_reward", "close", "step"})
+# A parameter through which the caller would say what time it is: the rules that depend on it ("a rescheduled date
+# cannot be in the past") are then the caller's to bypass. A record's own dates (a booking's date) are not this.
+_CLOCK_NAMES = re.compile(r"^(today|now|as_of|asof|as_of_(date|time|datetime))$|^(current|today|now)_\w+$")
+_CLOCK_WORDS = re.compile(
+    r"\b(current (date|time|day|datetime|timestamp)|today'?s date|the date of today|date of this action|"
+    r"time of (this|the) action|when (this|the) action (happens|takes place|is performed)|as of)\b",
+    re.IGNORECASE,
+)
+CLOCK_ADVICE = (
+    "the environment has its own clock: read the current date-time with datetime.datetime.now() or "
+    "datetime.date.today() inside the method (the sandbox sets it for each episode) and drop this parameter. "
+    "A record's own dates (a booking's date, a due date) stay parameters."
+)
+
+
+def clock_parameter(name: str, description: str = "") -> bool:
+    """Whether a tool parameter carries the current date or time (by its name, or its description)."""
+    return bool(_CLOCK_NAMES.match(name.casefold()) or _CLOCK_WORDS.search(description or ""))
 
 
 class Problem(BaseModel):
@@ -192,6 +212,9 @@ def _method_problems(method: ast.FunctionDef | ast.AsyncFunctionDef) -> list[Pro
             problems.append(_problem("unsupported_type", arg, f"{where}: {error}"))
         if docstring and arg.arg not in documented:
             problems.append(_problem("undocumented_parameter", arg, f"{where}: describe it under Args:"))
+        described = documented[arg.arg].description if arg.arg in documented else ""
+        if clock_parameter(arg.arg, described):
+            problems.append(_problem("clock_parameter", arg, f"{where}: {CLOCK_ADVICE}"))
     return problems
 
 

@@ -30,6 +30,7 @@ from builder.records import scenario_seed
 from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED
 from builder.views.agent import agent_system_prompt
+from builder.views.code import policy_text
 
 
 def column(row: Mapping[str, Any], *names: str) -> Any:
@@ -262,11 +263,14 @@ def trl_prompt_row(scenario: Mapping[str, Any], environment: Mapping[str, Any] |
 
 
 def agent_prompt(name: str, scenario: Mapping[str, Any], environment: Mapping[str, Any]) -> str:
-    """The agent system prompt `prompts/<name>.md` for a scenario row: the environment's name, domain and
-    description, and the scenario's date-time."""
+    """The agent system prompt `prompts/<name>.md` for a scenario row: the environment's name, domain,
+    description and policy (its `policy` column, else the rules in its code's docstring), and the scenario's
+    date-time: the prompt rollouts use (`builder.views.agent`)."""
+    policy = environment.get("policy")
     return agent_system_prompt(
         name, name=str(column(environment, "name")), domain=str(column(environment, "domain")),
         description=str(column(environment, "description")), now=scenario_world(scenario)[0],
+        policy=str(policy) if policy is not None else policy_text(str(environment.get("code") or "")),
     )  # fmt: skip
 
 

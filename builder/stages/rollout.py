@@ -41,6 +41,7 @@ from builder.sandbox.world import DEFAULT_NOW
 from builder.splits import declared_split, is_rl_environment
 from builder.stats import StageStats
 from builder.views.agent import agent_system_prompt
+from builder.views.code import policy_text
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,9 @@ def conversation_limit(rollout: RolloutConfig, llm: LLMConfig) -> int:
 def system_prompt(env: Environment, mode: str, now: str = DEFAULT_NOW) -> tuple[str, str]:
     """The agent's system prompt for `mode` at the scenario's date-time `now`, and its prompt version."""
     name = "rollout_task" if mode == "non_conversational" else "rollout_conversation"
-    text = agent_system_prompt(name, name=env.name, domain=env.domain, description=env.description, now=now)
+    text = agent_system_prompt(
+        name, name=env.name, domain=env.domain, description=env.description, now=now, policy=policy_text(env.code)
+    )
     return text, prompt_version(name)
 
 

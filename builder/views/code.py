@@ -34,6 +34,17 @@ def environment_text(env_description: str, code: str) -> str:
     return ast.get_docstring(parse(code)) or env_description
 
 
+def policy_text(code: str) -> str:
+    """The environment's policy in plain language: the numbered rules of the module docstring (the code stage
+    writes the plan's rules there under "Rules:"); "" when the module states none."""
+    try:
+        docstring = ast.get_docstring(parse(code)) or ""
+    except SyntaxError:
+        return ""
+    _, found, rules = docstring.partition("Rules:")
+    return rules.strip() if found else ""
+
+
 def now_text(now: str) -> str:
     """The environment's date-time as prompts state it (with its weekday, so "tomorrow" comes out right)."""
     return f"{describe_now(now)} (the environment's clock reads this date-time)"

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field
 
-from builder.envs.lint import RESERVED_TOOLS
+from builder.envs.lint import CLOCK_ADVICE, RESERVED_TOOLS, clock_parameter
 from builder.naming import snake_case
 from builder.records import EntityPlan, OperationPlan, PlanType
 
@@ -271,6 +271,11 @@ def _operation_errors(
             errors += [e for e in [_name_error(f"{where}.parameters[{j}].name", name)] if e]
     for duplicate in sorted({name for name in params if params.count(name) > 1}):
         errors.append(f"{where}: the parameter {duplicate!r} appears more than once")
+    for j, parameter in enumerate(op.parameters):
+        if clock_parameter(parameter.name, parameter.description):
+            errors.append(
+                f"{where}.parameters[{j}] ({parameter.name}) carries the current date or time: {CLOCK_ADVICE}"
+            )
     for field, refs in (("reads", op.reads), ("writes", op.writes)):
         for ref in refs:
             if ref not in known:

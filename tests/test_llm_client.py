@@ -214,6 +214,23 @@ async def test_transient_errors_are_retried_with_growing_backoff() -> None:
     assert records[0].attempts == 3
 
 
+async def test_a_server_never_reached_is_an_operator_error_and_a_later_failure_an_items() -> None:
+    from builder.errors import ItemError, OperatorError
+    from builder.llm import ServerUnreachable
+
+    down = ScriptedModel(lambda request: TransientLLMError("connection refused"))
+    client, _, sleeps = make_client(down, max_retries=2)
+    with pytest.raises(ServerUnreachable, match="no model server answered 'scripted'") as caught:
+        await client.chat(ChatRequest(messages=USER))
+    assert isinstance(caught.value, OperatorError) and len(sleeps) == 2  # it was retried first
+    flaky = ScriptedModel.sequence(["fine"] + [TransientLLMError("connection reset")] * 3)
+    client, _, _ = make_client(flaky, max_retries=2)
+    assert (await client.chat(ChatRequest(messages=USER))).content == "fine"
+    with pytest.raises(LLMRequestError, match="connection reset") as later:
+        await client.chat(ChatRequest(messages=[*USER, ChatMessage(role="user", content="again")]))
+    assert isinstance(later.value, ItemError) and not isinstance(later.value, OperatorError)
+
+
 async def test_4xx_is_never_retried() -> None:
     model = ScriptedModel.sequence([LLMRequestError("HTTP 400 bad schema", status_code=400)])
     client, _, sleeps = make_client(model)
@@ -223,7 +240,7 @@ async def test_4xx_is_never_retried() -> None:
 
 
 async def test_retries_run_out_with_a_clear_error() -> None:
-    model = ScriptedModel(lambda request: TransientLLMError("HTTP 502"))
+    model = ScriptedModel(lambda request: TransientLLMError("HTTP 502", status_code=502))
     client, records, sleeps = make_client(model, max_retries=2)
     with pytest.raises(LLMRequestError, match="failed after 3 attempts: HTTP 502") as caught:
         await client.chat(ChatRequest(messages=USER))

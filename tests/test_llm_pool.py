@@ -115,16 +115,18 @@ def test_a_rejected_request_is_not_sent_to_another_server(tmp_path: Path) -> Non
     assert caught.value.status_code == 400 and len(b.requests) == 0
 
 
-def test_every_server_down_fails_as_retryable_after_the_clients_retries(tmp_path: Path) -> None:
+def test_every_server_down_from_the_start_stops_the_run_after_the_clients_retries(tmp_path: Path) -> None:
+    from builder.errors import OperatorError
+
     with StubServer(echo) as a, StubServer(echo) as b:
         a.kill()
         b.kill()
         cfg = config(a.url, b.url, max_retries=1)
         with open_llm(cfg, tmp_path, cache=False) as client:
             client.retry = dataclasses.replace(client.retry, base_s=0.01)
-            with pytest.raises(LLMRequestError, match="no server of 2 answered") as caught:
+            with pytest.raises(OperatorError, match="no server of 2 answered") as caught:
                 asyncio.run(client.chat(ask(1)))
-    assert caught.value.retryable
+    assert isinstance(caught.value.__cause__, LLMRequestError) and caught.value.__cause__.retryable
 
 
 class Flaky:

@@ -281,3 +281,32 @@ async def test_the_executor_alone_persists_and_a_dropped_verdict_leaves_the_stor
     keep.discard("traj-b")  # a later run judges traj-b again and drops it
     await run_stages(stages, config, tmp_path / "run-2")
     assert [s.subject_id for s in store.read("selections")] == ["traj-a"]
+
+
+async def test_an_item_error_rejects_its_item_with_its_reason_and_an_operator_error_stops_the_run(tmp_path):
+    from builder.envs.session import SessionError
+    from builder.errors import ConfigError
+    from builder.llm import LLMRequestError
+
+    async def make(_inputs, ctx):
+        return [Topic(provenance=ctx.provenance(), name=f"t{i}", description="d", domain="x") for i in range(3)]
+
+    async def judge(topic, ctx):
+        if topic.name == "t0":
+            raise SessionError("worker_died", "the sandbox worker died")
+        if topic.name == "t1":
+            raise LLMRequestError("LLM request failed after 5 attempts: HTTP 429 slow down", status_code=429)
+        return [topic]
+
+    stages = (BatchStage("make", make, input=None, output=Topic), ItemStage("judge", judge, input=Topic, output=Topic))
+    stats = await run_stages(stages, BuildConfig(), tmp_path / "run")
+    assert (stats["judge"].kept, dict(stats["judge"].dropped)) == (1, {"llm_request": 1, "session_failed": 1})
+    rejected = pl.read_parquet(tmp_path / "run" / "judge.rejected.parquet")
+    assert any("HTTP 429" in detail for detail in rejected["detail"].to_list())
+
+    async def misconfigured(topic, ctx):
+        raise ConfigError("llm.url is not a URL")
+
+    stages = (stages[0], ItemStage("judge", misconfigured, input=Topic, output=Topic))
+    with pytest.raises(ConfigError, match="not a URL"):
+        await run_stages(stages, BuildConfig(), tmp_path / "run-2")

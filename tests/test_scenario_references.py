@@ -80,7 +80,8 @@ async def test_gold_with_references_verifies_and_stores_the_resolved_values(tmp_
     assert list(plain.gold_actions) == concrete and list(talk.gold_actions) == concrete
     assert "$" not in to_row(plain)["gold_actions"]  # what rollouts, exports and trainers read
     evidence = plain.verification
-    assert evidence.checks_on_final == (True, True) and evidence.checks_on_initial == (False, False)
+    # The two checks, then the collateral guard (holding on both by construction).
+    assert evidence.checks_on_final == (True, True, True) and evidence.checks_on_initial == (False, False, True)
     # Without borrow the replayed (concrete) renew finds no loan L103; without renew the loan is due too early.
     assert [(a.name, a.failing_checks) for a in evidence.negative_control] == [("borrow", (0, 1)), ("renew", (1,))]
     # The request told the model how to refer to an earlier result.

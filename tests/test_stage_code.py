@@ -201,14 +201,16 @@ async def test_a_constructor_that_never_sets_the_planned_state_is_rejected(tmp_p
     assert len(requests_for(model, "__init__")) == 2
 
 
-async def test_a_refused_request_is_a_rejection_and_a_dead_server_stops_the_run(tmp_path):
+async def test_a_refused_request_and_one_failed_after_every_retry_are_rejections(tmp_path):
     model = scripted({"borrow_book": [LLMRequestError("400 too long", status_code=400)]})
     with pytest.raises(Rejected) as verdict:
         await code(library_plan(), context(tmp_path, model))
     assert verdict.value.rejection.reason == "llm_request"
-    model = scripted({"borrow_book": [LLMRequestError("down", retryable=True)]})
-    with pytest.raises(LLMRequestError):
+    # The server went away after answering the other pieces: this environment fails, the run goes on.
+    model = scripted({"borrow_book": [LLMRequestError("failed after 5 attempts: HTTP 503", retryable=True)]})
+    with pytest.raises(Rejected) as verdict:
         await code(library_plan(), context(tmp_path, model, "llm.max_retries=0"))
+    assert verdict.value.rejection.reason == "llm_request" and "HTTP 503" in verdict.value.rejection.detail
 
 
 # ------------------------------------------------------------------------------------ deterministic fixes

@@ -187,8 +187,8 @@ async def test_a_graph_that_cannot_be_extracted_leaves_the_verdict_and_no_graph(
 
 
 async def test_evidence_usage_is_the_ledger_of_the_stage_and_the_client(tmp_path, sandbox):
-    """An attempt stopped when the server went away at the first verdict, then the resumed attempt: the states and
-    tester calls asked before come from the cache, and every verdict is cut once and asked again grown."""
+    """An attempt that failed when the server went away at the first verdict, then an attempt once it is back: the
+    states and tester calls asked before come from the cache, and every verdict is cut once and asked again grown."""
     llm = ["llm.max_model_len=32768", "llm.thinking=off", "llm.max_retries=0", "llm.max_budget_growths=1"]
     config = load_config(None, [f"store.path={tmp_path / 'store'}", *llm], profile="cpu")
     budget, base, server_gone = config.evaluate.checker_max_tokens, scripted(), True
@@ -204,7 +204,7 @@ async def test_evidence_usage_is_the_ledger_of_the_stage_and_the_client(tmp_path
     model = ScriptedModel(answer)
     with ResponseCache(tmp_path / "llm_cache.sqlite") as cache:
         first = attempt("evaluate", config, model, cache, tmp_path, sandbox)
-        with pytest.raises(LLMRequestError):
+        with pytest.raises(Rejected, match="llm_request: connection refused"):
             await evaluate(environment("bank"), first)
         server_gone = False
         resumed = attempt("evaluate", config, model, cache, tmp_path, sandbox)
@@ -356,12 +356,12 @@ async def test_malformed_checker_output_ends_as_a_bounded_rejection(tmp_path, sa
     assert sum(kind(r) == "CheckerVerdict" for r in model.requests) == 2 * 2 * 2
 
 
-async def test_refused_request_rejects_but_a_dead_server_stops_the_run(tmp_path, sandbox):
+async def test_a_refused_request_and_one_failed_after_every_retry_reject_the_environment(tmp_path, sandbox):
     refused = scripted(checker=LLMRequestError("400 bad", status_code=400))
     assert (await rejection(environment("bank"), context(tmp_path, refused, sandbox))).reason == "llm_request"
-    down = scripted(checker=LLMRequestError("down", retryable=True))
-    with pytest.raises(LLMRequestError):
-        await evaluate(environment("bank"), context(tmp_path, down, sandbox, "llm.max_retries=0"))
+    down = scripted(checker=LLMRequestError("failed after 5 attempts: HTTP 502", status_code=502, retryable=True))
+    failed = await rejection(environment("bank"), context(tmp_path, down, sandbox, "llm.max_retries=0"))
+    assert failed.reason == "llm_request" and "HTTP 502" in failed.detail
 
 
 # ------------------------------------------------------------------------------------------------ test states

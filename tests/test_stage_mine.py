@@ -97,12 +97,14 @@ async def test_bad_topics_are_rejected(tmp_path, topic, reason):
     assert verdict.value.rejection.reason == reason
 
 
-async def test_refused_request_is_a_rejection_but_a_dead_server_stops_the_run(tmp_path):
+async def test_a_refused_request_and_one_failed_after_every_retry_are_rejections(tmp_path):
     with pytest.raises(Rejected) as verdict:
         await mine(seed(), context(tmp_path, scripted(topic=LLMRequestError("400 bad", status_code=400))))
     assert verdict.value.rejection.reason == "llm_request"
-    with pytest.raises(LLMRequestError):
-        await mine(seed(), context(tmp_path, scripted(topic=LLMRequestError("down", retryable=True))))
+    failed = LLMRequestError("failed after 5 attempts: HTTP 429", status_code=429, retryable=True)
+    with pytest.raises(Rejected) as verdict:
+        await mine(seed(), context(tmp_path, scripted(topic=failed)))
+    assert verdict.value.rejection.reason == "llm_request" and "HTTP 429" in verdict.value.rejection.detail
 
 
 def topic(name, description, domain="travel", score=0.8, examples=("r",)):

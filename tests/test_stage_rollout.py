@@ -469,3 +469,24 @@ async def test_the_agent_is_shown_the_environments_policy(tmp_path, sandbox):
     row = json.loads(bank_scenario().model_copy(update={"env_id": ruled.id}).model_dump_json())
     assert agent_prompt("rollout_task", row, ruled.model_dump()) == system  # the trainer API: the same prompt
     assert trl_prompt_row(row, ruled.model_dump())["prompt"][0]["content"] == system
+
+
+async def test_a_sample_whose_session_breaks_is_a_failed_sample_not_a_lost_scenario(tmp_path, sandbox, monkeypatch):
+    import builder.stages.rollout as stage
+    from builder.envs.session import Session, SessionError
+
+    opened = []
+
+    def session(*args, **kwargs):
+        opened.append(1)
+        if len(opened) == 2:
+            raise SessionError("load_failed", "the worker died while loading")
+        return Session(*args, **kwargs)
+
+    monkeypatch.setattr(stage, "Session", session)
+    ctx = context(tmp_path, sandbox, agent([tool_reply(TRANSFER), "Done."]), "rollout.samples_per_scenario=3")
+    trajectories = await rollout(bank_scenario(), ctx)
+    assert len(trajectories) == 3
+    failed = [t for t in trajectories if t.end_reason == "env_error"]
+    assert len(failed) == 1 and failed[0].flags == ("sample_failed",) and not failed[0].solved
+    assert sum(t.solved for t in trajectories) == 2

@@ -112,8 +112,9 @@ def sandbox():
 
 
 async def test_a_trajectory_counts_the_sequence_as_the_stage_and_the_client_do(tmp_path, sandbox) -> None:
-    """An attempt stopped by a server that went away, then the resumed attempt: its first reply comes from the
-    cache, the second is answered, the third is cut and asked again grown, the fourth is refused (`llm_error`)."""
+    """An attempt whose episode failed when the server went away (`llm_error`, a failed sample), then one once it
+    is back: its first reply comes from the cache, the second is answered, the third is cut and asked again grown,
+    the fourth is refused (`llm_error`)."""
     config = load_config(None, [f"store.path={json.dumps(str(tmp_path / 'store'))}", *LLM,
                                 "rollout.samples_per_scenario=1", f"rollout.max_reply_tokens={BUDGET}"])  # fmt: skip
     write_stage(tmp_path, "evaluate", [environment("bank"), environment("library")])
@@ -133,8 +134,8 @@ async def test_a_trajectory_counts_the_sequence_as_the_stage_and_the_client_do(t
     model = ScriptedModel(answer, prompt_tokens=lambda request: 100)
     with ResponseCache(tmp_path / "llm_cache.sqlite") as cache:
         first = attempt("rollout", config, model, cache, tmp_path, sandbox, model_id="agent")
-        with pytest.raises(LLMRequestError):
-            await rollout(bank_scenario(), first)
+        (failed,) = await rollout(bank_scenario(), first)
+        assert (failed.end_reason, failed.num_turns) == ("llm_error", 1)
         assert first.stats.usage == Usage(calls=1, failed_calls=1, prompt_tokens=100, completion_tokens=10)
         server_gone = False
         resumed = attempt("rollout", config, model, cache, tmp_path, sandbox, model_id="agent")

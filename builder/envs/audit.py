@@ -5,10 +5,9 @@ tried on sequences whose right reward is known, all run in the sandbox at the sc
 - `gold`: the gold sequence. The reward must be 1, else `gold_not_rewarded`.
 - `collateral`: the gold plus one state-changing call on a record the gold does not touch. The reward must be
   below 1, else `collateral_rewarded`.
-- `order`: the gold with two adjacent state-changing calls swapped that name different records (no record key
-  in common, each naming one): independent, so the order is the gold's incidental choice. When both still
-  succeed and the final state differs (two appends to a log in the other order), the reward must be 1, else
-  `order_sensitive`.
+- `order`: the gold with two state-changing calls swapped that name different records (no record key in
+  common, each naming one): independent, so their order is the gold's incidental choice. When every call still
+  succeeds, the reward must be 1 (two appends to a log in the other order), else `order_sensitive`.
 - `spelling`: the gold with equivalent spellings of its values (an ISO date-time without its `:00` seconds; `""`
   for `null` and back where the tool's schema allows both). The reward must be 1, else `spelling_sensitive`.
 
@@ -86,18 +85,19 @@ def audit_reward(
             rewards["gold"] = reward(done.final)
             outcomes["gold"] = "pass" if rewards["gold"] == 1 else "fail"
             allowed = sorted({path for paths in done.paths for path in paths})
-            for case, variant, must in (
-                ("collateral", _collateral_variant(gold, initial_state, allowed), lambda r: r < 1),
-                ("order", _order_variant(gold, done.paths, initial_state), lambda r: r == 1),
-                ("spelling", _spelling_variant(gold, tools), lambda r: r == 1),
+            variants = _collateral_variants(gold, done.paths, initial_state, allowed)
+            damage = _first_run(run, variants, outside=(done, allowed))
+            if damage is not None:
+                rewards["collateral"] = reward(damage)
+                outcomes["collateral"] = "pass" if rewards["collateral"] < 1 else "fail"
+            for case, variant in (
+                ("order", _order_variant(gold, done.paths, initial_state)),
+                ("spelling", _spelling_variant(gold, tools)),
             ):
-                ran = run(variant) if variant is not None else None
-                if ran is None or ran.final is None or ran.final == done.final and case != "collateral":
-                    continue  # not buildable, refused by the environment, or no different from the gold
-                if case == "collateral" and all(covered(p, allowed) for p in changed_paths(done.final, ran.final)):
-                    continue  # the extra call changed nothing outside what the gold changes
-                rewards[case] = reward(ran.final)
-                outcomes[case] = "pass" if must(rewards[case]) else "fail"
+                final = _first_run(run, [variant] if variant is not None else [])
+                if final is not None:  # the same final state as the gold's gets the gold's reward, 1
+                    rewards[case] = 1.0 if final == done.final else reward(final)
+                    outcomes[case] = "pass" if rewards[case] == 1 else "fail"
     failed = next((case for case in CASES if outcomes[case] == "fail"), None)
     if failed is None:
         return Audit(outcomes, rewards)
@@ -139,36 +139,63 @@ def _refused(value: Any) -> bool:
     )
 
 
-def _collateral_variant(gold: Sequence[Action], state: dict[str, Any], allowed: list[str]) -> list[Action] | None:
-    """The gold plus its last write again on another record: an argument naming a record (a key of a collection
-    of records) re-aimed at a record of the same collection that the gold never names."""
+MAX_COLLATERAL_TRIES = 12  # variants tried before the case is n/a (each is a sandbox replay of the gold)
+
+
+def _first_run(run: Any, variants: Any, *, outside: tuple[_Run, list[str]] | None = None) -> dict[str, Any] | None:
+    """The final state of the first variant that runs (no call refused) and, with `outside`, changes a path the
+    gold's allowed ones do not cover. None: none does."""
+    for tries, variant in enumerate(variants):
+        if tries >= MAX_COLLATERAL_TRIES:
+            break
+        ran = run(variant)
+        if ran.final is None:
+            continue  # the environment refused the variant
+        if outside is None:
+            return ran.final
+        done, allowed = outside
+        if any(not covered(path, allowed) for path in changed_paths(done.final, ran.final)):
+            return ran.final
+    return None
+
+
+def _collateral_variants(
+    gold: Sequence[Action], paths: Sequence[tuple[str, ...]], state: dict[str, Any], allowed: list[str]
+) -> Any:
+    """The gold plus one of its writes again on another record: an argument naming a record (a key of a
+    collection of records) re-aimed at a record of the same collection that the gold never names; the last
+    writes and the first such records first."""
     named = {str(value) for action in gold for value in action.arguments.values()}
     collections = {name: [str(key) for key, _ in pairs] for name, value in state.items()
                    if isinstance(value, dict) and (pairs := record_pairs(value))}  # fmt: skip
-    for action in reversed(gold):
+    writes = [action for action, changed in zip(gold, paths, strict=True) if changed]
+    for action in reversed(writes):
         for parameter, value in action.arguments.items():
             for name, keys in collections.items():
                 if str(value) not in keys:
                     continue
-                others = [key for key in keys if key not in named and not covered(f"{name}.{key}", allowed)]
-                if others:
-                    return [*gold, Action(name=action.name, arguments={**action.arguments, parameter: others[0]})]
-    return None
+                for other in (key for key in keys if key not in named and not covered(f"{name}.{key}", allowed)):
+                    yield [*gold, Action(name=action.name, arguments={**action.arguments, parameter: other})]
 
 
 def _order_variant(
     gold: Sequence[Action], paths: Sequence[tuple[str, ...]], state: dict[str, Any]
 ) -> list[Action] | None:
-    """The gold with the first adjacent pair of state-changing calls that name different records swapped."""
+    """The gold with the first pair of state-changing calls that name different records swapped (the calls
+    between them stay where they are)."""
     keys = {str(key) for value in state.values() if isinstance(value, dict) for key, _ in record_pairs(value) or ()}
 
     def records(action: Action) -> set[str]:
         return {str(value) for value in action.arguments.values() if str(value) in keys}
 
-    for i in range(len(gold) - 1):
-        first, second = records(gold[i]), records(gold[i + 1])
-        if paths[i] and paths[i + 1] and first and second and not first & second:
-            return [*gold[:i], gold[i + 1], gold[i], *gold[i + 2 :]]
+    writes = [i for i, changed in enumerate(paths) if changed]
+    for position, i in enumerate(writes):
+        for j in writes[position + 1 :]:
+            first, second = records(gold[i]), records(gold[j])
+            if first and second and not first & second:
+                swapped = list(gold)
+                swapped[i], swapped[j] = gold[j], gold[i]
+                return swapped
     return None
 
 

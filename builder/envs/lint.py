@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from builder.envs.docstrings import parse_docstring
 from builder.envs.signatures import annotation_schema, environment_class, tool_methods, tool_parameters
-from builder.errors import BuilderError
+from builder.errors import ItemError
 from builder.pyast import parse
 from builder.sandbox.allowed import ALLOWED_MODULES
 
@@ -107,8 +107,10 @@ class Problem(BaseModel):
         return f"line {self.line}: [{self.code}] {self.message}"
 
 
-class ContractError(BuilderError):
+class ContractError(ItemError):
     """Generated code violates the environment contract; `problems` lists every violation."""
+
+    reason = "contract_violation"
 
     def __init__(self, problems: list[Problem]) -> None:
         super().__init__("environment violates the contract:\n  " + "\n  ".join(map(str, problems)))

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from builder.envs.lint import Contract
 from builder.envs.schema import EnvInterface, inspect_source
 from builder.envs.validate import argument_error
-from builder.errors import BuilderError
+from builder.errors import ItemError
 from builder.sandbox.frames import quiet_collector
 from builder.sandbox.runtime import Sandbox, Worker, WorkerFailure
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED, parse_now
@@ -29,8 +29,10 @@ from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED, parse_now
 _REPLAYABLE = {"raised", "bad_arguments", "memory", "not_json", "too_large"}
 
 
-class SessionError(BuilderError):
+class SessionError(ItemError):
     """The environment could not be loaded or its state cannot be read; the message says why."""
+
+    reason = "session_failed"
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)

@@ -11,6 +11,7 @@ from builder.llm.errors import (
     LLMRequestError,
     PromptTooLongError,
     ServerError,
+    ServerUnreachable,
     StructuredOutputError,
     TransientLLMError,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "ResponseCache",
     "ScriptedModel",
     "ServerError",
+    "ServerUnreachable",
     "StageModel",
     "StructuredOutputError",
     "TokenUsage",

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from builder.llm.base import TOOL_CHOICE_KEYWORDS, CallRecord, ChatModel, ChatRequest, Reply
 from builder.llm.cache import ResponseCache
-from builder.llm.errors import LLMError, PromptTooLongError, StructuredOutputError
+from builder.llm.errors import LLMError, LLMRequestError, PromptTooLongError, ServerUnreachable, StructuredOutputError
 from builder.llm.parsing import parse_structured, response_format, split_reasoning, tool_names, with_strict
 from builder.llm.reask import NoUsableReply, Refusal, reask
 from builder.llm.retry import RetryPolicy, with_retries
@@ -131,6 +131,7 @@ class LLMClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._semaphore: asyncio.Semaphore | None = None
         self._measured: dict[str, int] = {}
+        self._answered = False  # whether any request of this client got a response (see `ServerUnreachable`)
 
     async def chat(self, request: ChatRequest) -> Reply:
         """Answer `request`, from the cache when possible, with its completion budget fitted into the context.
@@ -138,6 +139,7 @@ class LLMClient:
         Raises:
             PromptTooLongError: the prompt leaves too little of the context for a reply; nothing was sent.
             LLMRequestError: the server rejected the request (4xx), or every retry failed.
+            ServerUnreachable: every try found no server, and no request of this client was ever answered.
             ValueError: `tool_choice` names no tool of the request.
         """
         request = self._prepare(request)
@@ -309,7 +311,16 @@ class LLMClient:
                 async with asyncio.timeout(self.request_timeout_s):
                     return await self.backend.chat(request)
 
-        return await with_retries(attempt_once, self.retry, sleep=self._sleep, clock=self._clock, rng=self._rng)
+        try:
+            answered = await with_retries(attempt_once, self.retry, sleep=self._sleep, clock=self._clock, rng=self._rng)
+        except LLMRequestError as error:
+            # No response at all, and none ever: the server is not there (a wrong URL, a server that is down), so
+            # every input would fail the same way. That is the operator's to fix, not one item's failure.
+            if error.retryable and error.status_code is None and not self._answered:
+                raise ServerUnreachable(f"no model server answered {self.model_id!r}: {error}") from error
+            raise
+        self._answered = True
+        return answered
 
     def _bound(self) -> asyncio.Semaphore:
         # A semaphore belongs to one event loop; the pipeline may run each stage in its own `asyncio.run`.

@@ -1,12 +1,13 @@
-"""Errors of the model layer. All derive from `BuilderError`, so the CLI prints them without a traceback."""
+"""Errors of the model layer. A failed request is an `ItemError` (its input is rejected, the run goes on); a
+server that cannot be started or reached from the start is an `OperatorError` (the run stops)."""
 
 from __future__ import annotations
 
-from builder.errors import BuilderError
+from builder.errors import ItemError, OperatorError
 from builder.usage import Usage
 
 
-class LLMError(BuilderError):
+class LLMError(ItemError):
     """Base of every model-layer error: a stage that catches this can write a rejection record.
 
     `cost` is what the failed call took by the ledger rule of `usage.Usage`, set by `LLMClient.chat`: the
@@ -15,6 +16,7 @@ class LLMError(BuilderError):
     """
 
     cost: Usage = Usage()
+    reason = "llm_error"
 
 
 class TransientLLMError(LLMError):
@@ -42,6 +44,8 @@ class LLMRequestError(LLMError):
         attempts: How many times the request was sent (set by the client's retry loop).
     """
 
+    reason = "llm_request"
+
     def __init__(
         self, message: str, *, status_code: int | None = None, retryable: bool = False, attempts: int = 1
     ) -> None:
@@ -63,6 +67,8 @@ class PromptTooLongError(LLMRequestError):
         min_completion: The smallest completion budget the request would accept.
     """
 
+    reason = "prompt_too_long"
+
     def __init__(self, message: str, *, prompt_tokens: int, context_tokens: int, min_completion: int) -> None:
         super().__init__(message, status_code=None, retryable=False, attempts=0)
         self.prompt_tokens = prompt_tokens
@@ -79,6 +85,8 @@ class StructuredOutputError(LLMError):
         attempts: How many replies were tried.
     """
 
+    reason = "invalid_output"
+
     def __init__(self, message: str, *, raw_text: str, errors: list[str], attempts: int) -> None:
         super().__init__(message)
         self.raw_text = raw_text
@@ -86,5 +94,10 @@ class StructuredOutputError(LLMError):
         self.attempts = attempts
 
 
-class ServerError(LLMError):
+class ServerError(LLMError, OperatorError):
     """The managed vLLM server cannot be started: vLLM missing, wrong model, start-up crash or timeout."""
+
+
+class ServerUnreachable(LLMError, OperatorError):
+    """No model server answered any request of this client: every try of its first requests found no server
+    (connection refused, no route, timeout). Not one input's failure: the run stops, a rerun resumes."""

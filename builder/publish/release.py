@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from builder.errors import BuilderError
+from builder.errors import OperatorError
 
 MANIFEST = "release.json"
 MANIFEST_VERSION = 1
@@ -21,7 +21,7 @@ MANIFEST_VERSION = 1
 _SEMVER = re.compile(r"^v?(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-([0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?$")
 
 
-class PublishError(BuilderError):
+class PublishError(OperatorError):
     """A release cannot be exported or published as asked (bad or existing version, backend failure)."""
 
 

@@ -128,11 +128,12 @@ async def run_episode(
     `opening` is None) and every reply to a text-only agent turn, and ends the episode (`user_stop`). Every tool
     call is validated against `tools` first; a malformed or unknown call is answered with an error tool message
     (flags `malformed_call`, `unknown_tool`) and never reaches the environment. Limits end the episode with
-    `max_turns`, `max_tool_calls` or `max_tokens`; a refused agent request ends it with `llm_error`. Assistant
+    `max_turns`, `max_tool_calls` or `max_tokens`; an agent request refused or failed after every retry ends it
+    with `llm_error`. Assistant
     messages keep the model's reasoning (`reasoning_content`, when it thought); it is never sent back.
 
     Raises:
-        LLMRequestError: a retryable server failure (the server is gone); the run stops and can resume.
+        ServerUnreachable: no server ever answered the agent's client; the run stops and can resume.
     """
     tally = _Tally()
     messages = [ChatMessage(role="system", content=system)]
@@ -160,9 +161,7 @@ async def run_episode(
         )
         try:
             reply = await agent.chat(request)
-        except LLMRequestError as error:
-            if error.retryable:
-                raise
+        except LLMRequestError as error:  # also after every retry: this episode failed, not the scenario
             tally.agent += error.cost
             return _end(messages, LLM_ERROR, tally, str(error)[:500])
         tally.turns += 1

@@ -157,9 +157,7 @@ class UserSimulator:
 
         try:
             turn = await reask(view, ask_once, attempts=self.retries + 1)
-        except LLMRequestError as error:
-            if error.retryable:
-                raise
+        except LLMRequestError as error:  # also after every retry: this episode's user failed
             return UserTurn(failure=USER_ERROR, detail=str(error)[:500], usage=spent[0] + error.cost)
         except NoUsableReply as failed:
             return UserTurn(failure=failed.refusal.reason, detail=failed.refusal.detail, usage=spent[0])

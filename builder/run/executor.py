@@ -28,7 +28,7 @@ from typing import Any
 from tqdm import tqdm
 
 from builder.config import BuildConfig
-from builder.errors import BuilderError, RunError
+from builder.errors import ItemError, OperatorError, RunError
 from builder.limits import DETAIL_CHARS
 from builder.llm.accounting import estimate_gpu_hours
 from builder.records import Record, Rejection
@@ -205,13 +205,18 @@ async def _run_item_stage(
 
 
 async def call_item(stage: ItemStage, item: Record, ctx: StageContext) -> Sequence[Record]:
-    """Run the stage function on one input; an unexpected exception becomes a rejection, not a crashed run."""
+    """Run the stage function on one input. An item error (`builder.errors.ItemError`: a failed model request, a
+    broken session) is that input's rejection with the error's reason; an unexpected exception too, as
+    `exception:<Type>` (a bug, logged with its traceback); an interrupt or an operator error stops the run."""
     try:
         results = list(await stage.fn(item, ctx))
     except Rejected as verdict:
         return [verdict.rejection]
-    except (asyncio.CancelledError, BuilderError):
+    except (asyncio.CancelledError, OperatorError):
         raise  # an interrupt or an operator error (bad config, store locked) is not a property of this item
+    except ItemError as error:
+        logger.warning("%s: %s failed: %s: %s", stage.name, item.id, error.reason, error)
+        return [ctx.reject(item, error.reason, str(error)[:DETAIL_CHARS])]
     except Exception as error:  # noqa: BLE001 - a bad item is data, not a crash of the batch
         logger.error("%s: %s failed:\n%s", stage.name, item.id, traceback.format_exc())
         return [ctx.reject(item, f"exception:{type(error).__name__}", str(error)[:DETAIL_CHARS])]

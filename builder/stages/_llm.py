@@ -39,9 +39,10 @@ async def ask(
 
     Raises:
         Rejected: the model never produced valid output (`invalid_reason`, with its raw text), or the server
-            refused the request (`llm_request`), or the prompt alone fills the context (`prompt_too_long`: a stage
-            that can shrink its prompt asks again smaller, see `shrinking`).
-        LLMRequestError: the server could not be reached after every retry; the run stops and can resume.
+            refused the request or failed it after every retry (`llm_request`, the status in the detail), or the
+            prompt alone fills the context (`prompt_too_long`: a stage that can shrink its prompt asks again
+            smaller, see `shrinking`).
+        ServerUnreachable: no server ever answered this client; the run stops and can resume.
     """
     try:
         return await ctx.llm.structured(messages, output_type, sampling=sampling, attempt=attempt)
@@ -50,9 +51,7 @@ async def ask(
         raise Rejected(ctx.reject(subject, invalid_reason, detail, raw_output=error.raw_text)) from None
     except PromptTooLongError as error:
         raise Rejected(ctx.reject(subject, "prompt_too_long", str(error)[:DETAIL_CHARS])) from error
-    except LLMRequestError as error:
-        if error.retryable:
-            raise
+    except LLMRequestError as error:  # also after every retry (the status is in the message)
         raise Rejected(ctx.reject(subject, "llm_request", str(error)[:DETAIL_CHARS])) from None
 
 

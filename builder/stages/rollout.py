@@ -25,12 +25,12 @@ from typing import TypeVar
 from builder.config import BuildConfig, LLMConfig, RolloutConfig
 from builder.envs.lint import ContractError
 from builder.envs.session import Session, SessionError
-from builder.errors import ConfigError, RunError
+from builder.errors import ConfigError, ItemError, OperatorError, RunError
 from builder.limits import DETAIL_CHARS
 from builder.llm import StageModel
 from builder.llm.roles import rl_agent_config
 from builder.prompts import prompt_version
-from builder.records import Environment, Record, Sampling, Scenario, Trajectory
+from builder.records import ChatMessage, Environment, Record, Sampling, Scenario, Trajectory
 from builder.reports import RolloutReport, SplitFigures
 from builder.rollout.episode import ENV_ERROR, INFRA_END_REASONS, Episode, Limits, run_episode
 from builder.rollout.reward import Grade, gold_paths, grade
@@ -40,6 +40,7 @@ from builder.run.stage import Rejected, StageContext
 from builder.sandbox.world import DEFAULT_NOW
 from builder.splits import declared_split, is_rl_environment
 from builder.stats import StageStats
+from builder.usage import Usage
 from builder.views.agent import agent_system_prompt
 from builder.views.code import policy_text
 
@@ -158,7 +159,7 @@ async def rollout(scenario: Scenario, ctx: StageContext) -> list[Record]:
         raise Rejected(ctx.reject(scenario, "env_load_failed", str(error)[:DETAIL_CHARS])) from None
     agent = player(ctx, scenario.env_id, declared_split(env.provenance))
     samples = range(ctx.config.rollout.samples_per_scenario)
-    trajectories = list(await asyncio.gather(*(_sample(ctx, scenario, env, allowed, i, agent) for i in samples)))
+    trajectories = list(await asyncio.gather(*(_isolated(ctx, scenario, env, allowed, i, agent) for i in samples)))
     solved = sum(t.solved for t in trajectories)
     logger.info("rollout: %s (%s, %s) pass rate %d/%d", scenario.id, agent.split, agent.model.model_id, solved,
                 len(trajectories))  # fmt: skip
@@ -188,6 +189,28 @@ def derive_report(stats: StageStats) -> None:
     for splits in report.by_model.values():
         for entry in splits.values():
             entry.pass_rate = round(entry.solved / entry.graded, 4) if entry.graded else None
+
+
+async def _isolated(
+    ctx: StageContext, scenario: Scenario, env: Environment, allowed: tuple[str, ...] | None, index: int,
+    agent: Player,
+) -> Trajectory:
+    """`_sample`, whose failure (a sandbox session that broke, say) is that sample's: a void trajectory with the
+    reason, never the loss of the scenario's other samples."""
+    try:
+        return await _sample(ctx, scenario, env, allowed, index, agent)
+    except ItemError as error:
+        if isinstance(error, OperatorError):
+            raise
+        logger.warning("rollout: %s sample %d failed: %s: %s", scenario.id, index, error.reason, error)
+        system, version = system_prompt(env, scenario.mode, scenario.now)
+        failed = Episode(
+            messages=(ChatMessage(role="system", content=system),), end_reason=ENV_ERROR, agent_usage=Usage(),
+            user_usage=Usage(), num_turns=0, num_tool_calls=0, tool_errors=0, flags=("sample_failed",),
+            detail=f"{error.reason}: {error}"[:DETAIL_CHARS],
+        )  # fmt: skip
+        sampling = agent_sampling(ctx, index)
+        return _trajectory(ctx, scenario, env, failed, None, sampling, index, version, agent.model.model_id)
 
 
 async def _sample(

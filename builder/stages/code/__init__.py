@@ -203,9 +203,7 @@ async def _write(
     piece whose reply came back unchanged is not answered from the cache with the same reply again."""
     try:
         reply = await ctx.llm.chat(ChatRequest(messages=tuple(messages), sampling=sampling).resampled(sample))
-    except LLMRequestError as error:
-        if error.retryable:
-            raise  # the server is gone: stop the run, a rerun resumes
+    except LLMRequestError as error:  # also after every retry (the status is in the message)
         raise Rejected(ctx.reject(subject, "llm_request", str(error)[:DETAIL_CHARS])) from None
     return reply.content or "", reply.finish_reason == "length"
 

@@ -97,9 +97,7 @@ async def evaluate(
         runs = await exercise_all(env, interface, states, ctx, agents)
     except PromptTooLongError as error:
         raise Rejected(ctx.reject(env, "prompt_too_long", str(error)[:DETAIL_CHARS])) from None
-    except LLMRequestError as error:
-        if error.retryable:
-            raise  # the server is gone: stop the run, a rerun resumes
+    except LLMRequestError as error:  # also after every retry (the status is in the message)
         raise Rejected(ctx.reject(env, "llm_request", str(error)[:DETAIL_CHARS])) from None
     except SessionError as error:  # a session broke beyond replay (its state could no longer be read or restored)
         raise Rejected(ctx.reject(env, "session_failed", f"{error.kind}: {error}"[:DETAIL_CHARS])) from None

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from builder.errors import BuilderError
+from builder.errors import OperatorError
 from builder.pyast import parse
 from builder.records import Origin
 from builder.stages.imports.siblings import inline_siblings
@@ -36,7 +36,7 @@ STATE_SUFFIX = ".state.json"  # `api.state.json` is the default state of `api.py
 SPLIT_SUFFIXES = {"_rl": "rl", "_sft": "train"}
 
 
-class SourceError(BuilderError):
+class SourceError(OperatorError):
     """A source cannot be read at all (missing file, not JSON, no rows); bad single rows are `Skipped` instead."""
 
 

@@ -45,7 +45,7 @@ from typing import Any
 from builder.envs.audit import FAILURES, Audit, audit_reward
 from builder.envs.lint import ContractError
 from builder.envs.session import SessionError, diff_states
-from builder.errors import BuilderError
+from builder.errors import ItemError, OperatorError
 from builder.limits import DETAIL_CHARS
 from builder.prompts import prompt_version
 from builder.records import Environment, Record, Rejection, Scenario, scenario_seed
@@ -197,8 +197,10 @@ async def _made(env: Environment, ctx: StageContext, slot: int, build: Callable[
         if rejection.subject_id == env.id:  # from `ask`: give it this slot's subject, so slots do not collide
             return _reject_slot(ctx, env, slot, rejection.reason, rejection.detail, rejection.raw_output)
         return rejection
-    except (asyncio.CancelledError, BuilderError):
-        raise  # an interrupt, a dead server or an operator error stops the run; it says nothing about this slot
+    except (asyncio.CancelledError, OperatorError):
+        raise  # an interrupt or an operator error (an unreachable server) stops the run; it is not this slot's
+    except ItemError as error:  # a failed request or session: this slot's, the other slots go on
+        return _reject_slot(ctx, env, slot, error.reason, str(error)[:DETAIL_CHARS])
     except Exception as error:  # noqa: BLE001 - like the runner: one bad slot must not cost the others
         logger.error("scenarios: %s slot %d failed:\n%s", env.id, slot, traceback.format_exc())
         return _reject_slot(ctx, env, slot, f"exception:{type(error).__name__}", str(error))

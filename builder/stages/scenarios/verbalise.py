@@ -129,8 +129,8 @@ async def verbalise(
 
     Raises:
         Rejected: every reply was refused (its last reason: request_invalid, request_leaks,
-            task_underspecified), or the request failed (llm_request, prompt_too_long).
-        LLMRequestError: the server could not be reached after every retry.
+            task_underspecified), or the request failed (llm_request, also after every retry; prompt_too_long).
+        ServerUnreachable: no server ever answered this client; the run stops and can resume.
     """
     config = ctx.config.scenarios
     created = created_values(chain, now)
@@ -225,10 +225,8 @@ async def _chat(ctx: StageContext, env: Environment, request: ChatRequest, spent
     except PromptTooLongError as error:
         spent.usage += error.cost
         raise Rejected(ctx.reject(env, "prompt_too_long", str(error)[:DETAIL_CHARS])) from error
-    except LLMRequestError as error:
+    except LLMRequestError as error:  # also after every retry (the status is in the message)
         spent.usage += error.cost
-        if error.retryable:
-            raise
         raise Rejected(ctx.reject(env, "llm_request", str(error)[:DETAIL_CHARS])) from None
     except LLMError as error:
         spent.usage += error.cost

@@ -13,6 +13,8 @@ on every run and every machine.
 from __future__ import annotations
 
 import json
+from itertools import compress, repeat
+from operator import is_not
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -91,6 +93,10 @@ class Session:
         # Private attributes left out of the snapshots because they are not JSON (import contract only).
         self.omitted: set[str] = set()
         self._worker: Worker | None = None
+        # The last snapshot and the worker's generation number for it: the next snapshot asks only for what
+        # changed since (builder/sandbox/tracking.py) and is built from it, sharing every unchanged value.
+        self._snapshot: dict[str, Any] | None = None
+        self._generation: int | None = None
         self._worker = self._start()
 
     @property
@@ -99,6 +105,7 @@ class Session:
         return list(self.interface.tools)
 
     def _start(self) -> Worker:
+        self._generation = None  # a new worker has never sent this session a snapshot
         worker = self.sandbox.open_worker()
         load = {
             "op": "load", "code": self.source, "class_name": self.interface.class_name,
@@ -165,9 +172,14 @@ class Session:
 
         Under the import contract a private (`_`-prefixed) attribute that is not JSON is left out instead (a
         seeded `random.Random`, a lock) and named in `omitted`: the determinism gate judges what remains.
+
+        After the first, a snapshot is built from the previous one and the records the worker reports as
+        possibly changed: it shares every other value with the previous snapshot, so treat snapshots as
+        read-only (copy before changing one).
         """
+        worker = self._live_worker()
         try:
-            reply = self._live_worker().request({"op": "snapshot"})
+            reply = worker.request({"op": "snapshot", "since": self._generation})
         except WorkerFailure as failure:
             self._worker = None
             raise SessionError(failure.kind, f"reading the state failed: {failure}") from None
@@ -175,10 +187,20 @@ class Session:
             raise SessionError(str(reply.get("kind")), f"reading the state failed: {reply.get('error')}")
         self.omitted.update(str(name) for name in reply.get("omitted") or ())
         try:
-            return _from_json(reply["json"])
-        except (KeyError, TypeError, ValueError):
+            if "patches" in reply and self._snapshot is not None and self._generation is not None:
+                state = patched(self._snapshot, reply["patches"])
+            else:
+                state = _from_json(reply["json"])
+                if type(state) is not dict:
+                    raise ValueError("the state is not an object")
+            generation = reply["generation"]
+            if type(generation) is not int:
+                raise ValueError("no generation")
+        except (KeyError, TypeError, ValueError, IndexError):
             self.close()
             raise SessionError("protocol", "reading the state failed: the worker's reply was not JSON") from None
+        self._snapshot, self._generation = state, generation
+        return state
 
     def close(self) -> None:
         """Kill the worker (idempotent)."""
@@ -207,6 +229,49 @@ def _from_json(text: str) -> Any:
     return value
 
 
+def patched(state: dict[str, Any], patches: Any) -> dict[str, Any]:
+    """A new snapshot: `state` with each `[attribute, key or None, JSON text or None]` of a worker's reply
+    applied (None text: deleted; an index one past a list's end: appended). Containers on a patched path are
+    copied, everything else is shared, so `state` itself is left as it was. Raises ValueError, TypeError,
+    KeyError or IndexError for a reply that does not fit the state (only a tampered worker sends one)."""
+    if type(patches) is not list:
+        raise TypeError("patches must be a list")
+    new = dict(state)
+    copied: set[str] = set()
+    for patch in patches:
+        name, key, text = patch
+        if type(name) is not str or (text is not None and type(text) is not str):
+            raise TypeError("bad patch")
+        value = None if text is None else _from_json(text)
+        if key is None:
+            if text is None:
+                new.pop(name, None)
+            else:
+                new[name] = value
+                copied.add(name)  # a fresh value: later patches of it may change it in place
+            continue
+        if name not in copied:
+            container = new[name]
+            if type(container) not in (dict, list):
+                raise TypeError("patch inside a value that is not a container")
+            new[name] = container.copy()
+            copied.add(name)
+        container = new[name]
+        if type(container) is dict and type(key) is str:
+            if text is None:
+                container.pop(key, None)
+            else:
+                container[key] = value
+        elif type(container) is list and type(key) is int and 0 <= key <= len(container) and text is not None:
+            if key == len(container):
+                container.append(value)
+            else:
+                container[key] = value
+        else:
+            raise TypeError("bad patch key")
+    return new
+
+
 def _error(name: str, kind: str, message: str) -> ToolResult:
     return ToolResult(name=name, ok=False, error=message, error_kind=kind)
 
@@ -227,11 +292,21 @@ _SCALARS = (str, int, float, bool, type(None))
 
 def _diff(before: Any, after: Any, parts: list[str | int], changes: list[dict[str, Any]]) -> None:
     # A state of tens of MB has millions of values: the walk compares scalars inline and builds a path only for a
-    # change (formatting every path it passes cost more than the comparisons).
+    # change (formatting every path it passes cost more than the comparisons). Consecutive snapshots of a session
+    # share every value that did not change, and the same object is equal to itself (a snapshot holds no NaN),
+    # so a big container first picks, in C, the entries that are not the same object on both sides.
     kind = type(before)
     if kind is dict and type(after) is dict:
-        for key, value in before.items():
+        if before is after:
+            return
+        keys: Any = before
+        if len(before) > _SCAN_FROM:
+            keys = compress(before, map(is_not, before.values(), map(after.get, before, repeat(_ABSENT))))
+        removed = False
+        for key in keys:
+            value = before[key]
             if key not in after:
+                removed = True
                 changes.append({"path": _path(parts, key), "before": value})
                 continue
             other = after[key]
@@ -242,16 +317,27 @@ def _diff(before: Any, after: Any, parts: list[str | int], changes: list[dict[st
             parts.append(key)
             _diff(value, other, parts, changes)
             parts.pop()
+        if len(after) == len(before) and not removed:
+            return  # every key of `before` is in `after` and there are as many: no key was added
         for key, other in after.items():
             if key not in before:
                 changes.append({"path": _path(parts, key), "after": other})
     elif kind is list and type(after) is list and len(before) == len(after):
-        for index, (value, other) in enumerate(zip(before, after, strict=True)):
+        if before is after:
+            return
+        indexes: Any = range(len(before))
+        if len(before) > _SCAN_FROM:
+            indexes = compress(indexes, map(is_not, before, after))
+        for index in indexes:
             parts.append(index)
-            _diff(value, other, parts, changes)
+            _diff(before[index], after[index], parts, changes)
             parts.pop()
     elif kind is not type(after) or before != after:
         changes.append({"path": _path(parts), "before": before, "after": after})
+
+
+_SCAN_FROM = 64  # from this many entries, picking the changed ones in C first pays for itself
+_ABSENT = object()
 
 
 def _path(parts: list[str | int], last: str | None = None) -> str:

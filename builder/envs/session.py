@@ -13,8 +13,6 @@ on every run and every machine.
 from __future__ import annotations
 
 import json
-from itertools import compress, repeat
-from operator import is_not
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -22,10 +20,12 @@ from pydantic import BaseModel, ConfigDict
 from builder.envs.lint import Contract
 from builder.envs.schema import EnvInterface, inspect_source
 from builder.envs.validate import argument_error
+from builder.envs.snapshots import diff_states, from_json, patched
 from builder.errors import BuilderError
-from builder.sandbox.frames import quiet_collector
 from builder.sandbox.runtime import Sandbox, Worker, WorkerFailure
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED, parse_now
+
+__all__ = ["Session", "SessionError", "ToolResult", "diff_states"]
 
 # Error kinds that leave the environment's state as it was before the call could have changed it.
 _REPLAYABLE = {"raised", "bad_arguments", "memory", "not_json", "too_large"}
@@ -142,7 +142,7 @@ class Session:
             return _error(name, failure.kind, f"{failure}")
         if reply.get("ok"):
             try:
-                result = _from_json(reply["json"])
+                result = from_json(reply["json"])
             except (KeyError, TypeError, ValueError):
                 # Only a worker whose tool code escaped the encoder answers like this: never trust it again, and
                 # leave the call out of the replay so the fresh worker does not run it a second time.
@@ -190,7 +190,7 @@ class Session:
             if "patches" in reply and self._snapshot is not None and self._generation is not None:
                 state = patched(self._snapshot, reply["patches"])
             else:
-                state = _from_json(reply["json"])
+                state = from_json(reply["json"])
                 if type(state) is not dict:
                     raise ValueError("the state is not an object")
             generation = reply["generation"]
@@ -215,136 +215,5 @@ class Session:
         self.close()
 
 
-_DECODER = json.JSONDecoder()
-
-
-def _from_json(text: str) -> Any:
-    """Decode the JSON text of a reply. `raw_decode` skips the argument checks and the two whitespace regexes of
-    `json.loads` (half its cost on a small result; the worker's encoder emits no whitespace around the value) and
-    still reports where the value ended, so trailing data is refused as before."""
-    with quiet_collector(len(text)):
-        value, end = _DECODER.raw_decode(text)
-    if end != len(text):
-        raise json.JSONDecodeError("Extra data", text, end)
-    return value
-
-
-def patched(state: dict[str, Any], patches: Any) -> dict[str, Any]:
-    """A new snapshot: `state` with each `[attribute, key or None, JSON text or None]` of a worker's reply
-    applied (None text: deleted; an index one past a list's end: appended). Containers on a patched path are
-    copied, everything else is shared, so `state` itself is left as it was. Raises ValueError, TypeError,
-    KeyError or IndexError for a reply that does not fit the state (only a tampered worker sends one)."""
-    if type(patches) is not list:
-        raise TypeError("patches must be a list")
-    new = dict(state)
-    copied: set[str] = set()
-    for patch in patches:
-        name, key, text = patch
-        if type(name) is not str or (text is not None and type(text) is not str):
-            raise TypeError("bad patch")
-        value = None if text is None else _from_json(text)
-        if key is None:
-            if text is None:
-                new.pop(name, None)
-            else:
-                new[name] = value
-                copied.add(name)  # a fresh value: later patches of it may change it in place
-            continue
-        if name not in copied:
-            container = new[name]
-            if type(container) not in (dict, list):
-                raise TypeError("patch inside a value that is not a container")
-            new[name] = container.copy()
-            copied.add(name)
-        container = new[name]
-        if type(container) is dict and type(key) is str:
-            if text is None:
-                container.pop(key, None)
-            else:
-                container[key] = value
-        elif type(container) is list and type(key) is int and 0 <= key <= len(container) and text is not None:
-            if key == len(container):
-                container.append(value)
-            else:
-                container[key] = value
-        else:
-            raise TypeError("bad patch key")
-    return new
-
-
 def _error(name: str, kind: str, message: str) -> ToolResult:
     return ToolResult(name=name, ok=False, error=message, error_kind=kind)
-
-
-def diff_states(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]:
-    """Every difference between two JSON snapshots as `{"path", "before", "after"}` (missing side: absent).
-
-    Paths use dots for keys and `[i]` for list items; lists of different length are reported whole. A value of
-    another type is a change even when Python calls it equal (`1` -> `True`, `1` -> `1.0`).
-    """
-    changes: list[dict[str, Any]] = []
-    _diff(before, after, [path] if path else [], changes)
-    return changes
-
-
-_SCALARS = (str, int, float, bool, type(None))
-
-
-def _diff(before: Any, after: Any, parts: list[str | int], changes: list[dict[str, Any]]) -> None:
-    # A state of tens of MB has millions of values: the walk compares scalars inline and builds a path only for a
-    # change (formatting every path it passes cost more than the comparisons). Consecutive snapshots of a session
-    # share every value that did not change, and the same object is equal to itself (a snapshot holds no NaN),
-    # so a big container first picks, in C, the entries that are not the same object on both sides.
-    kind = type(before)
-    if kind is dict and type(after) is dict:
-        if before is after:
-            return
-        keys: Any = before
-        if len(before) > _SCAN_FROM:
-            keys = compress(before, map(is_not, before.values(), map(after.get, before, repeat(_ABSENT))))
-        removed = False
-        for key in keys:
-            value = before[key]
-            if key not in after:
-                removed = True
-                changes.append({"path": _path(parts, key), "before": value})
-                continue
-            other = after[key]
-            if type(value) is type(other) and type(value) in _SCALARS:
-                if value != other:
-                    changes.append({"path": _path(parts, key), "before": value, "after": other})
-                continue
-            parts.append(key)
-            _diff(value, other, parts, changes)
-            parts.pop()
-        if len(after) == len(before) and not removed:
-            return  # every key of `before` is in `after` and there are as many: no key was added
-        for key, other in after.items():
-            if key not in before:
-                changes.append({"path": _path(parts, key), "after": other})
-    elif kind is list and type(after) is list and len(before) == len(after):
-        if before is after:
-            return
-        indexes: Any = range(len(before))
-        if len(before) > _SCAN_FROM:
-            indexes = compress(indexes, map(is_not, before, after))
-        for index in indexes:
-            parts.append(index)
-            _diff(before[index], after[index], parts, changes)
-            parts.pop()
-    elif kind is not type(after) or before != after:
-        changes.append({"path": _path(parts), "before": before, "after": after})
-
-
-_SCAN_FROM = 64  # from this many entries, picking the changed ones in C first pays for itself
-_ABSENT = object()
-
-
-def _path(parts: list[str | int], last: str | None = None) -> str:
-    text = ""
-    for part in parts if last is None else [*parts, last]:
-        if isinstance(part, int):
-            text = f"{text}[{part}]"
-        else:
-            text = f"{text}.{part}" if text else str(part)
-    return text

@@ -239,8 +239,8 @@ class Baseline:
     def verify(self, state: dict[str, Any]) -> None:
         """Stop incremental snapshots if a handed-out record is now also referenced from elsewhere."""
         for name, container in self.tracked.items():
-            if container.touched == set():
-                continue
+            if container.touched == set() or state.get(name) is not container:
+                continue  # untouched, or no longer in the state (checked in full if it comes back: see _reset)
             whole = container.touched is ALL or self.attributes is None or self.attributes.get(name) is not container
             keys = range(len(container)) if type(container) is TrackedList and whole else container.touched
             if whole and type(container) is TrackedDict:
@@ -251,7 +251,7 @@ class Baseline:
     def adopt(self, state: dict[str, Any], size: int) -> int:
         """The parent now holds `state` as it is (a whole snapshot of `size` bytes was sent); the new generation."""
         self.attributes = dict(state)
-        self._reset()
+        self._reset(state)
         self.size = size
         return self.generation
 
@@ -279,7 +279,7 @@ class Baseline:
         if self.size + added > limit:
             return None
         self.attributes = dict(state)
-        self._reset()
+        self._reset(state)
         self.size += added
         return patches
 
@@ -299,10 +299,12 @@ class Baseline:
                 entries.append([name, index, encode(list.__getitem__(container, index))])
         return entries
 
-    def _reset(self) -> None:
+    def _reset(self, state: dict[str, Any]) -> None:
         self.generation += 1
         for name, container in self.tracked.items():
-            container.touched = set()
+            # A container a tool took out of the state may come back changed through any path: then it is sent
+            # whole and all its records are checked, as if every one had been handed out.
+            container.touched = set() if state.get(name) is container else ALL
             if type(container) is TrackedList:
                 self.lengths[name] = len(container)
 

@@ -12,6 +12,7 @@ whole again, as before. Everything else is what it was: the containers are subcl
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Any
 
@@ -185,28 +186,31 @@ def wrap(value: Any) -> Any:
     return value
 
 
+def plain(value: Any) -> Any:
+    """A tracked container as a plain copy (sharing its values), anything else as itself: the JSON encoder takes
+    C's fast path only for plain dicts (for a subclass it builds a list of every item first)."""
+    if type(value) is TrackedDict:
+        return dict.copy(value)
+    if type(value) is TrackedList:
+        return list.copy(value)
+    return value
+
+
 def _refcount_of_sole_child() -> int:
     """What `_walk` counts for a container held by nothing but its parent (depends on the interpreter)."""
     parent = {"child": {}}
-    seen: list[int] = []
-    _walk([dict.get(parent, "child")], seen)
-    return seen[0]
+    level = [dict.get(parent, "child")]
+    return max(map(sys.getrefcount, level))
 
 
-def _walk(stack: list[Any], seen: list[int] | None = None, expected: int = 0) -> bool:
-    # Pops from `stack` itself: each container is then held by its parent, the local `value` and getrefcount's
-    # argument, and any further reference means it is also held somewhere else.
-    while stack:
-        value = stack.pop()
-        count = sys.getrefcount(value)
-        if seen is not None:
-            seen.append(count)
-        elif count > expected:
+def _walk(level: list[Any], expected: int) -> bool:
+    # Level by level, in C: each container is held by its parent, the level list and getrefcount's argument,
+    # so any further reference means it is also held somewhere else. (A container reached twice is in the
+    # level list twice, which counts as shared too.)
+    while level:
+        if max(map(sys.getrefcount, level)) > expected:
             return True
-        if type(value) is dict or type(value) is TrackedDict:
-            stack.extend([item for item in dict.values(value) if type(item) not in _SCALARS])
-        elif type(value) is list or type(value) is TrackedList:
-            stack.extend([item for item in list.__iter__(value) if type(item) not in _SCALARS])
+        level = [item for item in gc.get_referents(*level) if type(item) not in _SCALARS]
     return False
 
 
@@ -272,7 +276,7 @@ class Baseline:
                         return None
                     patches.extend(entries)
                 else:
-                    patches.append([name, None, encode(value)])
+                    patches.append([name, None, encode(plain(value))])
         except (TypeError, ValueError):
             return None
         added = sum(len(text) for _name, _key, text in patches if text is not None)

@@ -14,11 +14,13 @@ from typing import Any, TextIO
 from builder.config import SandboxConfig
 from builder.envs.checks import checks_from_file, run_checks
 from builder.envs.graph import extract_graph
+from builder.envs.jsontext import dumps_indented
 from builder.envs.lint import Contract, ContractError, Problem, problem_counts
 from builder.envs.probe import probe_environment
 from builder.envs.schema import EnvInterface, inspect_source, tools_json
 from builder.envs.session import Session, SessionError
 from builder.errors import BuilderError
+from builder.sandbox.frames import quiet_collector
 from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW
 
@@ -142,13 +144,14 @@ def env_replay(
 
 
 def _print_replay(report: dict[str, Any], as_json: bool, out: TextIO) -> None:
+    # The report holds the whole final state: tens of MB for a big one, which json.dumps indents slowly.
     if as_json:
-        print(json.dumps(report, indent=2, ensure_ascii=False), file=out)
+        print(dumps_indented(report), file=out)
         return
     for entry in report["results"]:
         outcome = json.dumps(entry["result"], ensure_ascii=False) if "result" in entry else f"Error: {entry['error']}"
         print(f"{entry['name']} -> {_short(outcome)}", file=out)
-    print("final state:", json.dumps(report["final_state"], indent=2, ensure_ascii=False), file=out)
+    print("final state:", dumps_indented(report["final_state"]), file=out)
     for check in report.get("checks", []):
         verdict = "pass" if check["passed"] else f"FAIL{': ' + check['error'] if check['error'] else ''}"
         print(f"{check['name']}: {verdict}", file=out)
@@ -184,7 +187,9 @@ def _read(path: Path) -> str:
 
 
 def _read_json(path: Path) -> Any:
+    text = _read(path)
     try:
-        return json.loads(_read(path))
+        with quiet_collector(len(text)):  # a state of tens of MB: see frames.quiet_collector
+            return json.loads(text)
     except json.JSONDecodeError as error:
         raise BuilderError(f"{path} is not valid JSON: {error}") from None

@@ -117,9 +117,25 @@ def env_replay(
 ) -> int:  # fmt: skip
     """Run CALLS in one session from STATE at `now`, then optional checks (at `now` too); exit 1 if the
     environment cannot load (or `contract` refuses it)."""
-    source, state, calls = _read(path), _read_json(state_path), _read_json(calls_path)
-    if not isinstance(calls, list) or not all(isinstance(c, dict) and "name" in c for c in calls):
-        raise BuilderError(f"{calls_path}: expected a JSON list of {{'name': ..., 'arguments': {{...}}}}")
+    source, state_text = _read(path), _read(state_path)
+    # A big state is millions of objects, held here two or three times (the state, its snapshots, the report):
+    # every collection the command's allocations trigger would walk them all (measured: a quarter of a 20 MB
+    # replay). The command makes no reference cycles worth collecting before it ends, so the collector waits.
+    with quiet_collector(len(state_text)):
+        state, calls = _parse_json(state_text, state_path), _read_json(calls_path)
+        if not isinstance(calls, list) or not all(isinstance(c, dict) and "name" in c for c in calls):
+            raise BuilderError(f"{calls_path}: expected a JSON list of {{'name': ..., 'arguments': {{...}}}}")
+        report = _replay(source, state, calls, checks_path, config, now, contract)
+        if report is None:
+            return 1
+        _print_replay(report, as_json, out)
+    return 0
+
+
+def _replay(
+    source: str, state: Any, calls: list[dict[str, Any]], checks_path: Path | None, config: SandboxConfig | None,
+    now: str, contract: Contract,
+) -> dict[str, Any] | None:  # fmt: skip
     report: dict[str, Any] = {"results": []}
     with Sandbox(config) as sandbox:
         try:
@@ -133,14 +149,13 @@ def env_replay(
                 report["final_state"] = session.snapshot()
         except (ContractError, SessionError) as error:
             print(str(error), file=sys.stderr)
-            return 1
+            return None
         if checks_path is not None:
             checks = checks_from_file(_read(checks_path))
             verdict = run_checks(sandbox, checks, initial, report["final_state"], now=now)
             report["checks"] = [c.model_dump() for c in verdict.checks]
             report["reward"] = verdict.reward
-    _print_replay(report, as_json, out)
-    return 0
+    return report
 
 
 def _print_replay(report: dict[str, Any], as_json: bool, out: TextIO) -> None:
@@ -187,7 +202,10 @@ def _read(path: Path) -> str:
 
 
 def _read_json(path: Path) -> Any:
-    text = _read(path)
+    return _parse_json(_read(path), path)
+
+
+def _parse_json(text: str, path: Path) -> Any:
     try:
         with quiet_collector(len(text)):  # a state of tens of MB: see frames.quiet_collector
             return json.loads(text)

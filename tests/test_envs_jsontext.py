@@ -36,3 +36,8 @@ def test_errors_are_json_dumps_errors():
         dumps_indented({"x": cycle})
     with pytest.raises(TypeError, match="not JSON serializable"):
         dumps_indented({"x": {1, 2}})
+
+
+def test_lists_of_flat_records_with_tricky_strings():
+    value = {"rows": [{"a": "},\n{", "b": "[{ }]"}, {"c": 1}], "mixed": [{"a": 1}, {}], "nested": [[{"x": "}]"}]]}
+    assert dumps_indented(value) == json.dumps(value, indent=2, ensure_ascii=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from builder.config import SandboxConfig
@@ -122,10 +123,12 @@ def env_replay(
     # every collection the command's allocations trigger would walk them all (measured: a quarter of a 20 MB
     # replay). The command makes no reference cycles worth collecting before it ends, so the collector waits.
     with quiet_collector(len(state_text)):
-        state, calls = _parse_json(state_text, state_path), _read_json(calls_path)
+        constants: list[str] = []  # NaN, Infinity: JSON text Python reads, but not JSON data a snapshot holds
+        state = _parse_json(state_text, state_path, lambda name: constants.append(name) or float(name))
+        calls = _read_json(calls_path)
         if not isinstance(calls, list) or not all(isinstance(c, dict) and "name" in c for c in calls):
             raise BuilderError(f"{calls_path}: expected a JSON list of {{'name': ..., 'arguments': {{...}}}}")
-        report = _replay(source, state, calls, checks_path, config, now, contract)
+        report = _replay(source, state, calls, checks_path, config, now, contract, json_state=not constants)
         if report is None:
             return 1
         _print_replay(report, as_json, out)
@@ -134,12 +137,14 @@ def env_replay(
 
 def _replay(
     source: str, state: Any, calls: list[dict[str, Any]], checks_path: Path | None, config: SandboxConfig | None,
-    now: str, contract: Contract,
+    now: str, contract: Contract, json_state: bool,
 ) -> dict[str, Any] | None:  # fmt: skip
     report: dict[str, Any] = {"results": []}
     with Sandbox(config) as sandbox:
         try:
-            with Session(sandbox, source, state, now=now, contract=contract) as session:
+            # The state was just decoded from its file and nothing else holds it: the session may use it as the
+            # first snapshot instead of reading the loaded state back (see Session's json_state).
+            with Session(sandbox, source, state, now=now, contract=contract, json_state=json_state) as session:
                 initial = session.snapshot()
                 for call in calls:
                     result = session.call(call["name"], call.get("arguments", {}))
@@ -205,9 +210,9 @@ def _read_json(path: Path) -> Any:
     return _parse_json(_read(path), path)
 
 
-def _parse_json(text: str, path: Path) -> Any:
+def _parse_json(text: str, path: Path, parse_constant: Callable[[str], Any] | None = None) -> Any:
     try:
         with quiet_collector(len(text)):  # a state of tens of MB: see frames.quiet_collector
-            return json.loads(text)
+            return json.loads(text, parse_constant=parse_constant)
     except json.JSONDecodeError as error:
         raise BuilderError(f"{path} is not valid JSON: {error}") from None

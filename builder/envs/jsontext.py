@@ -55,21 +55,40 @@ _LEAF_ENCODERS: dict[str, Any] = {}
 
 
 def _leaf(value: Any, indent: str) -> str | None:
-    """The indented text of a non-empty dict with string keys or a list, when every item is a scalar."""
+    """The indented text of a non-empty dict with string keys or a list, when every item is a scalar, or of a
+    list of such dicts (a record's line items); None for anything else."""
     kind = type(value)
     if not _SCALAR_SET.issuperset(map(type, value.values() if kind is dict else value)):
-        return None
+        return _leaf_dicts(value, indent) if kind is list else None
     if kind is dict and not _STR.issuperset(map(type, value)):
         return None
     inner = indent + "  "
+    text = "".join(_encoder(inner)(value, 0))
+    return f"{text[0]}\n{inner}{text[1:-1]}\n{indent}{text[-1]}"
+
+
+def _leaf_dicts(value: list[Any], indent: str) -> str | None:
+    # One C call for the whole list, with the dicts' separator; the list's own separators are then the only
+    # `},\n<indent>{` in the text (a string holds no raw line break), which one replace re-indents.
+    for item in value:
+        if type(item) is not dict or not item or not _SCALAR_SET.issuperset(map(type, item.values())):
+            return None
+        if not _STR.issuperset(map(type, item)):
+            return None
+    inner, fields = indent + "  ", indent + "    "
+    text = "".join(_encoder(fields)(value, 0))
+    middle = text[2:-2].replace(f"}},\n{fields}{{", f"\n{inner}}},\n{inner}{{\n{fields}")
+    return f"[\n{inner}{{\n{fields}{middle}\n{inner}}}\n{indent}]"
+
+
+def _encoder(inner: str) -> Any:
     encoder = _LEAF_ENCODERS.get(inner)
     if encoder is None:
         # What JSONEncoder.encode builds on every call (that alone cost 8 µs per small container), built once.
         encoder = _LEAF_ENCODERS[inner] = c_make_encoder(
             None, _refuse, encode_basestring, None, ": ", ",\n" + inner, False, False, True
         )
-    text = "".join(encoder(value, 0))
-    return f"{text[0]}\n{inner}{text[1:-1]}\n{indent}{text[-1]}"
+    return encoder
 
 
 def _refuse(value: Any) -> Any:

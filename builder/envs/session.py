@@ -70,6 +70,9 @@ class Session:
         now: the episode's date-time, ISO 8601 naive local time (`2024-06-01T09:00:00`): what the environment's
             clock reads, frozen, for the whole session.
         seed: seeds `random` and `uuid` inside the worker.
+        json_state: the caller promises that `state` is JSON data exactly as `json.loads` returns it (no NaN or
+            Infinity) and that it will not change it: the first snapshot is then `state` itself when the loaded
+            instance holds exactly its attributes, instead of the worker's whole state read back.
 
     Raises:
         ValueError: `now` is not an ISO 8601 naive date-time.
@@ -80,9 +83,10 @@ class Session:
     def __init__(
         self, sandbox: Sandbox, source: str, state: dict[str, Any] | None = None,
         interface: EnvInterface | None = None, *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
-        contract: Contract = "strict",
+        contract: Contract = "strict", json_state: bool = False,
     ) -> None:  # fmt: skip
         parse_now(now)
+        self.json_state = json_state
         self.now, self.seed = now, int(seed)
         self.sandbox = sandbox
         self.source = source
@@ -112,6 +116,7 @@ class Session:
             "state": self.initial_state, "tools": list(self._schemas), "now": self.now, "seed": self.seed,
             "load_scenario": self.interface.contract == "import",
             "omit_private": self.interface.contract == "import",
+            "seed": self.json_state and not self._history,  # a restarted worker replays calls after loading
         }  # fmt: skip
         try:
             reply = worker.request(load)
@@ -120,6 +125,8 @@ class Session:
         if not reply.get("ok"):
             worker.kill()
             raise SessionError("load_failed", f"loading the environment failed: {reply.get('error')}")
+        if type(reply.get("seeded")) is int and load["seed"]:
+            self._snapshot, self._generation = dict(self.initial_state), reply["seeded"]
         return worker
 
     def call(self, name: str, arguments: dict[str, Any] | str | None = None) -> ToolResult:

@@ -111,6 +111,7 @@ class Worker:
         self.omitted: set[str] = set()
         # What the parent's copy of the state is, so that a snapshot can send only what changed (tracking.py).
         self.baseline = tracking.Baseline({})
+        self.reader: frames.FrameReader | None = None
         self.handlers = {"load": self.load, "call": self.call, "snapshot": self.snapshot, "check": self.check}
         self.busy = False
 
@@ -125,7 +126,7 @@ class Worker:
 
     def serve(self, layers: dict[str, str]) -> None:
         self.send({"ok": True, "layers": layers, "pid": os.getpid()})
-        reader = frames.FrameReader(self.req_fd, self.config["max_frame_bytes"])
+        reader = self.reader = frames.FrameReader(self.req_fd, self.config["max_frame_bytes"])
         while True:
             try:
                 request = reader.read()
@@ -180,6 +181,7 @@ class Worker:
             key: value for key, value in tracked.items()
             if type(value) in (tracking.TrackedDict, tracking.TrackedList) and attributes.get(key) is value
         })  # fmt: skip
+        seeded = self._seed(request, tracked, attributes)
         del tracked, attributes
         # A state of tens of MB is millions of objects: moved out of the collector's reach once, a tool that
         # allocates does not make every full collection walk the whole state again (calls stay state-size free).
@@ -187,7 +189,21 @@ class Worker:
         self.tools = {name: getattr(self.env, name) for name in request["tools"]}
         self.signatures = {name: inspect.signature(method) for name, method in self.tools.items()}
         self.keywords = {name: _plain_keywords(signature) for name, signature in self.signatures.items()}
-        return {"ok": True}
+        return {"ok": True, "seeded": seeded} if seeded is not None else {"ok": True}
+
+    def _seed(self, request: dict[str, Any], given: dict[str, Any], attributes: dict[str, Any]) -> int | None:
+        """The generation of the first snapshot when the parent may take the state it sent as that snapshot
+        (it asked, promising JSON data, and the instance holds exactly those attributes), else None.
+
+        Its JSON size is bounded without encoding it: no value takes more than 7 JSON characters per msgpack
+        byte (`false, ` is 1 byte), so 8 times the frame is a bound; above the cap the first snapshot is whole.
+        """
+        bound = 8 * (self.reader.last_size if self.reader is not None else self.config["max_state_bytes"])
+        if not request.get("seed") or bound > self.config["max_state_bytes"] or attributes.keys() != given.keys():
+            return None
+        if any(attributes[key] is not value for key, value in given.items()):
+            return None
+        return self.baseline.adopt(dict(attributes), bound)
 
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
         method = self.tools.get(request["name"])

@@ -116,7 +116,7 @@ class Session:
             "state": self.initial_state, "tools": list(self._schemas), "now": self.now, "seed": self.seed,
             "load_scenario": self.interface.contract == "import",
             "omit_private": self.interface.contract == "import",
-            "seed": self.json_state and not self._history,  # a restarted worker replays calls after loading
+            "as_snapshot": self.json_state and not self._history,  # a restarted worker replays calls after loading
         }  # fmt: skip
         try:
             reply = worker.request(load)
@@ -125,7 +125,7 @@ class Session:
         if not reply.get("ok"):
             worker.kill()
             raise SessionError("load_failed", f"loading the environment failed: {reply.get('error')}")
-        if type(reply.get("seeded")) is int and load["seed"]:
+        if type(reply.get("seeded")) is int and load["as_snapshot"]:
             self._snapshot, self._generation = dict(self.initial_state), reply["seeded"]
         return worker
 

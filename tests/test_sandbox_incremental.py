@@ -265,7 +265,9 @@ def test_snapshots_share_unchanged_records_and_leave_earlier_ones_as_they_were(s
 
 
 def test_a_crash_after_incremental_snapshots_restores_the_same_state(sandbox):
-    source = SIZED_ENV + '''
+    source = (
+        SIZED_ENV
+        + '''
     def crash(self) -> bool:
         """Crash.
 
@@ -275,6 +277,7 @@ def test_a_crash_after_incremental_snapshots_restores_the_same_state(sandbox):
         import os
         os._exit(3)
 '''
+    )
     with Session(sandbox, source, sized_state(20_000), contract="import") as session:
         session.snapshot()
         session.call("set_status", {"order_id": "o1", "status": "a"})
@@ -284,3 +287,37 @@ def test_a_crash_after_incremental_snapshots_restores_the_same_state(sandbox):
         final = session.snapshot()
     assert final["orders"]["o1"]["status"] == "a" and final["orders"]["o2"]["status"] == "b"
     assert kept["orders"]["o2"]["status"] == "pending"
+
+
+def test_a_json_state_is_the_first_snapshot_when_the_instance_holds_exactly_it(sandbox):
+    state = sized_state(50_000)
+    with Session(sandbox, SIZED_ENV, state, json_state=True) as session:
+        first = session.snapshot()
+        assert first == state and first["orders"] is state["orders"]  # taken as given, not read back
+        assert first == _whole(session)
+        session.call("set_status", {"order_id": "o2", "status": "x"})
+        assert session.snapshot()["orders"]["o2"]["status"] == "x" and state["orders"]["o2"]["status"] == "pending"
+
+
+def test_a_json_state_is_read_back_when_init_adds_attributes_or_after_a_restart(sandbox):
+    source = SIZED_ENV.replace("        self.orders = {}\n", "        self.orders = {}\n        self.opened = 1\n")
+    state = sized_state(20_000)
+    with Session(sandbox, source, state, json_state=True) as session:
+        first = session.snapshot()
+    assert first["opened"] == 1 and first["orders"] == state["orders"]
+    hung = SIZED_ENV + '''
+    def hang(self) -> bool:
+        """Hang.
+
+        Returns:
+            Never.
+        """
+        while True:
+            pass
+'''
+    config = SandboxConfig(call_timeout_s=0.5, kill_grace_s=0.5)
+    with Sandbox(config) as small, Session(small, hung, sized_state(20_000), json_state=True) as session:
+        session.call("set_status", {"order_id": "o1", "status": "a"})
+        assert session.call("hang", {}).error_kind == "timeout"
+        session._worker.kill()  # the next request starts a worker that replays the calls: not the given state
+        assert session.snapshot()["orders"]["o1"]["status"] == "a"

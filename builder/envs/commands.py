@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 from builder.config import SandboxConfig

@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict
 
 from builder.envs.lint import Contract
 from builder.envs.schema import EnvInterface, inspect_source
-from builder.envs.validate import argument_error
 from builder.envs.snapshots import diff_states, from_json, patched
+from builder.envs.validate import argument_error
 from builder.errors import BuilderError
 from builder.sandbox.runtime import Sandbox, Worker, WorkerFailure
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED, parse_now

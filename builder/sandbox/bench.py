@@ -101,7 +101,9 @@ def run_sized(sizes: dict[str, int], calls: int, config: SandboxConfig | None = 
     return figures
 
 
-def run_replays(sizes: dict[str, int], calls: int, config: SandboxConfig | None = None, repeats: int = 2) -> dict[str, float]:
+def run_replays(
+    sizes: dict[str, int], calls: int, config: SandboxConfig | None = None, repeats: int = 2
+) -> dict[str, float]:
     """A replay of `calls` calls that each change one order, on each state, measured two ways:
 
     - `replay_s_<label>`: the whole `python -m builder env replay ... --json` command (start, read the state,
@@ -111,7 +113,9 @@ def run_replays(sizes: dict[str, int], calls: int, config: SandboxConfig | None 
       previous snapshot (what evaluate and scenario verification do per call), in ms per call.
     """
     figures: dict[str, float] = {}
-    calls_list = [{"name": "set_status", "arguments": {"order_id": f"o{n % 7}", "status": f"s{n}"}} for n in range(calls)]
+    calls_list = [
+        {"name": "set_status", "arguments": {"order_id": f"o{n % 7}", "status": f"s{n}"}} for n in range(calls)
+    ]
     with tempfile.TemporaryDirectory(prefix="bench-replay-") as folder:
         root = Path(folder)
         (root / "env.py").write_text(SIZED_ENV)
@@ -147,7 +151,8 @@ def _replay_command(root: Path, label: str, config: SandboxConfig | None) -> flo
     for key, value in (config.model_dump(exclude_defaults=True) if config else {}).items():
         command += ["--set", f"sandbox.{key}={json.dumps(value)}"]
     source_root = str(Path(__file__).resolve().parents[2])  # the folder holding this `builder` package
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [source_root, os.environ.get("PYTHONPATH")])))
+    paths = [source_root, *filter(None, [os.environ.get("PYTHONPATH")])]
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     with open(root / "report.json", "wb") as report:
         started = time.perf_counter()
         subprocess.run(command, stdout=report, env=environment, check=True, cwd=root)
@@ -223,6 +228,9 @@ def bench_sandbox(
     print(f"replay of {replay_calls} calls (env replay --json, whole command): "
           + ", ".join(f"{label} {figures[f'replay_s_{label}']:.2f} s" for label in replay_sizes)
           + f"; {last}/{first} = {figures['replay_ratio']:.2f}x (target <= 3x)", file=out)  # fmt: skip
-    print("call + snapshot + diff, per call: "
-          + ", ".join(f"{label} {figures[f'replay_step_ms_{label}']:.2f} ms" for label in replay_sizes), file=out)
+    print(
+        "call + snapshot + diff, per call: "
+        + ", ".join(f"{label} {figures[f'replay_step_ms_{label}']:.2f} ms" for label in replay_sizes),
+        file=out,
+    )
     return 0

@@ -199,7 +199,9 @@ class Worker:
         byte (`false, ` is 1 byte), so 8 times the frame is a bound; above the cap the first snapshot is whole.
         """
         bound = 8 * (self.reader.last_size if self.reader is not None else self.config["max_state_bytes"])
-        if not request.get("as_snapshot") or bound > self.config["max_state_bytes"] or attributes.keys() != given.keys():
+        if not request.get("as_snapshot") or bound > self.config["max_state_bytes"]:
+            return None
+        if attributes.keys() != given.keys():
             return None
         if any(attributes[key] is not value for key, value in given.items()):
             return None

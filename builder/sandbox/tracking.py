@@ -186,16 +186,6 @@ def wrap(value: Any) -> Any:
     return value
 
 
-def plain(value: Any) -> Any:
-    """A tracked container as a plain copy (sharing its values), anything else as itself: the JSON encoder takes
-    C's fast path only for plain dicts (for a subclass it builds a list of every item first)."""
-    if type(value) is TrackedDict:
-        return dict.copy(value)
-    if type(value) is TrackedList:
-        return list.copy(value)
-    return value
-
-
 def _refcount_of_sole_child() -> int:
     """What `_walk` counts for a container held by nothing but its parent (depends on the interpreter)."""
     parent = {"child": {}}
@@ -242,13 +232,14 @@ class Baseline:
 
     def verify(self, state: dict[str, Any]) -> None:
         """Stop incremental snapshots if a handed-out record is now also referenced from elsewhere."""
+        # The marks are the container's own, whatever path reached it, and are cleared only when a snapshot
+        # covered it (`_reset`): records never marked since then were handed out before and checked then.
         for name, container in self.tracked.items():
             if container.touched == set() or state.get(name) is not container:
-                continue  # untouched, or no longer in the state (checked in full if it comes back: see _reset)
-            whole = container.touched is ALL or self.attributes is None or self.attributes.get(name) is not container
-            keys = range(len(container)) if type(container) is TrackedList and whole else container.touched
-            if whole and type(container) is TrackedDict:
-                keys = list(dict.keys(container))
+                continue  # untouched, or no longer in the state (all marked when it comes back: see _reset)
+            keys: Any = container.touched
+            if keys is ALL:
+                keys = range(len(container)) if type(container) is TrackedList else list(dict.keys(container))
             if shared(container, keys):
                 self.enabled = False
 
@@ -276,7 +267,7 @@ class Baseline:
                         return None
                     patches.extend(entries)
                 else:
-                    patches.append([name, None, encode(plain(value))])
+                    patches.append([name, None, encode(value)])
         except (TypeError, ValueError):
             return None
         added = sum(len(text) for _name, _key, text in patches if text is not None)

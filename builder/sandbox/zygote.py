@@ -241,8 +241,7 @@ class Worker:
     def _whole_snapshot(self, state: dict[str, Any]) -> dict[str, Any]:
         # One encoding of the whole state (the cost of a snapshot is that of its JSON text); only when it fails
         # are the attributes encoded one by one, to name the one that is not JSON.
-        reply = self._as_json({key: tracking.plain(value) for key, value in state.items()}, "state",
-                              self.config["max_state_bytes"])  # fmt: skip
+        reply = self._as_json(state, "state", self.config["max_state_bytes"])
         if reply["ok"] or reply["kind"] != "not_json":
             return reply | {"omitted": sorted(self.omitted)} if reply["ok"] else reply
         for key, value in list(state.items()):

@@ -321,3 +321,42 @@ def test_a_json_state_is_read_back_when_init_adds_attributes_or_after_a_restart(
         assert session.call("hang", {}).error_kind == "timeout"
         session._worker.kill()  # the next request starts a worker that replays the calls: not the given state
         assert session.snapshot()["orders"]["o1"]["status"] == "a"
+
+
+def test_a_heap_changed_by_heapq_is_seen(sandbox):
+    source = '''
+import heapq
+from heapq import heappop
+
+
+class Queue:
+    """A priority queue."""
+
+    def __init__(self):
+        self.heap = []
+
+    def push(self, priority: int) -> bool:
+        """Push.
+
+        Args:
+            priority: Priority.
+
+        Returns:
+            True.
+        """
+        heapq.heappush(self.heap, [priority, "task"])
+        return True
+
+    def pop(self) -> list:
+        """Pop the first.
+
+        Returns:
+            It.
+        """
+        return heappop(self.heap)
+'''
+    with Session(sandbox, source, {"heap": [[n, "task"] for n in range(10, 40)]}) as session:
+        session.snapshot()
+        for name, arguments in [("push", {"priority": 1}), ("pop", {}), ("pop", {}), ("push", {"priority": 5})]:
+            assert session.call(name, arguments).ok
+            assert session.snapshot() == _whole(session)

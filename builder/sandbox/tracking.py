@@ -173,6 +173,26 @@ for _name in ("__delitem__", "extend", "insert", "pop", "remove", "clear", "sort
         setattr(TrackedList, _name, _marks_all(_name))
 
 
+def install() -> None:
+    """Make heapq mark a tracked list it changes: its C functions move a list's items without its methods.
+    Called by the zygote before any environment module binds them (`from heapq import heappush`)."""
+    import heapq
+
+    for name in ("heappush", "heappop", "heapify", "heapreplace", "heappushpop"):
+        setattr(heapq, name, _marking_heap_function(getattr(heapq, name)))
+
+
+def _marking_heap_function(function: Any) -> Any:
+    def marking(heap: Any, *args: Any) -> Any:
+        if type(heap) is TrackedList:
+            heap.touched = ALL
+        return function(heap, *args)
+
+    marking.__name__ = marking.__qualname__ = function.__name__
+    marking.__doc__ = function.__doc__
+    return marking
+
+
 def wrap(value: Any) -> Any:
     """`value` as a tracked container if it is a plain dict or list big enough to be worth it, else itself."""
     if type(value) is dict and len(value) >= WRAP_MIN:

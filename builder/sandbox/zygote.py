@@ -54,6 +54,7 @@ def _preload(extra: list[str]) -> None:
         _describe(error)
     # The episode's fixed clock and seeded randomness, before any environment module can bind the originals.
     world.install()
+    tracking.install()
     datetime.datetime.now().isoformat(), datetime.date.today(), time.strftime("%c"), uuid.uuid1(), random.Random()
 
 

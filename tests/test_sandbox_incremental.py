@@ -10,7 +10,6 @@ import json
 import pytest
 
 from builder.config import SandboxConfig
-from builder.envs import snapshots
 from builder.envs.session import Session, diff_states
 from builder.sandbox.bench import SIZED_ENV, sized_state
 from builder.sandbox.runtime import Sandbox
@@ -218,7 +217,7 @@ def _replay(sandbox, calls, check_whole=True):
         for name, arguments in calls:
             assert session.call(name, arguments).ok, name
             after = session.snapshot()
-            patched += id(after) in snapshots._LINEAGE
+            patched += session.lineage is not None and session.lineage.new is after
             copy_after = json.loads(json.dumps(after))
             assert diff_states(before, after) == diff_states(copy_before, copy_after), name
             if check_whole:
@@ -305,7 +304,9 @@ def test_a_json_state_is_read_back_when_init_adds_attributes_or_after_a_restart(
     with Session(sandbox, source, state, json_state=True) as session:
         first = session.snapshot()
     assert first["opened"] == 1 and first["orders"] == state["orders"]
-    hung = SIZED_ENV + '''
+    hung = (
+        SIZED_ENV
+        + '''
     def hang(self) -> bool:
         """Hang.
 
@@ -315,6 +316,7 @@ def test_a_json_state_is_read_back_when_init_adds_attributes_or_after_a_restart(
         while True:
             pass
 '''
+    )
     config = SandboxConfig(call_timeout_s=0.5, kill_grace_s=0.5)
     with Sandbox(config) as small, Session(small, hung, sized_state(20_000), json_state=True) as session:
         session.call("set_status", {"order_id": "o1", "status": "a"})

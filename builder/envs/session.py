@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from builder.envs.lint import Contract
 from builder.envs.schema import EnvInterface, inspect_source
-from builder.envs.snapshots import diff_states, from_json, patched
+from builder.envs.snapshots import Lineage, diff_states, from_json, patched, remember
 from builder.envs.validate import argument_error
 from builder.errors import BuilderError
 from builder.sandbox.runtime import Sandbox, Worker, WorkerFailure
@@ -101,6 +101,7 @@ class Session:
         # changed since (builder/sandbox/tracking.py) and is built from it, sharing every unchanged value.
         self._snapshot: dict[str, Any] | None = None
         self._generation: int | None = None
+        self.lineage: Lineage | None = None  # how the last snapshot was patched from the one before (diff_states)
         self._worker = self._start()
 
     @property
@@ -196,6 +197,7 @@ class Session:
         try:
             if "patches" in reply and self._snapshot is not None and self._generation is not None:
                 state = patched(self._snapshot, reply["patches"])
+                remember(self, Lineage(state, self._snapshot, reply["patches"]))
             else:
                 state = from_json(reply["json"])
                 if type(state) is not dict:

@@ -8,6 +8,7 @@ of them looks only at what the worker reported as changed, so both cost what cha
 from __future__ import annotations
 
 import json
+import weakref
 from itertools import compress, repeat
 from operator import is_not
 from typing import Any
@@ -68,26 +69,43 @@ def patched(state: dict[str, Any], patches: Any) -> dict[str, Any]:
                 container[key] = value
         else:
             raise TypeError("bad patch key")
-    _remember(new, state, patches)
     return new
 
 
-# The last snapshots `patched` built: id(new) -> (new, the snapshot it was built from, attribute -> patched keys
-# or None for the whole attribute). A few only: each keeps its predecessor alive.
-_LINEAGE: dict[int, tuple[dict[str, Any], dict[str, Any], dict[str, set[Any] | None]]] = {}
-_LINEAGE_SIZE = 8
+class Lineage:
+    """What a snapshot was patched from: `new`, the `old` snapshot and attribute -> patched keys (None: the
+    whole attribute). A session keeps the last one (so at most one earlier snapshot lives on because of it)."""
+
+    def __init__(self, new: dict[str, Any], old: dict[str, Any], patches: list[Any]) -> None:
+        self.new, self.old = new, old
+        self.touched: dict[str, set[Any] | None] = {}
+        for name, key, _text in patches:
+            if key is None:
+                self.touched[name] = None
+            elif name not in self.touched or self.touched[name] is not None:
+                self.touched.setdefault(name, set()).add(key)  # type: ignore[union-attr]
 
 
-def _remember(new: dict[str, Any], old: dict[str, Any], patches: list[Any]) -> None:
-    touched: dict[str, set[Any] | None] = {}
-    for name, key, _text in patches:
-        if key is None:
-            touched[name] = None
-        elif name not in touched or touched[name] is not None:
-            touched.setdefault(name, set()).add(key)  # type: ignore[union-attr]
-    _LINEAGE[id(new)] = (new, old, touched)
-    while len(_LINEAGE) > _LINEAGE_SIZE:
-        del _LINEAGE[next(iter(_LINEAGE))]
+# id(snapshot) -> the owner whose `lineage` may describe it, weakly: `diff_states` finds a session's last
+# patch from the snapshot alone. Stale entries are harmless (the lineage is checked by identity) and few.
+_OWNERS: dict[int, weakref.ref[Any]] = {}
+_OWNERS_SIZE = 1024
+
+
+def remember(owner: Any, lineage: Lineage) -> None:
+    """Let `diff_states(lineage.old, lineage.new)` use `owner.lineage` while it is that lineage."""
+    owner.lineage = lineage
+    _OWNERS[id(lineage.new)] = weakref.ref(owner)
+    while len(_OWNERS) > _OWNERS_SIZE:
+        del _OWNERS[next(iter(_OWNERS))]
+
+
+def _lineage_of(before: Any, after: Any) -> Lineage | None:
+    reference = _OWNERS.get(id(after))
+    lineage = getattr(reference() if reference is not None else None, "lineage", None)
+    if isinstance(lineage, Lineage) and lineage.new is after and lineage.old is before:
+        return lineage
+    return None
 
 
 def diff_states(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]:
@@ -97,9 +115,9 @@ def diff_states(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]
     another type is a change even when Python calls it equal (`1` -> `True`, `1` -> `1.0`).
     """
     changes: list[dict[str, Any]] = []
-    lineage = _LINEAGE.get(id(after))
-    if lineage is not None and lineage[0] is after and lineage[1] is before:
-        _diff_patched(before, after, lineage[2], [path] if path else [], changes)
+    lineage = _lineage_of(before, after)
+    if lineage is not None:
+        _diff_patched(before, after, lineage.touched, [path] if path else [], changes)
     else:
         _diff(before, after, [path] if path else [], changes)
     return changes

@@ -254,6 +254,8 @@ class Baseline:
         """Stop incremental snapshots if a handed-out record is now also referenced from elsewhere."""
         # The marks are the container's own, whatever path reached it, and are cleared only when a snapshot
         # covered it (`_reset`): records never marked since then were handed out before and checked then.
+        if not self.enabled:
+            return
         for name, container in self.tracked.items():
             if container.touched == set() or state.get(name) is not container:
                 continue  # untouched, or no longer in the state (all marked when it comes back: see _reset)

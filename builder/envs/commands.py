@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 from builder.config import SandboxConfig
 from builder.envs.checks import checks_from_file, run_checks
 from builder.envs.graph import extract_graph
+from builder.envs.jsontext import dumps_indented
 from builder.envs.lint import Contract, ContractError, Problem, problem_counts
 from builder.envs.probe import probe_environment
 from builder.envs.schema import EnvInterface, inspect_source, tools_json
 from builder.envs.session import Session, SessionError
 from builder.errors import BuilderError
+from builder.sandbox.frames import quiet_collector
 from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW
 
@@ -115,13 +118,33 @@ def env_replay(
 ) -> int:  # fmt: skip
     """Run CALLS in one session from STATE at `now`, then optional checks (at `now` too); exit 1 if the
     environment cannot load (or `contract` refuses it)."""
-    source, state, calls = _read(path), _read_json(state_path), _read_json(calls_path)
-    if not isinstance(calls, list) or not all(isinstance(c, dict) and "name" in c for c in calls):
-        raise BuilderError(f"{calls_path}: expected a JSON list of {{'name': ..., 'arguments': {{...}}}}")
+    source, state_text = _read(path), _read(state_path)
+    # A big state is millions of objects, held here two or three times (the state, its snapshots, the report):
+    # every collection the command's allocations trigger would walk them all (measured: a quarter of a 20 MB
+    # replay). The command makes no reference cycles worth collecting before it ends, so the collector waits.
+    with quiet_collector(len(state_text)):
+        constants: list[str] = []  # NaN, Infinity: JSON text Python reads, but not JSON data a snapshot holds
+        state = _parse_json(state_text, state_path, lambda name: constants.append(name) or float(name))
+        calls = _read_json(calls_path)
+        if not isinstance(calls, list) or not all(isinstance(c, dict) and "name" in c for c in calls):
+            raise BuilderError(f"{calls_path}: expected a JSON list of {{'name': ..., 'arguments': {{...}}}}")
+        report = _replay(source, state, calls, checks_path, config, now, contract, json_state=not constants)
+        if report is None:
+            return 1
+        _print_replay(report, as_json, out)
+    return 0
+
+
+def _replay(
+    source: str, state: Any, calls: list[dict[str, Any]], checks_path: Path | None, config: SandboxConfig | None,
+    now: str, contract: Contract, json_state: bool,
+) -> dict[str, Any] | None:  # fmt: skip
     report: dict[str, Any] = {"results": []}
     with Sandbox(config) as sandbox:
         try:
-            with Session(sandbox, source, state, now=now, contract=contract) as session:
+            # The state was just decoded from its file and nothing else holds it: the session may use it as the
+            # first snapshot instead of reading the loaded state back (see Session's json_state).
+            with Session(sandbox, source, state, now=now, contract=contract, json_state=json_state) as session:
                 initial = session.snapshot()
                 for call in calls:
                     result = session.call(call["name"], call.get("arguments", {}))
@@ -131,24 +154,24 @@ def env_replay(
                 report["final_state"] = session.snapshot()
         except (ContractError, SessionError) as error:
             print(str(error), file=sys.stderr)
-            return 1
+            return None
         if checks_path is not None:
             checks = checks_from_file(_read(checks_path))
             verdict = run_checks(sandbox, checks, initial, report["final_state"], now=now)
             report["checks"] = [c.model_dump() for c in verdict.checks]
             report["reward"] = verdict.reward
-    _print_replay(report, as_json, out)
-    return 0
+    return report
 
 
 def _print_replay(report: dict[str, Any], as_json: bool, out: TextIO) -> None:
+    # The report holds the whole final state: tens of MB for a big one, which json.dumps indents slowly.
     if as_json:
-        print(json.dumps(report, indent=2, ensure_ascii=False), file=out)
+        print(dumps_indented(report), file=out)
         return
     for entry in report["results"]:
         outcome = json.dumps(entry["result"], ensure_ascii=False) if "result" in entry else f"Error: {entry['error']}"
         print(f"{entry['name']} -> {_short(outcome)}", file=out)
-    print("final state:", json.dumps(report["final_state"], indent=2, ensure_ascii=False), file=out)
+    print("final state:", dumps_indented(report["final_state"]), file=out)
     for check in report.get("checks", []):
         verdict = "pass" if check["passed"] else f"FAIL{': ' + check['error'] if check['error'] else ''}"
         print(f"{check['name']}: {verdict}", file=out)
@@ -184,7 +207,12 @@ def _read(path: Path) -> str:
 
 
 def _read_json(path: Path) -> Any:
+    return _parse_json(_read(path), path)
+
+
+def _parse_json(text: str, path: Path, parse_constant: Callable[[str], Any] | None = None) -> Any:
     try:
-        return json.loads(_read(path))
+        with quiet_collector(len(text)):  # a state of tens of MB: see frames.quiet_collector
+            return json.loads(text, parse_constant=parse_constant)
     except json.JSONDecodeError as error:
         raise BuilderError(f"{path} is not valid JSON: {error}") from None

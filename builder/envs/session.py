@@ -19,11 +19,13 @@ from pydantic import BaseModel, ConfigDict
 
 from builder.envs.lint import Contract
 from builder.envs.schema import EnvInterface, inspect_source
+from builder.envs.snapshots import Lineage, diff_states, from_json, patched, remember
 from builder.envs.validate import argument_error
 from builder.errors import ItemError
-from builder.sandbox.frames import quiet_collector
 from builder.sandbox.runtime import Sandbox, Worker, WorkerFailure
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED, parse_now
+
+__all__ = ["Session", "SessionError", "ToolResult", "diff_states"]
 
 # Error kinds that leave the environment's state as it was before the call could have changed it.
 _REPLAYABLE = {"raised", "bad_arguments", "memory", "not_json", "too_large"}
@@ -70,6 +72,9 @@ class Session:
         now: the episode's date-time, ISO 8601 naive local time (`2024-06-01T09:00:00`): what the environment's
             clock reads, frozen, for the whole session.
         seed: seeds `random` and `uuid` inside the worker.
+        json_state: the caller promises that `state` is JSON data exactly as `json.loads` returns it (no NaN or
+            Infinity) and that it will not change it: the first snapshot is then `state` itself when the loaded
+            instance holds exactly its attributes, instead of the worker's whole state read back.
 
     Raises:
         ValueError: `now` is not an ISO 8601 naive date-time.
@@ -80,9 +85,10 @@ class Session:
     def __init__(
         self, sandbox: Sandbox, source: str, state: dict[str, Any] | None = None,
         interface: EnvInterface | None = None, *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
-        contract: Contract = "strict",
+        contract: Contract = "strict", json_state: bool = False,
     ) -> None:  # fmt: skip
         parse_now(now)
+        self.json_state = json_state
         self.now, self.seed = now, int(seed)
         self.sandbox = sandbox
         self.source = source
@@ -93,6 +99,11 @@ class Session:
         # Private attributes left out of the snapshots because they are not JSON (import contract only).
         self.omitted: set[str] = set()
         self._worker: Worker | None = None
+        # The last snapshot and the worker's generation number for it: the next snapshot asks only for what
+        # changed since (builder/sandbox/tracking.py) and is built from it, sharing every unchanged value.
+        self._snapshot: dict[str, Any] | None = None
+        self._generation: int | None = None
+        self.lineage: Lineage | None = None  # how the last snapshot was patched from the one before (diff_states)
         self._worker = self._start()
 
     @property
@@ -101,12 +112,14 @@ class Session:
         return list(self.interface.tools)
 
     def _start(self) -> Worker:
+        self._generation = None  # a new worker has never sent this session a snapshot
         worker = self.sandbox.open_worker()
         load = {
             "op": "load", "code": self.source, "class_name": self.interface.class_name,
             "state": self.initial_state, "tools": list(self._schemas), "now": self.now, "seed": self.seed,
             "load_scenario": self.interface.contract == "import",
             "omit_private": self.interface.contract == "import",
+            "as_snapshot": self.json_state and not self._history,  # a restarted worker replays calls after loading
         }  # fmt: skip
         try:
             reply = worker.request(load)
@@ -115,6 +128,8 @@ class Session:
         if not reply.get("ok"):
             worker.kill()
             raise SessionError("load_failed", f"loading the environment failed: {reply.get('error')}")
+        if type(reply.get("seeded")) is int and load["as_snapshot"]:
+            self._snapshot, self._generation = dict(self.initial_state), reply["seeded"]
         return worker
 
     def call(self, name: str, arguments: dict[str, Any] | str | None = None) -> ToolResult:
@@ -137,7 +152,7 @@ class Session:
             return _error(name, failure.kind, f"{failure}")
         if reply.get("ok"):
             try:
-                result = _from_json(reply["json"])
+                result = from_json(reply["json"])
             except (KeyError, TypeError, ValueError):
                 # Only a worker whose tool code escaped the encoder answers like this: never trust it again, and
                 # leave the call out of the replay so the fresh worker does not run it a second time.
@@ -167,9 +182,14 @@ class Session:
 
         Under the import contract a private (`_`-prefixed) attribute that is not JSON is left out instead (a
         seeded `random.Random`, a lock) and named in `omitted`: the determinism gate judges what remains.
+
+        After the first, a snapshot is built from the previous one and the records the worker reports as
+        possibly changed: it shares every other value with the previous snapshot, so treat snapshots as
+        read-only (copy before changing one).
         """
+        worker = self._live_worker()
         try:
-            reply = self._live_worker().request({"op": "snapshot"})
+            reply = worker.request({"op": "snapshot", "since": self._generation})
         except WorkerFailure as failure:
             self._worker = None
             raise SessionError(failure.kind, f"reading the state failed: {failure}") from None
@@ -177,10 +197,21 @@ class Session:
             raise SessionError(str(reply.get("kind")), f"reading the state failed: {reply.get('error')}")
         self.omitted.update(str(name) for name in reply.get("omitted") or ())
         try:
-            return _from_json(reply["json"])
-        except (KeyError, TypeError, ValueError):
+            if "patches" in reply and self._snapshot is not None and self._generation is not None:
+                state = patched(self._snapshot, reply["patches"])
+                remember(self, Lineage(state, self._snapshot, reply["patches"]))
+            else:
+                state = from_json(reply["json"])
+                if type(state) is not dict:
+                    raise ValueError("the state is not an object")
+            generation = reply["generation"]
+            if type(generation) is not int:
+                raise ValueError("no generation")
+        except (KeyError, TypeError, ValueError, IndexError):
             self.close()
             raise SessionError("protocol", "reading the state failed: the worker's reply was not JSON") from None
+        self._snapshot, self._generation = state, generation
+        return state
 
     def close(self) -> None:
         """Kill the worker (idempotent)."""
@@ -195,72 +226,5 @@ class Session:
         self.close()
 
 
-_DECODER = json.JSONDecoder()
-
-
-def _from_json(text: str) -> Any:
-    """Decode the JSON text of a reply. `raw_decode` skips the argument checks and the two whitespace regexes of
-    `json.loads` (half its cost on a small result; the worker's encoder emits no whitespace around the value) and
-    still reports where the value ended, so trailing data is refused as before."""
-    with quiet_collector(len(text)):
-        value, end = _DECODER.raw_decode(text)
-    if end != len(text):
-        raise json.JSONDecodeError("Extra data", text, end)
-    return value
-
-
 def _error(name: str, kind: str, message: str) -> ToolResult:
     return ToolResult(name=name, ok=False, error=message, error_kind=kind)
-
-
-def diff_states(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]:
-    """Every difference between two JSON snapshots as `{"path", "before", "after"}` (missing side: absent).
-
-    Paths use dots for keys and `[i]` for list items; lists of different length are reported whole. A value of
-    another type is a change even when Python calls it equal (`1` -> `True`, `1` -> `1.0`).
-    """
-    changes: list[dict[str, Any]] = []
-    _diff(before, after, [path] if path else [], changes)
-    return changes
-
-
-_SCALARS = (str, int, float, bool, type(None))
-
-
-def _diff(before: Any, after: Any, parts: list[str | int], changes: list[dict[str, Any]]) -> None:
-    # A state of tens of MB has millions of values: the walk compares scalars inline and builds a path only for a
-    # change (formatting every path it passes cost more than the comparisons).
-    kind = type(before)
-    if kind is dict and type(after) is dict:
-        for key, value in before.items():
-            if key not in after:
-                changes.append({"path": _path(parts, key), "before": value})
-                continue
-            other = after[key]
-            if type(value) is type(other) and type(value) in _SCALARS:
-                if value != other:
-                    changes.append({"path": _path(parts, key), "before": value, "after": other})
-                continue
-            parts.append(key)
-            _diff(value, other, parts, changes)
-            parts.pop()
-        for key, other in after.items():
-            if key not in before:
-                changes.append({"path": _path(parts, key), "after": other})
-    elif kind is list and type(after) is list and len(before) == len(after):
-        for index, (value, other) in enumerate(zip(before, after, strict=True)):
-            parts.append(index)
-            _diff(value, other, parts, changes)
-            parts.pop()
-    elif kind is not type(after) or before != after:
-        changes.append({"path": _path(parts), "before": before, "after": after})
-
-
-def _path(parts: list[str | int], last: str | None = None) -> str:
-    text = ""
-    for part in parts if last is None else [*parts, last]:
-        if isinstance(part, int):
-            text = f"{text}[{part}]"
-        else:
-            text = f"{text}.{part}" if text else str(part)
-    return text

@@ -314,8 +314,7 @@ class LLMClient:
         try:
             answered = await with_retries(attempt_once, self.retry, sleep=self._sleep, clock=self._clock, rng=self._rng)
         except LLMRequestError as error:
-            # No response at all, and none ever: the server is not there (a wrong URL, a server that is down), so
-            # every input would fail the same way. That is the operator's to fix, not one item's failure.
+            # No response, and none ever: no server is there (a wrong URL, one that is down); the operator's to fix.
             if error.retryable and error.status_code is None and not self._answered:
                 raise ServerUnreachable(f"no model server answered {self.model_id!r}: {error}") from error
             raise

@@ -82,6 +82,7 @@ class FrameReader:
     def __init__(self, fd: int, max_bytes: int) -> None:
         self.fd, self.max_bytes = fd, max_bytes
         self.buffer = b""
+        self.last_size = 0  # body bytes of the last frame read
 
     def read(self) -> dict[str, Any]:
         """The next frame's message; raises FrameError on EOF, garbage or a frame above the cap."""
@@ -91,6 +92,7 @@ class FrameReader:
         if size > self.max_bytes:
             raise FrameError(f"frame of {size} bytes exceeds the {self.max_bytes}-byte cap")
         end = HEADER.size + size
+        self.last_size = size
         if len(self.buffer) < end:  # a big frame: collect its chunks and join once
             chunks, received = [self.buffer], len(self.buffer)
             while received < end:

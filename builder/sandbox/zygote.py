@@ -24,6 +24,7 @@ from typing import Any
 import allowed
 import frames
 import harden
+import tracking
 import world
 
 
@@ -53,6 +54,7 @@ def _preload(extra: list[str]) -> None:
         _describe(error)
     # The episode's fixed clock and seeded randomness, before any environment module can bind the originals.
     world.install()
+    tracking.install()
     datetime.datetime.now().isoformat(), datetime.date.today(), time.strftime("%c"), uuid.uuid1(), random.Random()
 
 
@@ -109,6 +111,9 @@ class Worker:
         # are left out of snapshots rather than failing them; `omitted` names them for the caller to report.
         self.omit_private = False
         self.omitted: set[str] = set()
+        # What the parent's copy of the state is, so that a snapshot can send only what changed (tracking.py).
+        self.baseline = tracking.Baseline({})
+        self.reader: frames.FrameReader | None = None
         self.handlers = {"load": self.load, "call": self.call, "snapshot": self.snapshot, "check": self.check}
         self.busy = False
 
@@ -123,7 +128,7 @@ class Worker:
 
     def serve(self, layers: dict[str, str]) -> None:
         self.send({"ok": True, "layers": layers, "pid": os.getpid()})
-        reader = frames.FrameReader(self.req_fd, self.config["max_frame_bytes"])
+        reader = self.reader = frames.FrameReader(self.req_fd, self.config["max_frame_bytes"])
         while True:
             try:
                 request = reader.read()
@@ -169,15 +174,40 @@ class Worker:
             # BFCL's protocol (imported classes only): the class fills its defaults from the scenario itself;
             # the attributes are still set as given below, so a snapshot loads back to the same state.
             self.env._load_scenario(copy.deepcopy(request["state"]))
-        for key, value in request["state"].items():
+        tracked = {key: tracking.wrap(value) for key, value in request["state"].items()}
+        request["state"] = None  # the plain containers die here: the records are then held by the tracked ones only
+        for key, value in tracked.items():
             setattr(self.env, key, value)
+        attributes = vars(self.env)
+        self.baseline = tracking.Baseline({
+            key: value for key, value in tracked.items()
+            if type(value) in (tracking.TrackedDict, tracking.TrackedList) and attributes.get(key) is value
+        })  # fmt: skip
+        seeded = self._seed(request, tracked, attributes)
+        del tracked, attributes
         # A state of tens of MB is millions of objects: moved out of the collector's reach once, a tool that
         # allocates does not make every full collection walk the whole state again (calls stay state-size free).
         gc.freeze()
         self.tools = {name: getattr(self.env, name) for name in request["tools"]}
         self.signatures = {name: inspect.signature(method) for name, method in self.tools.items()}
         self.keywords = {name: _plain_keywords(signature) for name, signature in self.signatures.items()}
-        return {"ok": True}
+        return {"ok": True, "seeded": seeded} if seeded is not None else {"ok": True}
+
+    def _seed(self, request: dict[str, Any], given: dict[str, Any], attributes: dict[str, Any]) -> int | None:
+        """The generation of the first snapshot when the parent may take the state it sent as that snapshot
+        (it asked, promising JSON data, and the instance holds exactly those attributes), else None.
+
+        Its JSON size is bounded without encoding it: no value takes more than 7 JSON characters per msgpack
+        byte (`false, ` is 1 byte), so 8 times the frame is a bound; above the cap the first snapshot is whole.
+        """
+        bound = 8 * (self.reader.last_size if self.reader is not None else self.config["max_state_bytes"])
+        if not request.get("as_snapshot") or bound > self.config["max_state_bytes"]:
+            return None
+        if attributes.keys() != given.keys():
+            return None
+        if any(attributes[key] is not value for key, value in given.items()):
+            return None
+        return self.baseline.adopt(dict(attributes), bound)
 
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
         method = self.tools.get(request["name"])
@@ -194,11 +224,25 @@ class Worker:
         return self._as_json(result, "result")
 
     def snapshot(self, request: dict[str, Any]) -> dict[str, Any]:
-        # One encoding of the whole state (the cost of a snapshot is that of its JSON text); only when it fails
-        # are the attributes encoded one by one, to name the one that is not JSON.
+        # When the parent holds the previous snapshot (`since` is its generation), only the attributes and
+        # records that may have changed are encoded and sent (tracking.py); otherwise the whole state.
         state = dict(vars(self.env)) if self.env is not None else {}
         for key in self.omitted:  # known not to be JSON: not encoded (and failed) again on every snapshot
             state.pop(key, None)
+        self.baseline.verify(state)
+        if request.get("since") is not None and request.get("since") == self.baseline.generation:
+            patches = self.baseline.patches(state, JSON_ENCODER.encode, self.config["max_state_bytes"])
+            if patches is not None:
+                generation = self.baseline.generation
+                return {"ok": True, "patches": patches, "generation": generation, "omitted": sorted(self.omitted)}
+        reply = self._whole_snapshot(state)
+        if reply["ok"]:
+            reply["generation"] = self.baseline.adopt(state, len(reply["json"]))
+        return reply
+
+    def _whole_snapshot(self, state: dict[str, Any]) -> dict[str, Any]:
+        # One encoding of the whole state (the cost of a snapshot is that of its JSON text); only when it fails
+        # are the attributes encoded one by one, to name the one that is not JSON.
         reply = self._as_json(state, "state", self.config["max_state_bytes"])
         if reply["ok"] or reply["kind"] != "not_json":
             return reply | {"omitted": sorted(self.omitted)} if reply["ok"] else reply

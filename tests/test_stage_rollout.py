@@ -490,3 +490,21 @@ async def test_a_sample_whose_session_breaks_is_a_failed_sample_not_a_lost_scena
     failed = [t for t in trajectories if t.end_reason == "env_error"]
     assert len(failed) == 1 and failed[0].flags == ("sample_failed",) and not failed[0].solved
     assert sum(t.solved for t in trajectories) == 2
+
+
+async def test_a_sample_whose_requests_keep_getting_non_json_bodies_fails_alone(tmp_path, sandbox):
+    """A gateway's error page instead of a completion, on every try of one sample's second turn: that episode
+    ends `llm_error` after the client's retries, and the scenario's other samples are kept as they are."""
+    from builder.llm import TransientLLMError
+
+    def answer(request):
+        turns = sum(message.role == "assistant" for message in request.messages)
+        if request.sample_index == 1 and turns == 1:
+            return TransientLLMError("the body is not a chat completion: <html>502 Bad Gateway</html>")
+        return tool_reply(TRANSFER) if turns == 0 else "Done."
+
+    ctx = context(tmp_path, sandbox, ScriptedModel(answer), "rollout.samples_per_scenario=3", "llm.max_retries=1")
+    trajectories = sorted(await rollout(bank_scenario(), ctx), key=lambda t: t.sample_index)
+    assert [t.end_reason for t in trajectories] == ["agent_done", "llm_error", "agent_done"]
+    # The failed episode is graded on the state it left (its transfer ran) but counts in no pass rate.
+    assert ctx.stats.report.by_model["agent"]["train"].graded == 2

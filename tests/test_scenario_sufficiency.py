@@ -156,3 +156,22 @@ def test_days_named_relative_to_now_are_the_users(said, value, ok):
     call = Action(name="book_visit", arguments={"day": value})
     assert (unsupported_arguments([call], [None], said, TOOLS, now="2025-10-06T09:00:00") == []) is ok
     assert unsupported_arguments([call], [None], said, TOOLS) != []  # without a now, a weekday names no date
+
+
+@pytest.mark.parametrize(
+    ("said", "value", "ok"),
+    [
+        ("I need a dermatologist in Los Angeles", "dermatology", True),  # another form of the word
+        ("it has dual monitors", "dual_monitor", True),  # `_` separates words; a plural
+        ("add it to the end of route 12", "R-12", True),  # a short id said as its name and number
+        ("the desk in room 5", "RM-05", True),
+        ("desk number 7", "D-7", True),
+        ("add it to route 121", "R-12", False),  # another number
+        ("add it to order 12", "R-12", False),  # the letters name another word
+        ("the cat", "car", False),  # short words must be equal
+        ("for a derm visit", "dermatology", False),  # a shared stem of five letters at least
+    ],
+)
+def test_values_said_as_people_say_them_count_as_given(said, value, ok):
+    call = Action(name="book_visit", arguments={"day": value})
+    assert (unsupported_arguments([call], [None], said, TOOLS) == []) is ok

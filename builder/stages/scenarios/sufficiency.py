@@ -11,6 +11,10 @@ was written with the state in view, and an agent (told never to guess) cannot so
 - a shorter string must appear in the sources, case-insensitively and not inside a longer token ("b3" is in
   "book b3", not in "b33"); a string of several words may also have each of its words somewhere in the
   sources ("Palmer Ada"); an ISO date also matches the same day written out ("July 15, 2024", "15 July");
+- as people say them: a value's words (`_` and `-` separate words) may be said in another form of the same word
+  ("dermatologist" for `dermatology`, "dual monitors" for `dual_monitor`: a shared stem of at least five
+  letters, or the same word with an `s`), and a short id may be said as its name and number ("route 12" for
+  `R-12`, "room 5" for `RM-05`: the id's letters, in order, spell out the start of the word before the number);
 - a date may also be named relative to the scenario's `now` ("today", "tomorrow", "on Wednesday", "next Friday",
   "in 3 days", "in two weeks"), as the task prompt allows;
 - a number must appear in the sources as a number, whatever its formatting ("2" and 2.0, "$1,200" and 1200); a
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -171,7 +176,31 @@ def _string_found(value: str, sources: Sources) -> bool:
     try:
         return _number_found(float(folded.replace(",", "")), sources)
     except ValueError:
-        return False
+        pass
+    return _said_naturally(folded, sources)
+
+
+_SPOKEN_ID = re.compile(r"^([a-z]{1,4})[-_ ]?0*(\d{1,6})$")
+MIN_STEM = 5  # letters two forms of a word share at least ("dermatolog-y / -ist"); shorter words must be equal
+
+
+def _said_naturally(folded: str, sources: Sources) -> bool:
+    """`folded` said as people say it: every word in some form of it, or a short id as its name and number."""
+    spoken = _SPOKEN_ID.match(folded)
+    if spoken:
+        letters, number = spoken.groups()
+        name = letters[0] + "".join(rf"\w*{letter}" for letter in letters[1:])  # "rm": room, "r": route
+        named = re.compile(rf"\b{name}\w*\.?\s+(?:no\.?\s*|number\s+|#\s*)?0*{number}\b")
+        return any(named.search(text) for text in sources.texts)
+    words = _WORD.findall(folded.replace("_", " ").replace("-", " "))
+    return bool(words) and all(any(_same_word(word, seen) for seen in sources.words) for word in words)
+
+
+def _same_word(word: str, other: str) -> bool:
+    if word == other or word + "s" == other or other + "s" == word:
+        return True
+    shared = len(os.path.commonprefix([word, other]))
+    return shared >= MIN_STEM and shared >= min(len(word), len(other)) - 3
 
 
 def _enums(schema: Any) -> list[Any]:

@@ -138,9 +138,10 @@ async def test_good_environment_is_accepted_with_evidence(tmp_path, sandbox):
     assert accepted.scores == {"dual_agent": 1.0, "tool_coverage": 1.0}
     assert evidence.counts.judged == 12 and len(evidence.calls) == 12
     assert len(evidence.test_states) == 2 and evidence.test_states[0].state == BANK_STATE
-    # The harness schedules coverage: every tool positive first, then negative.
-    assert {name: counts["positive"] for name, counts in evidence.tools.items()} == dict.fromkeys(GOOD_ARGS, 2)
-    assert sum(counts.get("negative", 0) for counts in evidence.tools.values()) == 4
+    # The harness schedules coverage: every tool in turn, cases alternating, so every tool gets both and half the
+    # judged calls are negative cases.
+    assert all(counts["positive"] >= 1 and counts["negative"] >= 1 for counts in evidence.tools.values())
+    assert sum(counts.get("negative", 0) for counts in evidence.tools.values()) == 6
     transfer = next(c for c in evidence.calls if c.tool == "transfer")
     assert transfer.judge == "checker" and "acc-7.balance" in transfer.changes
     assert evidence.usage["calls"] == 2 + 12 + 12  # states, tester calls, checker verdicts
@@ -216,16 +217,20 @@ async def test_evidence_usage_is_the_ledger_of_the_stage_and_the_client(tmp_path
     assert usage.failed_calls == 0 and first.stats.usage.failed_calls >= 1
 
 
-def test_schedule_covers_every_tool_positive_then_negative():
+def test_schedule_alternates_cases_so_half_the_calls_test_a_refusal_and_every_tool_gets_both():
     tools = ("a", "b", "c")
     assert [schedule(tools, p, {"a", "b", "c"}) for p in range(7)] == [
-        ("a", "positive"), ("b", "positive"), ("c", "positive"),
-        ("a", "negative"), ("b", "negative"), ("c", "negative"), ("a", "positive"),
+        ("a", "positive"), ("b", "negative"), ("c", "positive"),
+        ("a", "negative"), ("b", "positive"), ("c", "negative"), ("a", "positive"),
     ]  # fmt: skip
     # b admits no wrong value: its negative slot becomes a positive case.
-    assert [schedule(tools, p, {"a", "c"}) for p in range(3, 6)] == [
+    assert [schedule(tools, p, {"a", "c"}) for p in range(0, 6)] == [
+        ("a", "positive"), ("b", "positive"), ("c", "positive"),
         ("a", "negative"), ("b", "positive"), ("c", "negative"),
     ]  # fmt: skip
+    # Fewer calls than tools (evaluate.calls = 10 over 11 tools): half of them are negative cases all the same.
+    many = tuple(f"t{i}" for i in range(11))
+    assert sum(schedule(many, p, set(many))[1] == "negative" for p in range(10)) == 5
 
 
 async def test_runner_writes_accepted_and_rejected_rows(tmp_path, sandbox):

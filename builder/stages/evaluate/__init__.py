@@ -8,8 +8,8 @@
    schema, its references checked (an empty value is no reference) and loaded in a sandbox session (failures
    fed back, bounded).
 3. Dual-agent check: for each test state its own session; the harness schedules which tool to test and whether
-   with a positive or a negative case (every tool positive first, then negative, and so on; a tool no argument
-   of which can be wrong gets positive cases only), the tester agent picks the arguments through a forced tool
+   with a positive or a negative case (the tools in turn, cases alternating so half the judged calls are
+   negative; a tool no argument of which can be wrong gets positive cases only), the tester agent picks the arguments through a forced tool
    call, the call runs in the session, and the checker agent rules pass / warning / fail from the rules, the
    method source, the arguments, the result and the state before, after and diffed. Calls that crash, hang or
    return non-JSON are failures without asking the checker. Unknown tools and arguments off the schema are the

@@ -58,14 +58,17 @@ class StateRun:
 
 
 def schedule(tools: tuple[str, ...], position: int, negatable: Collection[str]) -> tuple[str, CaseType]:
-    """The tool and case type of the `position`-th judged call: all tools positive, then all negative, ...
+    """The tool and case type of the `position`-th judged call: the tools in turn, cases alternating positive and
+    negative within each lap and swapped in the next, so half the judged calls test a refusal however few they
+    are (with fewer calls than tools, a first lap of positives only would test no rule at all), and every tool
+    gets both cases over two laps.
 
     A tool outside `negatable` (no argument it accepts can be wrong, e.g. only an optional flag) gets a positive
-    case in the negative laps too: asking for a NEGATIVE case there only makes the tester invent one.
+    case in its negative slots too: asking for a NEGATIVE case there only makes the tester invent one.
     """
     lap, index = divmod(position, len(tools))
     name = tools[index]
-    return name, ("negative" if lap % 2 and name in negatable else "positive")
+    return name, ("negative" if (lap + index) % 2 and name in negatable else "positive")
 
 
 def negatable_tools(tools: Collection[dict[str, Any]]) -> frozenset[str]:

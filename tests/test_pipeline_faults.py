@@ -23,6 +23,8 @@ from builder.llm import Reply, ScriptedModel, TransientLLMError
 from builder.llm.base import ChatRequest
 from builder.stats import load_stats
 from tests.fixtures.teacher import teacher
+from tests.test_import import ENVS, RL, run_import
+from tests.test_import import agent as warehouse_agent
 from tests.test_pipeline_e2e import run
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
@@ -35,8 +37,8 @@ class Faulty:
     """The teacher, with a seeded share of its answers replaced by faults. Whether the n-th sending of a request
     gets a fault (and which) is drawn from (seed, request, n), so a retry or a re-ask is a fresh draw."""
 
-    def __init__(self, rate: float, seed: int = 7) -> None:
-        self.model = ScriptedModel(teacher)
+    def __init__(self, rate: float, seed: int = 7, script=teacher) -> None:
+        self.model = ScriptedModel(script)
         self.rate, self.seed = rate, seed
         self.sent: Counter[str] = Counter()
         self.injected: Counter[str] = Counter()
@@ -92,3 +94,21 @@ def test_twenty_percent_faults_keep_what_the_clean_run_keeps(tmp_path, monkeypat
     assert bugs == {}, bugs
     assert sum(s.usage.retries for s in stats.values()) > 0  # the transient faults were retried, and counted
 
+
+def test_an_import_at_twenty_percent_faults_keeps_what_the_clean_import_keeps(tmp_path, monkeypatch):
+    """EnvScaler environments and scenarios imported, then rolled out and selected with an agent behind a model
+    that fails a fifth of the time (the import's model calls are the rollouts')."""
+    rows = [row for row in json.loads(RL.read_text()) if row["task_id"] == "env_1_rl-task_1"]
+    (tmp_path / "rl.json").write_text(json.dumps(rows))
+    kept_by_run = {}
+    for name, rate in (("clean", 0.0), ("faulty", 0.2)):
+        backend = Faulty(rate=rate, seed=3, script=warehouse_agent)
+        monkeypatch.setattr("builder.llm.connect.OpenAIChatModel", lambda *args, _b=backend, **kwargs: _b)
+        args = ("envscaler", str(ENVS), "--scenarios", str(tmp_path / "rl.json"))
+        assert run_import(tmp_path / name, *args, "--set", "rollout.samples_per_scenario=4", until=None) == 0
+        stats = load_stats(tmp_path / name / "run" / "stats.json")
+        kept_by_run[name] = {stage: s.kept for stage, s in stats.items()}
+        assert not [r for s in stats.values() for r in s.dropped if ":" in r]  # no exception:* rejection
+    assert sum(backend.injected.values()) > 0
+    for stage, count in kept_by_run["clean"].items():
+        assert kept_by_run["faulty"][stage] >= 0.95 * count, (stage, kept_by_run)

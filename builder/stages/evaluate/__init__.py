@@ -9,8 +9,8 @@
    fed back, bounded).
 3. Dual-agent check: for each test state its own session; the harness schedules which tool to test and whether
    with a positive or a negative case (the tools in turn, cases alternating so half the judged calls are
-   negative; a tool no argument of which can be wrong gets positive cases only), the tester agent picks the arguments through a forced tool
-   call, the call runs in the session, and the checker agent rules pass / warning / fail from the rules, the
+   negative; a tool no argument of which can be wrong gets positive cases only), the tester agent picks the
+   arguments through a forced tool call, the call runs in the session, and the checker agent rules pass / warning / fail from the rules, the
    method source, the arguments, the result and the state before, after and diffed. Calls that crash, hang or
    return non-JSON are failures without asking the checker. Unknown tools and arguments off the schema are the
    tester's error: not counted, bounded by `max_invalid_replies` per state. States in prompts are whole records

@@ -7,13 +7,13 @@
 2. Test states: `evaluate.test_states` initial states as structured output, each validated against the state
    schema, its references checked (an empty value is no reference) and loaded in a sandbox session (failures
    fed back, bounded).
-3. Dual-agent check: for each test state its own session; the harness schedules which tool to test and whether
-   with a positive or a negative case (the tools in turn, cases alternating so half the judged calls are
-   negative; a tool no argument of which can be wrong gets positive cases only), the tester agent picks the
-   arguments through a forced tool call, the call runs in the session, and the checker agent rules pass / warning / fail from the rules, the
-   method source, the arguments, the result and the state before, after and diffed. Calls that crash, hang or
-   return non-JSON are failures without asking the checker. Unknown tools and arguments off the schema are the
-   tester's error: not counted, bounded by `max_invalid_replies` per state. States in prompts are whole records
+3. Dual-agent check: for each test state its own session; the harness schedules which tool to test and whether with
+   a positive or a negative case (the tools in turn, cases alternating so half the judged calls are negative; a
+   tool no argument of which can be wrong gets positive cases only), the tester agent picks the arguments through a
+   forced tool call, the call runs in the session, and the checker agent rules pass / warning / fail from the
+   rules, the method source, the arguments, the result and the state before, after and diffed. Calls that crash,
+   hang or return non-JSON are failures without asking the checker. Unknown tools and arguments off the schema are
+   the tester's error: not counted, bounded by `max_invalid_replies` per state. States in prompts are whole records
    (`state_text`); a prompt too long for the model's context is retried with fewer records.
 4. Score = (pass + warning) / judged calls over `evaluate.calls` calls; accepted at `keep_score` or above and
    upserted into the store by the runner; the per-call verdicts are the evidence (`Environment.evaluation`).

@@ -28,7 +28,7 @@ from builder.envs.lint import ContractError
 from builder.envs.schema import inspect_source
 from builder.errors import BuilderError, ConfigError
 from builder.llm import LLMRequestError
-from builder.llm.errors import ServerError
+from builder.llm.errors import ServerError, ServerUnreachable
 from builder.records import Environment, Provenance, Record, Rejection, Scenario, scenario_seed
 from builder.run.stage import Rejected
 from builder.stages.scenarios.verify import load_state
@@ -173,7 +173,7 @@ async def _run(
             return await SCENARIOS.fn(env, ctx, start=(loaded, now), on_slot=on_slot)
         except Rejected as verdict:
             raise BuilderError(f"{env.name}: {verdict.rejection.reason}: {verdict.rejection.detail}") from None
-        except (LLMRequestError, ServerError) as error:
+        except (LLMRequestError, ServerError, ServerUnreachable) as error:
             where = config.llm.url or (", ".join(config.llm.urls) if config.llm.urls else "the managed vLLM server")
             raise BuilderError(
                 f"the model is unreachable ({where}): {error}\n"

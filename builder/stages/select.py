@@ -12,7 +12,12 @@ environments SFT never saw. Rules, in order (the first failing one is the reject
   `malformed_call` (a tool call that does not fit its schema or names no tool), `too_short` / `too_long`
   (`select.sft_min_turns`, `sft_max_turns`, `sft_max_chars`), `duplicate` (same conversation as a kept one).
 - RL, per scenario: `contaminated`, `too_few_rollouts` (fewer than `select.min_rollouts` graded rollouts),
-  `pass_rate_out_of_band` (not strictly inside `select.rl_pass_band`).
+  `pass_rate_out_of_band` (not strictly inside `select.rl_pass_band`; only when `rollout.rl_agent_model` is set).
+
+The band is applied only to a policy's pass rates. Without `rollout.rl_agent_model` the synthesis model played
+the `rl` environments: a strong teacher solves nearly every scenario, so its pass rates say nothing about the
+policy a trainer will use and the band would empty the `rl` split in every run. Then every measured `rl`
+scenario is kept with its pass rate, and the report's `rl_band` says the band was not applied and why.
 
 The stage's report (stats: `select.report`) holds solve rates per environment and mode, turn and tool-call
 distributions, yield, tokens per kept trajectory and the decontamination report.
@@ -28,8 +33,10 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from builder.config import BuildConfig
 from builder.decontaminate import BenchmarkIndex
 from builder.llm.parsing import check_tool_call
+from builder.llm.roles import role_models
 from builder.records import Environment, Record, Scenario, Selection, Trajectory
 from builder.reports import SelectReport
 from builder.rollout.episode import AGENT_DONE, INFRA_END_REASONS, USER_STOP
@@ -71,7 +78,7 @@ async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[
                 results.append(ctx.reject(trajectory, reason, detail))
             else:
                 results.append(_selection(ctx, "sft", "train", trajectory.id, scenario_id, env_id, rate, len(graded)))
-    ctx.stats.report = SelectReport(**_report(trajectories, results, decontamination))
+    ctx.stats.report = SelectReport(**_report(trajectories, results, decontamination), rl_band=rl_band(ctx.config))
     declared = {env_id: declared_split(env.provenance) for env_id, env in environments.items()}
     ctx.stats.report.splits = _split_sizes({t.env_id for t in trajectories}, fraction, declared)
     return results
@@ -86,13 +93,26 @@ def _selection(
     )  # fmt: skip
 
 
+def rl_band(config: BuildConfig) -> dict[str, Any]:
+    """Whether the RL pass-rate band cuts the `rl` split, and whose pass rates it cuts (the report's `rl_band`)."""
+    low, high = config.select.rl_pass_band
+    played_by = role_models(config)["rl_agent"]
+    if config.rollout.rl_agent_model is None:
+        return {
+            "applied": False, "band": [low, high], "measured_with": played_by,
+            "reason": "rollout.rl_agent_model is not set, so the synthesis model played the rl environments; its "
+            "pass rates say nothing about a policy's, so every measured rl scenario is kept with its pass rate",
+        }  # fmt: skip
+    return {"applied": True, "band": [low, high], "measured_with": played_by, "reason": ""}
+
+
 def _rl(ctx: StageContext, scenario_id: str, env_id: str, rate: float, n: int, contamination: str | None) -> Record:
     low, high = ctx.config.select.rl_pass_band
     if contamination:
         return ctx.reject(scenario_id, "contaminated", contamination)
     if n < ctx.config.select.min_rollouts:
         return ctx.reject(scenario_id, "too_few_rollouts", f"{n} graded rollouts")
-    if not low < rate < high:
+    if ctx.config.rollout.rl_agent_model is not None and not low < rate < high:
         return ctx.reject(scenario_id, "pass_rate_out_of_band", f"pass rate {rate:.3f} not inside ({low}, {high})")
     return _selection(ctx, "rl", "rl", scenario_id, scenario_id, env_id, rate, n)
 

@@ -33,15 +33,13 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from builder.config import BuildConfig
 from builder.decontaminate import BenchmarkIndex
 from builder.llm.parsing import check_tool_call
-from builder.llm.roles import role_models
 from builder.records import Environment, Record, Scenario, Selection, Trajectory
 from builder.reports import SelectReport
 from builder.rollout.episode import AGENT_DONE, INFRA_END_REASONS, USER_STOP
 from builder.run.stage import StageContext
-from builder.splits import declared_split, is_rl_environment
+from builder.splits import declared_split, is_rl_environment, rl_band
 
 SFT_REASONS = (
     "contaminated", "void", "not_solved", "cut", "collateral", "bad_reply", "malformed_call", "too_short", "too_long",
@@ -93,26 +91,13 @@ def _selection(
     )  # fmt: skip
 
 
-def rl_band(config: BuildConfig) -> dict[str, Any]:
-    """Whether the RL pass-rate band cuts the `rl` split, and whose pass rates it cuts (the report's `rl_band`)."""
-    low, high = config.select.rl_pass_band
-    played_by = role_models(config)["rl_agent"]
-    if config.rollout.rl_agent_model is None:
-        return {
-            "applied": False, "band": [low, high], "measured_with": played_by,
-            "reason": "rollout.rl_agent_model is not set, so the synthesis model played the rl environments; its "
-            "pass rates say nothing about a policy's, so every measured rl scenario is kept with its pass rate",
-        }  # fmt: skip
-    return {"applied": True, "band": [low, high], "measured_with": played_by, "reason": ""}
-
-
 def _rl(ctx: StageContext, scenario_id: str, env_id: str, rate: float, n: int, contamination: str | None) -> Record:
     low, high = ctx.config.select.rl_pass_band
     if contamination:
         return ctx.reject(scenario_id, "contaminated", contamination)
     if n < ctx.config.select.min_rollouts:
         return ctx.reject(scenario_id, "too_few_rollouts", f"{n} graded rollouts")
-    if ctx.config.rollout.rl_agent_model is not None and not low < rate < high:
+    if rl_band(ctx.config)["applied"] and not low < rate < high:
         return ctx.reject(scenario_id, "pass_rate_out_of_band", f"pass rate {rate:.3f} not inside ({low}, {high})")
     return _selection(ctx, "rl", "rl", scenario_id, scenario_id, env_id, rate, n)
 

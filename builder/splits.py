@@ -39,7 +39,8 @@ def declared_split(provenance: Any) -> str | None:
 
 
 def rl_band(config: BuildConfig) -> dict[str, Any]:
-    """Whether the RL pass-rate band cuts the `rl` split, and whose pass rates it cuts (the report's `rl_band`)."""
+    """Whether the RL pass-rate band cuts the `rl` split, and whose pass rates it cuts (the report's `rl_band`;
+    select names the models its rl trajectories carry, this the one the config gives that role)."""
     low, high = config.select.rl_pass_band
     played_by = role_models(config)["rl_agent"]
     if config.rollout.rl_agent_model is None:

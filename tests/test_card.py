@@ -76,7 +76,8 @@ def test_tasks_are_counted_once_across_their_modes():
 
 def test_the_card_counts_tasks_and_rows(tmp_path):
     _, card = release(tmp_path)
-    assert "This release holds **6 tasks, 6 rows** of `scenarios` (`train`: 4 tasks, 4 rows; `rl`: 2 tasks, 2 rows)" in card
+    expected = "This release holds **6 tasks, 6 rows** of `scenarios` (`train`: 4 tasks, 4 rows; `rl`: 2 tasks, 2 rows)"
+    assert expected in card
 
 
 def test_roles_name_the_synthesis_model_wherever_no_other_is_set(tmp_path):
@@ -114,7 +115,7 @@ def test_the_band_is_the_policys_or_the_card_says_none_was_applied(tmp_path):
     band = section(card, "### The `rl` split and its pass-rate band")
     assert "measured with `small-policy` (`rollout.rl_agent_model`) playing the agent in 2 rollouts each" in band
     assert "strictly inside `select.rl_pass_band` = (0.1, 0.9)" in band and "No pass-rate band" not in band
-    assert "Pass rates of the `rl` rows (pass rate: rows): 0.5: 2." in band
+    assert "`pass_rate` of the `rl` rows: 0.5 in 2 rows." in band
 
     _, card = release(tmp_path / "teacher")
     band = section(card, "### The `rl` split and its pass-rate band")

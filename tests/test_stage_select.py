@@ -121,11 +121,11 @@ async def test_sft_rules_each_with_its_reason(tmp_path):
 
 
 async def test_rl_pass_band_on_held_out_environments(tmp_path):
-    group = [trajectory(RL_ENV, "mixed", i, solved=i % 2 == 0) for i in range(4)]
-    group += [trajectory(RL_ENV, "easy", i) for i in range(4)]
-    group += [trajectory(RL_ENV_2, "hard", i, solved=False) for i in range(4)]
-    group += [trajectory(RL_ENV_2, "lonely", 0, solved=False)]
-    group += [trajectory(RL_ENV_2, "lonely", 1, end_reason="llm_error")]
+    group = [trajectory(RL_ENV, "mixed", i, solved=i % 2 == 0, model=POLICY) for i in range(4)]
+    group += [trajectory(RL_ENV, "easy", i, model=POLICY) for i in range(4)]
+    group += [trajectory(RL_ENV_2, "hard", i, solved=False, model=POLICY) for i in range(4)]
+    group += [trajectory(RL_ENV_2, "lonely", 0, solved=False, model=POLICY)]
+    group += [trajectory(RL_ENV_2, "lonely", 1, end_reason="llm_error", model=POLICY)]
     ctx = context(tmp_path, "select.rl_pass_band=[0.1, 0.9]", f"rollout.rl_agent_model={POLICY}")
     results = await select(group, ctx)
     got = verdicts(results)
@@ -149,7 +149,8 @@ async def test_without_a_policy_the_band_is_not_applied_and_rl_keeps_measured_ra
     rates = {r.subject_id: (r.pass_rate, r.num_rollouts) for r in results if isinstance(r, Selection)}
     assert rates == {"easy": (1.0, 2), "mixed": (0.5, 2), "hard": (0.0, 2)}
     band = ctx.stats.report.rl_band
-    assert (band["applied"], band["band"], band["measured_with"]) == (False, [0.0, 1.0], "teacher")
+    # Whose pass rates these are: the model the rl trajectories carry (the config would name `teacher`).
+    assert (band["applied"], band["band"], band["measured_with"]) == (False, [0.0, 1.0], "m")
     assert "rollout.rl_agent_model is not set" in band["reason"]
     assert ctx.stats.report.rl_kept == 3
 

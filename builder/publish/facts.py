@@ -42,7 +42,7 @@ AUDIT_CASES = {
     "gold": ("the gold actions", "1"),
     "collateral": ("the gold plus a write to a record the task does not touch", "< 1"),
     "order": ("the gold with two independent calls swapped", "1"),
-    "spelling": ("the gold with equivalent spellings of its values (date-times without `:00`, `\"\"`/`null`)", "1"),
+    "spelling": ('the gold with equivalent spellings of its values (date-times without `:00`, `""`/`null`)', "1"),
 }
 
 
@@ -91,7 +91,9 @@ def roles(config: BuildConfig, stats: dict[str, StageStats], tables: dict[str, d
     model played, from the stats."""
     models = role_models(config)
     name = "`llm.served_model_name` at `llm.url`" if config.llm.url or config.llm.urls else "`llm.model`"
-    rl_agent = "`rollout.rl_agent_model`" if config.rollout.rl_agent_model else "the synthesis model: no `rollout.rl_agent_model`"
+    rl_agent = "`rollout.rl_agent_model`"
+    if config.rollout.rl_agent_model is None:
+        rl_agent = "the synthesis model: no `rollout.rl_agent_model`"
     user = "`rollout.user_model`" if config.rollout.user_model else "the synthesis model"
     rows = [
         ("wrote the environments and scenarios (plans, code, states, tasks, checks, gold actions)",
@@ -112,13 +114,18 @@ def roles(config: BuildConfig, stats: dict[str, StageStats], tables: dict[str, d
         )
     by_model = _report(stats, "rollout").get("by_model") or {}
     if by_model:
-        lines += ["", "Rollouts by agent model and split (graded rollouts exclude infrastructure failures):", "",
-                  "| model | split | scenarios | rollouts | graded | solved | pass rate |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "Rollouts by agent model and split (graded rollouts exclude infrastructure failures):",
+            "",
+            "| model | split | scenarios | rollouts | graded | solved | pass rate |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for model, splits in sorted(by_model.items()):
             for split, figures in sorted(splits.items()):
                 rate = figures.get("pass_rate")
-                cells = [f"`{model}`", f"`{split}`", *(figures.get(key, 0) for key in ("scenarios", "rollouts", "graded", "solved")),
-                         "–" if rate is None else value_label(rate)]  # fmt: skip
+                counts = [figures.get(key, 0) for key in ("scenarios", "rollouts", "graded", "solved")]
+                cells = [f"`{model}`", f"`{split}`", *counts, "–" if rate is None else value_label(rate)]
                 lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     return "\n".join(lines)
 
@@ -148,17 +155,20 @@ def band(config: BuildConfig, stats: dict[str, StageStats], tables: dict[str, di
             f"**No pass-rate band was applied.** `rollout.rl_agent_model` was not set, so the `rl` environments "
             f"were played by the synthesis model `{policy['measured_with']}`, the teacher of the `sft` data. Its "
             "pass rates say nothing about how often your policy solves a scenario, and a strong teacher solves "
-            f"nearly every one, so the band ({low}, {high}) would empty the split. Every `rl` scenario with at least `select.min_rollouts` = "
+            f"nearly every one, so the band ({low}, {high}) would empty the split. Every `rl` scenario with at "
+            "least `select.min_rollouts` = "
             f"{config.select.min_rollouts} graded rollouts is published with the synthesis model's `pass_rate` "
             f"({k} rollouts each). Measure your policy's pass rates and keep the scenarios it solves sometimes "
             "before GRPO: a group that is all solved or all failed carries no signal."
         )
     rl = tables["scenarios"]["rl"]
     if rl.height:
-        rates = Counter(rl["pass_rate"].to_list())
-        shown = ", ".join(f"{'–' if rate is None else value_label(rate)}: {count}" for rate, count in
-                          sorted(rates.items(), key=lambda item: (item[0] is None, item[0] or 0)))  # fmt: skip
-        return f"{text}\n\nPass rates of the `rl` rows (pass rate: rows): {shown}."
+        rates = sorted(Counter(rl["pass_rate"].to_list()).items(), key=lambda item: (item[0] is None, item[0] or 0))
+        shown = "; ".join(
+            f"{'none' if rate is None else value_label(rate)} in {count} row{'s' * (count != 1)}"
+            for rate, count in rates
+        )
+        return f"{text}\n\n`pass_rate` of the `rl` rows: {shown}."
     return f"{text}\n\nThis release has no `rl` scenarios: {missing_rl(config, stats, tables)}."
 
 
@@ -174,8 +184,8 @@ def missing_rl(config: BuildConfig, stats: dict[str, StageStats], tables: dict[s
     select = stats.get("select")
     if select is None:
         return "select kept none of the `rl` environments' scenarios (the run's stats were not given to the export)"
-    dropped = {reason: select.dropped[reason] for reason in ("contaminated", "too_few_rollouts",
-                                                            "pass_rate_out_of_band") if select.dropped.get(reason)}  # fmt: skip
+    rl_reasons = ("contaminated", "too_few_rollouts", "pass_rate_out_of_band")
+    dropped = {reason: select.dropped[reason] for reason in rl_reasons if select.dropped.get(reason)}
     reasons = ", ".join(f"{reason}: {count}" for reason, count in dropped.items()) or "none dropped"
     return f"select kept none of the `rl` environments' scenarios (select's drops that apply to rl: {reasons})"
 

@@ -62,6 +62,7 @@ async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[
     fraction = ctx.config.select.rl_env_fraction
     results: list[Record] = []
     seen: set[str] = set()
+    rl_models: set[str] = set()  # who really played the rl scenarios: the band's policy, or the teacher
     for scenario_id, group in sorted(by_scenario.items()):
         graded = [t for t in group if t.end_reason not in INFRA_END_REASONS]
         rate = sum(t.solved for t in graded) / len(graded) if graded else 0.0
@@ -69,6 +70,7 @@ async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[
         env = environments.get(env_id)
         if is_rl_environment(env_id, fraction, declared_split(env.provenance) if env is not None else None):
             results.append(_rl(ctx, scenario_id, env_id, rate, len(graded), contaminated.get(scenario_id)))
+            rl_models.update(t.model for t in graded)
             continue
         for trajectory in group:
             reason, detail = _sft_problem(ctx, trajectory, contaminated.get(scenario_id), seen)
@@ -76,7 +78,10 @@ async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[
                 results.append(ctx.reject(trajectory, reason, detail))
             else:
                 results.append(_selection(ctx, "sft", "train", trajectory.id, scenario_id, env_id, rate, len(graded)))
-    ctx.stats.report = SelectReport(**_report(trajectories, results, decontamination), rl_band=rl_band(ctx.config))
+    band = rl_band(ctx.config)
+    if rl_models:
+        band["measured_with"] = ", ".join(sorted(rl_models))
+    ctx.stats.report = SelectReport(**_report(trajectories, results, decontamination), rl_band=band)
     declared = {env_id: declared_split(env.provenance) for env_id, env in environments.items()}
     ctx.stats.report.splits = _split_sizes({t.env_id for t in trajectories}, fraction, declared)
     return results

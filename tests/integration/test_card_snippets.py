@@ -78,7 +78,8 @@ def runnable(block: str, model_dir: str, user_url: str, output_dir: Path) -> str
     if "SFTTrainer(" in block:
         line = next(line for line in block.splitlines() if line.startswith("MODEL = "))
         block = block.replace(line, f"MODEL = {json.dumps(model_dir)}")
-        return block.replace("trainer.train()", "trainer.args.max_steps = 1\ntrainer.train()\nprint('SFT STEPS', trainer.state.global_step)")
+        one_step = "trainer.args.max_steps = 1\ntrainer.train()\nprint('SFT STEPS', trainer.state.global_step)"
+        return block.replace("trainer.train()", one_step)
     assert "MODEL" not in block and "train()" not in block, block
     return block
 
@@ -94,14 +95,15 @@ def test_every_block_of_the_card_runs_against_the_local_hub(kind, tmp_path):
         # measured pass rate, and the card says no band was applied.
         assert counts["scenarios/rl"] == 2 and counts["environments/rl"] == 1
         assert "**No pass-rate band was applied.**" in card
-        assert "Pass rates of the `rl` rows (pass rate: rows): 1: 2." in card
+        assert "`pass_rate` of the `rl` rows: 1 in 2 rows." in card
         assert "This release holds **2 tasks, 4 rows** of `scenarios` (`train`: 1 task, 2 rows; `rl`: 1 task, " \
                "2 rows)" in card  # fmt: skip
     else:
         assert counts["scenarios/rl"] == counts["environments/rl"] == 0
         assert "> This release has no `rl` split: none of its 2 environments falls into the `rl` split" in card
     assert 'split="rl"' not in card if kind == "no_rl_environment" else 'split="rl"' in card
-    assert "| `gold` | the gold actions | 1 |" in card  # the run's reward audit, from its stats
+    # The run's reward audit, from its stats: one slot per environment (both modes share it).
+    assert "| `nothing` | no call | 0 | 2 | 0 | 0 |" in card and "| `gold` | the gold actions | 1 | 2 | 0 | 0 |" in card
     assert "**No decontamination ran**" in card
 
     blocks = re.findall(r"```python\n(.*?)\n```", card, re.DOTALL)

@@ -127,6 +127,8 @@ class SelectReport(StageReport):
     tokens_per_sft_trajectory: float | None = None
     decontamination: dict[str, Any] = {}
     splits: dict[str, Any] = {}
+    # Whether select.rl_pass_band cut the rl split: `applied`, `band`, `measured_with` (whose pass rates), `reason`.
+    rl_band: dict[str, Any] = {}
 
 
 # ---------------------------------------------------------------------------------------------------- merging

@@ -2,13 +2,17 @@
 
 rollout picks the agent model by it (`rl` environments are played by `rollout.rl_agent_model`), select builds
 the SFT set from `train` and the RL set from `rl`, and export publishes the two splits; all three call this, so
-they always agree.
+they always agree. `rl_band` says whether select's pass-rate band cuts the RL set (only a policy's pass rates),
+for select's report and the dataset card.
 """
 
 from __future__ import annotations
 
 import hashlib
 from typing import Any
+
+from builder.config import BuildConfig
+from builder.llm.roles import role_models
 
 
 def is_rl_environment(env_id: str, rl_fraction: float, declared: str | None = None) -> bool:
@@ -32,3 +36,17 @@ def declared_split(provenance: Any) -> str | None:
     if origin is None:
         return None
     return origin.get("split") if isinstance(origin, dict) else origin.split
+
+
+def rl_band(config: BuildConfig) -> dict[str, Any]:
+    """Whether the RL pass-rate band cuts the `rl` split, and whose pass rates it cuts (the report's `rl_band`;
+    select names the models its rl trajectories carry, this the one the config gives that role)."""
+    low, high = config.select.rl_pass_band
+    played_by = role_models(config)["rl_agent"]
+    if config.rollout.rl_agent_model is None:
+        return {
+            "applied": False, "band": [low, high], "measured_with": played_by,
+            "reason": "rollout.rl_agent_model is not set, so the synthesis model played the rl environments; its "
+            "pass rates say nothing about a policy's, so every measured rl scenario is kept with its pass rate",
+        }  # fmt: skip
+    return {"applied": True, "band": [low, high], "measured_with": played_by, "reason": ""}

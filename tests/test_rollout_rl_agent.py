@@ -142,13 +142,19 @@ async def test_rl_environments_are_played_by_the_rl_agent_and_select_cuts_its_ba
     assert stored["by_model"] == report
 
 
-async def test_without_an_rl_agent_the_teacher_plays_rl_and_the_band_stays_empty(tmp_path, sandbox):
+async def test_without_an_rl_agent_the_teacher_plays_rl_and_no_band_is_applied(tmp_path, sandbox):
     stats, trajectories, teacher, policy = await rollout_and_select(tmp_path, sandbox, SCENARIOS[2:3])
     assert set(trajectories["model"]) == {TEACHER} and not policy.requests
     assert stats["rollout"].report.to_json()["by_model"] == {
         TEACHER: {"rl": {"scenarios": 1, "rollouts": 2, "graded": 2, "solved": 2, "pass_rate": 1.0}}
     }
-    assert dict(stats["select"].dropped) == {"pass_rate_out_of_band": 1} and stats["select"].kept == 0
+    # The teacher solved both samples: a band on its pass rate would empty the rl split, so none is applied and
+    # the scenario is kept with the rate it measured.
+    assert dict(stats["select"].dropped) == {} and stats["select"].kept == 1
+    (selection,) = pl.read_parquet(tmp_path / "run" / "select.parquet").to_dicts()
+    assert (selection["kind"], selection["pass_rate"], selection["num_rollouts"]) == ("rl", 1.0, 2)
+    band = stats["select"].report.to_json()["rl_band"]
+    assert (band["applied"], band["measured_with"]) == (False, TEACHER)
 
 
 async def test_an_rl_agent_model_without_a_client_stops_the_run(tmp_path, sandbox):

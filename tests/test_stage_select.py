@@ -36,6 +36,7 @@ from tests.fixtures.scenarios import PROVENANCE, bank_scenario, environment, lib
 BENCHMARKS = Path(__file__).parent / "fixtures" / "benchmarks"
 TOOLS = environment("bank").tools
 TRANSFER = {"source": "acc-1", "target": "acc-2", "amount": 300}
+POLICY = "builtin:SmolLM2-135M-Instruct"  # rollout.rl_agent_model: the band cuts a policy's pass rates
 
 
 def env_ids(rl: bool, count: int, fraction: float = 0.5) -> list[str]:
@@ -120,18 +121,38 @@ async def test_sft_rules_each_with_its_reason(tmp_path):
 
 
 async def test_rl_pass_band_on_held_out_environments(tmp_path):
-    group = [trajectory(RL_ENV, "mixed", i, solved=i % 2 == 0) for i in range(4)]
-    group += [trajectory(RL_ENV, "easy", i) for i in range(4)]
-    group += [trajectory(RL_ENV_2, "hard", i, solved=False) for i in range(4)]
-    group += [trajectory(RL_ENV_2, "lonely", 0, solved=False)]
-    group += [trajectory(RL_ENV_2, "lonely", 1, end_reason="llm_error")]
-    results = await select(group, context(tmp_path, "select.rl_pass_band=[0.1, 0.9]"))
+    group = [trajectory(RL_ENV, "mixed", i, solved=i % 2 == 0, model=POLICY) for i in range(4)]
+    group += [trajectory(RL_ENV, "easy", i, model=POLICY) for i in range(4)]
+    group += [trajectory(RL_ENV_2, "hard", i, solved=False, model=POLICY) for i in range(4)]
+    group += [trajectory(RL_ENV_2, "lonely", 0, solved=False, model=POLICY)]
+    group += [trajectory(RL_ENV_2, "lonely", 1, end_reason="llm_error", model=POLICY)]
+    ctx = context(tmp_path, "select.rl_pass_band=[0.1, 0.9]", f"rollout.rl_agent_model={POLICY}")
+    results = await select(group, ctx)
     got = verdicts(results)
     assert got == {"mixed": "rl", "easy": "pass_rate_out_of_band", "hard": "pass_rate_out_of_band",
                    "lonely": "too_few_rollouts"}  # fmt: skip
     (chosen,) = [r for r in results if isinstance(r, Selection)]
     assert (chosen.split, chosen.pass_rate, chosen.num_rollouts) == ("rl", 0.5, 4)
     assert not any(isinstance(r, Selection) and r.kind == "sft" for r in results)  # no SFT from rl environments
+    assert ctx.stats.report.rl_band == {"applied": True, "band": [0.1, 0.9], "measured_with": POLICY, "reason": ""}
+
+
+async def test_without_a_policy_the_band_is_not_applied_and_rl_keeps_measured_rates(tmp_path):
+    # The synthesis model played the rl environments: a teacher that solves everything would empty any band.
+    group = [trajectory(RL_ENV, "easy", i) for i in range(2)]
+    group += [trajectory(RL_ENV, "mixed", i, solved=i == 0) for i in range(2)]
+    group += [trajectory(RL_ENV_2, "hard", i, solved=False) for i in range(2)]
+    group += [trajectory(RL_ENV_2, "lonely", 0), trajectory(RL_ENV_2, "lonely", 1, end_reason="llm_error")]
+    ctx = context(tmp_path, "llm.url=http://teacher.invalid/v1", "llm.served_model_name=teacher")
+    results = await select(group, ctx)
+    assert verdicts(results) == {"easy": "rl", "mixed": "rl", "hard": "rl", "lonely": "too_few_rollouts"}
+    rates = {r.subject_id: (r.pass_rate, r.num_rollouts) for r in results if isinstance(r, Selection)}
+    assert rates == {"easy": (1.0, 2), "mixed": (0.5, 2), "hard": (0.0, 2)}
+    band = ctx.stats.report.rl_band
+    # Whose pass rates these are: the model the rl trajectories carry (the config would name `teacher`).
+    assert (band["applied"], band["band"], band["measured_with"]) == (False, [0.0, 1.0], "m")
+    assert "rollout.rl_agent_model is not set" in band["reason"]
+    assert ctx.stats.report.rl_kept == 3
 
 
 async def test_splits_are_deterministic_and_environment_disjoint(tmp_path):
@@ -306,7 +327,8 @@ async def test_the_release_holds_exactly_what_select_chose(tmp_path):
         fixed("rollout", rollouts, "trajectories"),
         pipeline_stage("select"),
     )  # fmt: skip
-    options = [f"store.path={json.dumps(str(tmp_path / 'store'))}", f"select.rl_env_fraction={fraction}"]
+    options = [f"store.path={json.dumps(str(tmp_path / 'store'))}", f"select.rl_env_fraction={fraction}",
+               f"rollout.rl_agent_model={POLICY}"]  # fmt: skip
     config = load_config(None, options)
 
     def release_and_selection(run_dir):

@@ -223,7 +223,9 @@ class RolloutConfig(Section):
 
 class SelectConfig(Section):
     rl_pass_band: tuple[float, float] = Field(
-        (0.0, 1.0), description="Scenarios whose pass rate lies strictly inside this band go to RL."
+        (0.0, 1.0),
+        description="Scenarios whose pass rate lies strictly inside this band go to RL; applied only when "
+        "rollout.rl_agent_model is set (without it every measured rl scenario is kept with its pass rate).",
     )
     rl_env_fraction: float = Field(0.2, ge=0, le=1, description="Share of environments held out for `rl`.")
     min_rollouts: int = Field(2, ge=1, description="Scenarios with fewer graded rollouts get no RL pass rate.")

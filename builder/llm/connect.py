@@ -19,18 +19,13 @@ from builder.llm.errors import ServerError
 from builder.llm.openai_backend import OpenAIChatModel
 from builder.llm.pacing import InFlightLimit
 from builder.llm.pool import Endpoint, EndpointPool
+from builder.llm.roles import served_model_id
 from builder.llm.server import VLLMServer, check_external_server, kv_cache_tokens
 from builder.records import Sampling
 
 CACHE_FILE = "llm_cache.sqlite"
 SERVER_LOG = "llm_server.log"
 RL_AGENT_SERVER_LOG = "rl_agent_server.log"
-
-
-def served_model_id(config: LLMConfig) -> str:
-    """The model's name in provenance, `Trajectory.model` and every cache key: the served name on `config.url`
-    (or `config.urls`), else the model the managed server loads."""
-    return config.served_model_name if config.url or config.urls else config.model
 
 
 @contextmanager

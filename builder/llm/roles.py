@@ -1,12 +1,32 @@
 """Which model plays which role, as `llm` configs derived from the build config: the RL agent
-(`rollout.rl_agent_model`) and the user simulator (`rollout.user_model`). Opening their clients is
-`builder.llm.connect`'s."""
+(`rollout.rl_agent_model`) and the user simulator (`rollout.user_model`); and the names the models of a run go
+by (`served_model_id`, `role_models`), which provenance, trajectories, select's report and the dataset card use.
+Opening their clients is `builder.llm.connect`'s."""
 
 from __future__ import annotations
 
 from builder.config import BuildConfig, LLMConfig
 from builder.errors import ConfigError
 from builder.llm.weights import EMBEDDED_MODEL, EMBEDDED_MODEL_CONTEXT
+
+
+def served_model_id(config: LLMConfig) -> str:
+    """The model's name in provenance, `Trajectory.model` and every cache key: the served name on `config.url`
+    (or `config.urls`), else the model the managed server loads."""
+    return config.served_model_name if config.url or config.urls else config.model
+
+
+def role_models(config: BuildConfig) -> dict[str, str]:
+    """Who plays each role of a run, by the names its records carry: `synthesis` (wrote the environments and
+    scenarios, judged them at evaluate), `user` (the user simulator), `train_agent` and `rl_agent` (the agent in
+    `train` and in `rl` environments)."""
+    synthesis = served_model_id(config.llm)
+    return {
+        "synthesis": synthesis,
+        "user": config.rollout.user_model or synthesis,
+        "train_agent": synthesis,
+        "rl_agent": config.rollout.rl_agent_model or synthesis,
+    }
 
 
 def user_model_config(config: BuildConfig) -> LLMConfig | None:

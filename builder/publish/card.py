@@ -2,10 +2,9 @@
 
 The front matter has `configs:` (data_files per split), `dataset_info` (features, num_bytes, num_examples),
 license, tags and task categories; `datasets` reads it back without warnings and checks the row counts against it.
-The body is `string.Template` text with `$placeholders` filled by the small renderers below. The TRL examples
-are the code the card shows and the CI runs (tests/integration/test_trl_sft.py runs `SFT_EXAMPLE` as rendered,
-tests/test_trainer_grpo.py and tests/integration/test_trl_grpo.py `GRPO_EXAMPLE`).
-"""
+The body is `string.Template` text with `$placeholders` filled by the small renderers below, by `facts` (how the
+release was made: tasks and rows, roles, reward, RL band, decontamination, reward audit) and by `snippets` (the
+code the card shows, for the splits the release has; the CI runs every block of generated cards)"""
 
 from __future__ import annotations
 
@@ -22,21 +21,21 @@ from datasets.splits import SplitDict, SplitInfo
 from datasets.utils.metadata import MetadataConfigs
 from huggingface_hub import DatasetCardData
 
-from builder.config import HubConfig
+from builder.config import BuildConfig, HubConfig
+from builder.publish import facts, snippets
 from builder.publish.columns import COLUMN_DOCS, ROW_MEANING
 from builder.publish.export import CONFIG_SPLITS, SplitFiles, features_of
 from builder.publish.plots import TOOL_ROLES, tool_roles, value_label
 from builder.publish.release import PublishError
+from builder.publish.snippets import CHAT_TEMPLATE, DISTRIBUTION
 from builder.publish.tokens import LENGTH_STEP, TokenStats
 from builder.stats import StageStats
 from builder.usage import Usage
 
 # Package data (pyproject), so the card renders from an installed wheel as from a checkout.
 TEMPLATE = Path(__file__).resolve().parents[1] / "dataset_cards" / "README.md.tmpl"
-CHAT_TEMPLATE = "chat_template.jinja"  # the packaged ChatML+tools template, shipped in every release
 TAGS = ("agents", "tool-use", "environments", "synthetic", "reinforcement-learning", "builder")
 TASK_CATEGORIES = ("reinforcement-learning", "text-generation")
-DISTRIBUTION = "builder-envs"  # builder's name on PyPI (`builder` there is another project); it imports as `builder`
 
 
 @dataclass(frozen=True)
@@ -49,6 +48,7 @@ class CardInputs:
     config_hash: str
     builder_version: str
     license: str
+    config: BuildConfig  # the run's: who played which role, the RL band, decontamination
     tables: dict[str, dict[str, pl.DataFrame]]
     files: dict[tuple[str, str], SplitFiles]
     plots: dict[str, str]
@@ -57,61 +57,6 @@ class CardInputs:
     export_counts: dict[str, dict] = field(default_factory=dict)
     tokens: TokenStats | None = None
     endpoint: str | None = None  # the Hub the release is published to, when not the Hugging Face Hub
-
-
-# SFT on the `sft` split with the packaged template (its {% generation %} marks make assistant_only_loss work).
-SFT_EXAMPLE = Template(
-    """import torch
-from datasets import load_dataset
-from huggingface_hub import hf_hub_download
-from trl import SFTConfig, SFTTrainer
-
-MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # any model whose tokenizer has <|im_start|> and <|im_end|>
-sft = load_dataset("$repo", "sft", split="train", revision="$tag")
-template = hf_hub_download("$repo", "$chat_template", repo_type="dataset", revision="$tag")
-args = SFTConfig(
-    output_dir="sft-out", chat_template_path=template, assistant_only_loss=True, max_length=$max_length,
-    bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),  # TRL's default, bf16, needs a GPU
-)
-trainer = SFTTrainer(model=MODEL, args=args, train_dataset=sft)
-trainer.train()"""
-)
-
-# GRPO on the `rl` split, both modes: builder's sandboxed environments as TRL's environment_factory, rewarded by
-# the checks; conversational scenarios talk to a simulated user (tests/test_trainer_grpo.py runs it as rendered).
-GRPO_EXAMPLE = Template(
-    """import torch
-from datasets import load_dataset
-from huggingface_hub import hf_hub_download
-from transformers import AutoTokenizer
-from trl import GRPOConfig, GRPOTrainer
-from trl.chat_template_utils import qwen3_template
-from builder.envs.conversation import SimulatedUser
-from builder.envs.trainer import trl_environment_factories, trl_prompt_row
-
-MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-environments = load_dataset("$repo", "environments", split="rl", revision="$tag")
-by_id = {row["env_id"]: row for row in environments}
-rl = load_dataset("$repo", "scenarios", split="rl", revision="$tag")
-rl = rl.map(lambda row: trl_prompt_row(row, by_id[row["env_id"]]))
-# Conversational scenarios need a model to play the user: any OpenAI-compatible server (vLLM, ...). Without one,
-# keep rl.filter(lambda row: row["mode"] == "non_conversational") and drop `user=`.
-user = SimulatedUser.endpoint("http://127.0.0.1:8000/v1", "Qwen/Qwen3-8B")
-template = hf_hub_download("$repo", "$chat_template", repo_type="dataset", revision="$tag")
-tokenizer = AutoTokenizer.from_pretrained(MODEL)
-# The packaged template writes tool calls as Qwen3 does; with Qwen3's own tokenizer drop these two lines.
-tokenizer.chat_template = open(template).read()
-tokenizer.response_template = qwen3_template
-args = GRPOConfig(
-    output_dir="grpo-out", max_completion_length=2048,  # the whole multi-turn episode: calls, results, replies
-    bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
-)
-trainer = GRPOTrainer(
-    model=MODEL, processing_class=tokenizer, args=args, train_dataset=rl,
-    environment_factory=trl_environment_factories(environments, rl, user=user),
-)
-trainer.train()"""
-)
 
 
 def render_card(inputs: CardInputs, template: Path = TEMPLATE) -> str:
@@ -125,27 +70,43 @@ def render_card(inputs: CardInputs, template: Path = TEMPLATE) -> str:
 
 
 def _fill(template: Template, inputs: CardInputs, tag: str) -> str:
+    present = published_splits(inputs.files)
+    split = snippets.scenario_split(present)
+    missing_rl = facts.missing_rl(inputs.config, inputs.stats, inputs.tables) if split != "rl" else ""
+    repo = inputs.repo
     return template.substitute(
-        title=inputs.repo.split("/")[-1],
-        repo=inputs.repo,
+        title=repo.split("/")[-1],
+        repo=repo,
         version=inputs.version,
         tag=tag,
         previous=f"`{inputs.previous_version}`" if inputs.previous_version else "none (first release)",
         config_hash=inputs.config_hash,
         builder_version=inputs.builder_version,
         license=inputs.license,
+        contents=facts.contents(inputs.tables),
         summary_table=_summary_table(inputs.files),
-        load_examples=_load_examples(inputs.repo, tag),
+        load_examples=snippets.load_examples(repo, tag, present),
+        pinned_example=snippets.pinned_example(repo, inputs.version, present),
         hub_endpoint=hub_note(inputs.endpoint),
         distribution=DISTRIBUTION,
         columns=_columns(inputs.tables),
         stats=_stats(inputs.stats, inputs.export_counts),
         graphs=_graphs(inputs.tables),
         models=_models(inputs.tables),
+        roles=facts.roles(inputs.config, inputs.stats, inputs.tables),
+        reward=facts.REWARD,
+        rl_band=facts.band(inputs.config, inputs.stats, inputs.tables),
+        decontamination=facts.decontamination(inputs.config, inputs.stats),
+        audit=facts.audit(inputs.stats),
         tokens=_tokens(inputs.stats, inputs.tables),
         token_stats=_token_stats(inputs.tokens),
-        sft_example=sft_example(inputs.repo, tag, inputs.tokens),
-        grpo_example=GRPO_EXAMPLE.substitute(repo=inputs.repo, tag=tag, chat_template=CHAT_TEMPLATE),
+        sft_section=snippets.sft_section(repo, tag, inputs.tokens, present),
+        grpo_section=snippets.grpo_section(repo, tag, split, missing_rl),
+        another_trainer_section=snippets.another_trainer_section(repo, tag, split),
+        rl_split=split or "rl",
+        # The bare code, for templates written before the sections existed.
+        sft_example=snippets.sft_example(repo, tag, inputs.tokens),
+        grpo_example=snippets.grpo_example(repo, tag, split or "rl"),
         chat_template=CHAT_TEMPLATE,
         plots="\n\n".join(f"**{title}**\n\n![{title}]({path})" for title, path in inputs.plots.items()),
         changelog=_changelog(inputs.history),
@@ -229,13 +190,6 @@ def hub_note(endpoint: str | None) -> str:
         f"This release is on a local Hub, served by `python -m builder hub serve` at {endpoint}: point `datasets` "
         f"and `huggingface_hub` at it with `export HF_ENDPOINT={endpoint}` (from another machine, that machine's "
         "address) before either is imported. Without it they ask the Hugging Face Hub, which does not have it."
-    )
-
-
-def _load_examples(repo: str, tag: str) -> str:
-    return "\n".join(
-        f'{config} = load_dataset("{repo}", "{config}", revision="{tag}")  # splits: {", ".join(splits)}'
-        for config, splits in CONFIG_SPLITS.items()
     )
 
 
@@ -332,12 +286,6 @@ def _tokens(stats: dict[str, StageStats], tables: dict[str, dict[str, pl.DataFra
             f"and {run.failed_calls:,} failed."
         )
     return " ".join(lines)
-
-
-def sft_example(repo: str, tag: str, tokens: TokenStats | None) -> str:
-    """The SFT code of the card; `max_length` fits the longest row (TRL's default, 1024, would cut longer ones)."""
-    max_length = tokens.max_length if tokens is not None and tokens.lengths else 4096
-    return SFT_EXAMPLE.substitute(repo=repo, tag=tag, chat_template=CHAT_TEMPLATE, max_length=max_length)
 
 
 def _token_stats(tokens: TokenStats | None) -> str:

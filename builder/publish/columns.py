@@ -58,7 +58,8 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "gold_actions": "a tool-call sequence that solves the task: `name`, `arguments` (JSON)",
         "difficulty": "`easy`, `medium` or `hard`",
         "num_rollouts": "graded agent rollouts of this scenario (infrastructure failures excluded)",
-        "pass_rate": "share of those rollouts that passed every check (null without rollouts)",
+        "pass_rate": "share of those rollouts that passed every check, the collateral guard included (null without "
+        'rollouts); played by the model the card names for the split ("Who wrote, judged and played")',
         "verification": "JSON: evidence that the gold actions pass every check and no check is vacuous",
         "schema_version": "version of the record layout",
         "provenance": _PROVENANCE,
@@ -72,7 +73,7 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "`arguments` as JSON text), `tool_call_id`, `name`, `reasoning_content` (the agent's thinking when the "
         "model thought, else null; Qwen3's chat template renders it)",
         "tools": "JSON: the environment's tool schemas, as in `environments` (the agent saw the same tools)",
-        "reward": "fraction of checks passed (1.0 here: only solved trajectories are published)",
+        "reward": 'the published reward (the card\'s "The reward"; 1.0 here: only solved trajectories are published)',
         "checks_passed": "one verdict per check, in the scenario's `checks` order",
         "num_turns": "assistant messages in the conversation",
         "num_tool_calls": "tool calls the agent made",

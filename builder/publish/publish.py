@@ -177,6 +177,7 @@ def _write_release(
         config_hash=config_hash(config),
         builder_version=__version__,
         license=config.hub.license,
+        config=config,
         tables=tables,
         files=files,
         plots=write_plots(tables, root, tokens),

@@ -12,7 +12,12 @@ environments SFT never saw. Rules, in order (the first failing one is the reject
   `malformed_call` (a tool call that does not fit its schema or names no tool), `too_short` / `too_long`
   (`select.sft_min_turns`, `sft_max_turns`, `sft_max_chars`), `duplicate` (same conversation as a kept one).
 - RL, per scenario: `contaminated`, `too_few_rollouts` (fewer than `select.min_rollouts` graded rollouts),
-  `pass_rate_out_of_band` (not strictly inside `select.rl_pass_band`).
+  `pass_rate_out_of_band` (not strictly inside `select.rl_pass_band`; only when `rollout.rl_agent_model` is set).
+
+The band is applied only to a policy's pass rates. Without `rollout.rl_agent_model` the synthesis model played
+the `rl` environments: a strong teacher solves nearly every scenario, so its pass rates say nothing about the
+policy a trainer will use and the band would empty the `rl` split in every run. Then every measured `rl`
+scenario is kept with its pass rate, and the report's `rl_band` says the band was not applied and why.
 
 The stage's report (stats: `select.report`) holds solve rates per environment and mode, turn and tool-call
 distributions, yield, tokens per kept trajectory and the decontamination report.
@@ -34,7 +39,7 @@ from builder.records import Environment, Record, Scenario, Selection, Trajectory
 from builder.reports import SelectReport
 from builder.rollout.episode import AGENT_DONE, INFRA_END_REASONS, USER_STOP
 from builder.run.stage import StageContext
-from builder.splits import declared_split, is_rl_environment
+from builder.splits import declared_split, is_rl_environment, rl_band
 
 SFT_REASONS = (
     "contaminated", "void", "not_solved", "cut", "collateral", "bad_reply", "malformed_call", "too_short", "too_long",
@@ -57,6 +62,7 @@ async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[
     fraction = ctx.config.select.rl_env_fraction
     results: list[Record] = []
     seen: set[str] = set()
+    rl_models: set[str] = set()  # who really played the rl scenarios: the band's policy, or the teacher
     for scenario_id, group in sorted(by_scenario.items()):
         graded = [t for t in group if t.end_reason not in INFRA_END_REASONS]
         rate = sum(t.solved for t in graded) / len(graded) if graded else 0.0
@@ -64,6 +70,7 @@ async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[
         env = environments.get(env_id)
         if is_rl_environment(env_id, fraction, declared_split(env.provenance) if env is not None else None):
             results.append(_rl(ctx, scenario_id, env_id, rate, len(graded), contaminated.get(scenario_id)))
+            rl_models.update(t.model for t in graded)
             continue
         for trajectory in group:
             reason, detail = _sft_problem(ctx, trajectory, contaminated.get(scenario_id), seen)
@@ -71,7 +78,10 @@ async def select(trajectories: Sequence[Trajectory], ctx: StageContext) -> list[
                 results.append(ctx.reject(trajectory, reason, detail))
             else:
                 results.append(_selection(ctx, "sft", "train", trajectory.id, scenario_id, env_id, rate, len(graded)))
-    ctx.stats.report = SelectReport(**_report(trajectories, results, decontamination))
+    band = rl_band(ctx.config)
+    if rl_models:
+        band["measured_with"] = ", ".join(sorted(rl_models))
+    ctx.stats.report = SelectReport(**_report(trajectories, results, decontamination), rl_band=band)
     declared = {env_id: declared_split(env.provenance) for env_id, env in environments.items()}
     ctx.stats.report.splits = _split_sizes({t.env_id for t in trajectories}, fraction, declared)
     return results
@@ -92,7 +102,7 @@ def _rl(ctx: StageContext, scenario_id: str, env_id: str, rate: float, n: int, c
         return ctx.reject(scenario_id, "contaminated", contamination)
     if n < ctx.config.select.min_rollouts:
         return ctx.reject(scenario_id, "too_few_rollouts", f"{n} graded rollouts")
-    if not low < rate < high:
+    if rl_band(ctx.config)["applied"] and not low < rate < high:
         return ctx.reject(scenario_id, "pass_rate_out_of_band", f"pass rate {rate:.3f} not inside ({low}, {high})")
     return _selection(ctx, "rl", "rl", scenario_id, scenario_id, env_id, rate, n)
 

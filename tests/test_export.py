@@ -300,3 +300,30 @@ def test_empty_splits_are_left_out_of_the_card_and_the_rest_loads(release_config
     with pytest.raises(PublishError, match="nothing to release"):  # a dataset with no config is not published
         export_release(empty, "0.0.1", tmp_path / "empty-out")
     assert not (tmp_path / "empty-out").exists()
+
+
+def test_difficulty_is_measured_from_pass_rates_and_the_policy_is_published(release_config):
+    from builder.publish.export import EASY_RATE, HARD_RATE, MIN_RATED_ROLLOUTS
+
+    tables = tables_of(release_config)
+    scenarios = pl.concat([frame for frame in tables["scenarios"].values()], how="vertical_relaxed")
+    assert "pass_rate" in set(scenarios["difficulty_source"])  # the fixture's scenarios were rolled out
+    for row in scenarios.iter_rows(named=True):
+        if row["num_rollouts"] >= MIN_RATED_ROLLOUTS:
+            rate = row["pass_rate"]
+            expected = "easy" if rate >= EASY_RATE else "hard" if rate < HARD_RATE else "medium"
+            assert (row["difficulty"], row["difficulty_source"]) == (expected, "pass_rate"), row
+        else:
+            assert row["difficulty_source"] == "gold"
+    environments = pl.concat([frame for frame in tables["environments"].values()], how="vertical_relaxed")
+    assert environments["policy"].dtype == pl.String and all(p is not None for p in environments["policy"])
+
+
+def test_a_scenario_rolled_out_too_few_times_keeps_the_difficulty_of_its_gold():
+    from builder.publish.export import _measured_difficulty
+
+    frame = pl.DataFrame({"num_rollouts": [0, 1, 2, 4, 4], "pass_rate": [None, 1.0, 1.0, 0.5, 0.25],
+                          "difficulty": ["hard", "hard", "hard", "easy", "easy"]})  # fmt: skip
+    out = frame.with_columns(_measured_difficulty())
+    assert out["difficulty"].to_list() == ["hard", "hard", "easy", "medium", "hard"]
+    assert out["difficulty_source"].to_list() == ["gold", "gold", "pass_rate", "pass_rate", "pass_rate"]

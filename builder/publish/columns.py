@@ -21,6 +21,8 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "class_name": "the one class `code` defines",
         "description": "what the environment simulates",
         "domain": "domain label, e.g. `library`",
+        "policy": "the rules the environment enforces, in plain language (numbered): what the agent's system prompt "
+        "shows under \"Policy\" in rollouts, the trainer API and the adapters (empty when the code states none)",
         "code": "the whole Python module (**untrusted code**: run it only in a sandbox)",
         "code_sha256": "sha256 of `code`, to check the code you run is the code published",
         "tools": "JSON: OpenAI function schemas of the tools (the public methods), sorted by name: what "
@@ -56,7 +58,9 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "checklist": "the task as statements about the final state",
         "checks": "one Python `check(initial_state, final_state) -> bool` per checklist item (untrusted code)",
         "gold_actions": "a tool-call sequence that solves the task: `name`, `arguments` (JSON)",
-        "difficulty": "`easy`, `medium` or `hard`",
+        "difficulty": "`easy`, `medium` or `hard`: from the measured `pass_rate` when at least 2 rollouts were graded "
+        "(easy at 0.8 or above, hard below 0.4), else from the size of the gold sequence",
+        "difficulty_source": "`pass_rate` or `gold`: where `difficulty` comes from",
         "num_rollouts": "graded agent rollouts of this scenario (infrastructure failures excluded)",
         "pass_rate": "share of those rollouts that passed every check, the collateral guard included (null without "
         'rollouts); played by the model the card names for the split ("Who wrote, judged and played")',

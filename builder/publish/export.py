@@ -23,6 +23,7 @@ from builder.envs.schema import inspect_source
 from builder.envs.trainer import environment_contract
 from builder.rollout.episode import INFRA_END_REASONS
 from builder.splits import declared_split, is_rl_environment
+from builder.views.code import policy_text
 
 CONFIG_SPLITS: dict[str, tuple[str, ...]] = {
     "environments": ("train", "rl"),
@@ -31,13 +32,17 @@ CONFIG_SPLITS: dict[str, tuple[str, ...]] = {
 }
 
 ENVIRONMENT_COLUMNS = (
-    "env_id", "name", "class_name", "description", "domain", "code", "code_sha256", "tools", "num_tools",
+    "env_id", "name", "class_name", "description", "domain", "policy", "code", "code_sha256", "tools", "num_tools",
     "state_schema", "num_scenarios", "scores", "evaluation", "graph", "plan_id", "schema_version", "provenance",
 )  # fmt: skip
 SCENARIO_COLUMNS = (
     "scenario_id", "env_id", "mode", "method", "wording", "task", "initial_state", "now", "user", "checklist",
-    "checks", "gold_actions", "difficulty", "num_rollouts", "pass_rate", "verification", "schema_version", "provenance",
+    "checks", "gold_actions", "difficulty", "difficulty_source", "num_rollouts", "pass_rate", "verification",
+    "schema_version", "provenance",
 )  # fmt: skip
+# The published difficulty, from a scenario's measured pass rate when it has MIN_RATED_ROLLOUTS graded rollouts:
+# easy at EASY_RATE or above, hard below HARD_RATE, else medium. Without them, the size of its gold sequence.
+MIN_RATED_ROLLOUTS, EASY_RATE, HARD_RATE = 2, 0.8, 0.4
 SFT_COLUMNS = (
     "trajectory_id", "scenario_id", "env_id", "mode", "messages", "tools", "reward", "checks_passed",
     "num_turns", "num_tool_calls", "end_reason", "model", "sampling", "usage", "schema_version", "provenance",
@@ -102,6 +107,8 @@ def _environment_table(envs: pl.DataFrame, scenarios: pl.DataFrame) -> pl.DataFr
         .with_columns(
             pl.col("code").map_elements(_sha256, return_dtype=pl.String).alias("code_sha256"),
             pl.col("tools").map_elements(lambda text: len(json.loads(text)), return_dtype=pl.Int64).alias("num_tools"),
+            # The rules the environment enforces, in plain language: what the agent's system prompt shows.
+            pl.col("code").map_elements(policy_text, return_dtype=pl.String).alias("policy"),
         )
         .join(counts, on="env_id", how="left")
         .with_columns(pl.col("num_scenarios").fill_null(0))
@@ -136,9 +143,28 @@ def _scenario_table(scenarios: pl.DataFrame, trajectories: pl.DataFrame, selecti
             pl.coalesce("judged_n", "num_rollouts", pl.lit(0, dtype=pl.Int64)).alias("num_rollouts"),
             pl.coalesce("judged_rate", "pass_rate").alias("pass_rate"),
         )
+        .with_columns(_measured_difficulty())
         .select(SCENARIO_COLUMNS)
         .sort("scenario_id")
     )
+
+
+def _measured_difficulty() -> list[pl.Expr]:
+    """`difficulty` from the pass rate where enough rollouts measured it (`difficulty_source` "pass_rate"), else
+    the one the scenario was made with, from its gold sequence's size (`difficulty_source` "gold")."""
+    rated = pl.col("num_rollouts") >= MIN_RATED_ROLLOUTS
+    rate = pl.col("pass_rate")
+    measured = (
+        pl.when(rate >= EASY_RATE)
+        .then(pl.lit("easy"))
+        .when(rate < HARD_RATE)
+        .then(pl.lit("hard"))
+        .otherwise(pl.lit("medium"))
+    )
+    return [
+        pl.when(rated).then(measured).otherwise(pl.col("difficulty")).alias("difficulty"),
+        pl.when(rated).then(pl.lit("pass_rate")).otherwise(pl.lit("gold")).alias("difficulty_source"),
+    ]
 
 
 def _sft_table(trajectories: pl.DataFrame) -> pl.DataFrame:

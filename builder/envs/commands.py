@@ -31,7 +31,7 @@ def env_schema(path: Path, out: TextIO | None = None, contract: Contract = "stri
     `out` defaults to the `sys.stdout` of the call."""
     out = out or sys.stdout
     try:
-        interface = inspect_source(_read(path), contract)
+        interface = inspect_source(read_file(path), contract)
     except ContractError as error:
         print(str(error), file=sys.stderr)
         return 1
@@ -47,8 +47,8 @@ def env_check(
 ) -> int:  # fmt: skip
     """Lint, load, call every tool twice from the same state at `now`; exit 1 if any problem was found (under
     import: any runtime problem, or a module with no single class)."""
-    source = _read(path)
-    state = _read_json(state_path) if state_path else None
+    source = read_file(path)
+    state = read_json(state_path) if state_path else None
     with Sandbox(config) as sandbox:
         probe = probe_environment(sandbox, source, state, now, contract)
     problems, results = probe.problems, probe.results
@@ -83,8 +83,8 @@ def env_graph(
     """Print the tool dependency graph from STATE (default: `__init__`'s) as text, JSON or DOT; exit 1 if
     `contract` refuses the module or it does not load. `out` defaults to the `sys.stdout` of the call."""
     out = out or sys.stdout
-    source = _read(path)
-    state = _read_json(state_path) if state_path else None
+    source = read_file(path)
+    state = read_json(state_path) if state_path else None
     try:
         with Sandbox(config) as sandbox:
             graph = extract_graph(sandbox, source, state, now=now, contract=contract)
@@ -118,14 +118,14 @@ def env_replay(
 ) -> int:  # fmt: skip
     """Run CALLS in one session from STATE at `now`, then optional checks (at `now` too); exit 1 if the
     environment cannot load (or `contract` refuses it)."""
-    source, state_text = _read(path), _read(state_path)
+    source, state_text = read_file(path), read_file(state_path)
     # A big state is millions of objects, held here two or three times (the state, its snapshots, the report):
     # every collection the command's allocations trigger would walk them all (measured: a quarter of a 20 MB
     # replay). The command makes no reference cycles worth collecting before it ends, so the collector waits.
     with quiet_collector(len(state_text)):
         constants: list[str] = []  # NaN, Infinity: JSON text Python reads, but not JSON data a snapshot holds
         state = _parse_json(state_text, state_path, lambda name: constants.append(name) or float(name))
-        calls = _read_json(calls_path)
+        calls = read_json(calls_path)
         if not isinstance(calls, list) or not all(isinstance(c, dict) and "name" in c for c in calls):
             raise BuilderError(f"{calls_path}: expected a JSON list of {{'name': ..., 'arguments': {{...}}}}")
         report = _replay(source, state, calls, checks_path, config, now, contract, json_state=not constants)
@@ -156,7 +156,7 @@ def _replay(
             print(str(error), file=sys.stderr)
             return None
         if checks_path is not None:
-            checks = checks_from_file(_read(checks_path))
+            checks = checks_from_file(read_file(checks_path))
             verdict = run_checks(sandbox, checks, initial, report["final_state"], now=now)
             report["checks"] = [c.model_dump() for c in verdict.checks]
             report["reward"] = verdict.reward
@@ -199,15 +199,17 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def _read(path: Path) -> str:
+def read_file(path: Path) -> str:
+    """The text of a file a command names (BuilderError, a clear one, when it cannot be read)."""
     try:
         return Path(path).read_text()
     except OSError as error:
         raise BuilderError(f"cannot read {path}: {error.strerror}") from None
 
 
-def _read_json(path: Path) -> Any:
-    return _parse_json(_read(path), path)
+def read_json(path: Path) -> Any:
+    """The JSON a command's file holds (BuilderError when it is not JSON)."""
+    return _parse_json(read_file(path), path)
 
 
 def _parse_json(text: str, path: Path, parse_constant: Callable[[str], Any] | None = None) -> Any:

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from builder.config import SandboxConfig
 from builder.envs.checks import checks_from_scenario, published_reward
+from builder.envs.commands import read_file, read_json
 from builder.envs.guard import is_guard
 from builder.envs.lint import Contract, ContractError
 from builder.envs.schema import inspect_source
@@ -39,7 +40,7 @@ def reward_report(
             another environment (its gold calls tools this one lacks, or its state attributes this one lacks).
     """
     out = out or sys.stdout
-    code = _read(path)
+    code = read_file(path)
     try:
         interface = inspect_source(code, contract)
     except ContractError as error:
@@ -106,22 +107,8 @@ def reward_report(
     return 0
 
 
-def _read(path: Path) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError as error:
-        raise BuilderError(f"cannot read {path}: {error.strerror}") from None
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(_read(path))
-    except json.JSONDecodeError as error:
-        raise BuilderError(f"{path} is not valid JSON: {error}") from None
-
-
 def _read_scenario(path: Path) -> dict[str, Any]:
-    row = _read_json(path)
+    row = read_json(path)
     if not isinstance(row, dict):
         raise BuilderError(f"{path}: expected one scenario as a JSON object (a line of scenarios.jsonl)")
     try:
@@ -143,7 +130,7 @@ def _decoded(arguments: Any) -> Any:
 
 
 def _read_calls(path: Path) -> list[Action]:
-    calls = _read_json(path)
+    calls = read_json(path)
     if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
         raise BuilderError(f'{path}: expected a JSON list of {{"name": ..., "arguments": {{...}}}}')
     try:

@@ -56,7 +56,8 @@ async def test_rollout_and_select_with_the_real_model(tmp_path):
     assert len(trajectories) == 2
     for t in trajectories:
         assert t.end_reason in END_REASONS and t.end_reason != "llm_error", (t.end_reason, t.flags)
-        assert t.usage.calls >= 1 and t.usage.completion_tokens > 0 and len(t.checks_passed) in (0, 2)
+        # The fixture's two checks and the collateral guard derived from its gold (or none: the state was unreadable).
+        assert t.usage.calls >= 1 and t.usage.completion_tokens > 0 and len(t.checks_passed) in (0, 3)
         assert t.messages[0].role == "system" and t.model and 0 <= t.reward <= 1
         answered = {m.tool_call_id for m in t.messages if m.role == "tool"}
         assert all(c.id in answered for m in t.messages for c in m.tool_calls or ())

@@ -16,7 +16,7 @@ from builder.llm.base import CallRecord, ServerCall
 from builder.reports import Report, StageReport, Unknown
 from builder.usage import Usage
 
-DERIVED = ("tokens_per_kept", "yield", "per_kept")  # keys of `to_json` computed from the counters, not state
+DERIVED = ("tokens_per_kept", "yield", "per_kept", "prefix_reuse")  # keys of `to_json` computed, not state
 # stats.json before the one ledger: flat counters, where `llm_calls` also counted the failed requests.
 _FLAT_USAGE = {
     "llm_calls": "calls",
@@ -37,12 +37,15 @@ class ServerStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     busy_s: float = 0.0
+    prompt_chars: int = 0  # of the answered prompts, and of them the start the server had seen (`llm.prefix`)
+    prefix_chars: int = 0
 
     def to_json(self, wall_s: float) -> dict:
         """The counters plus `mean_in_flight` (busy time over the stage's wall time, Little's law) and
         `completion_tok_s` (its completion tokens per second of the stage's wall time)."""
         return {
             **asdict(self),
+            "prefix_reuse": round(self.prefix_chars / self.prompt_chars, 4) if self.prompt_chars else None,
             "busy_s": round(self.busy_s, 3),
             "mean_in_flight": round(self.busy_s / wall_s, 2) if wall_s else None,
             "completion_tok_s": round(self.completion_tokens / wall_s, 2) if wall_s else None,
@@ -83,6 +86,16 @@ class StageStats:
         server.prompt_tokens += call.prompt_tokens
         server.completion_tokens += call.completion_tokens
         server.busy_s += call.latency_s
+        server.prompt_chars += call.prompt_chars
+        server.prefix_chars += call.prefix_chars
+
+    @property
+    def prefix_reuse(self) -> float | None:
+        """The share of the prompt characters the servers answered that repeat a prefix an earlier request to the
+        same server sent: what vLLM's automatic prefix caching can reuse (None: nothing measured)."""
+        chars = sum(server.prompt_chars for server in self.servers.values())
+        reused = sum(server.prefix_chars for server in self.servers.values())
+        return round(reused / chars, 4) if chars else None
 
     @property
     def tokens_per_kept(self) -> float | None:
@@ -98,6 +111,7 @@ class StageStats:
         data["report"] = self.report.to_json()
         data["servers"] = {url: server.to_json(self.wall_s) for url, server in sorted(self.servers.items())}
         data["tokens_per_kept"] = self.tokens_per_kept
+        data["prefix_reuse"] = self.prefix_reuse
         decided = self.kept + self.dropped_total
         data["yield"] = round(self.kept / decided, 4) if decided else None
         data["per_kept"] = (
@@ -147,8 +161,8 @@ def save_stats(path: Path, stages: dict[str, StageStats], extra: dict | None = N
 def render_table(stages: dict[str, StageStats]) -> str:
     """A plain-text table, one row per stage, for the end of a run and `builder stats`."""
     header = (
-        "stage", "in", "kept", "dropped", "llm calls", "cached", "failed", "retries", "tokens in/out", "wall s",
-        "drop reasons",
+        "stage", "in", "kept", "dropped", "llm calls", "cached", "failed", "retries", "tokens in/out",
+        "prefix reuse", "wall s", "drop reasons",
     )  # fmt: skip
     rows = [header]
     for stats in stages.values():
@@ -164,6 +178,7 @@ def render_table(stages: dict[str, StageStats]) -> str:
                 str(stats.usage.failed_calls),
                 str(stats.usage.retries),
                 f"{stats.usage.prompt_tokens}/{stats.usage.completion_tokens}",
+                f"{stats.prefix_reuse:.2f}" if stats.prefix_reuse is not None else "-",
                 f"{stats.wall_s:.1f}",
                 reasons or "-",
             )

@@ -170,6 +170,9 @@ def test_stage_stats_count_failed_and_answered_attempts_per_server() -> None:
         "prompt_tokens": 3,
         "completion_tokens": 7,
         "busy_s": 3.0,
+        "prompt_chars": 0,  # the calls carry no prompt size (a pool measures it: tests/test_llm_prefix.py)
+        "prefix_chars": 0,
+        "prefix_reuse": None,
         "mean_in_flight": None,  # no wall time yet
         "completion_tok_s": None,
     }

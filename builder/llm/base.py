@@ -157,6 +157,10 @@ class ServerCall(_Frozen):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     latency_s: float = Field(0.0, description="Wall time of the attempt, from the slot taken to the reply.")
+    prompt_chars: int = Field(0, description="Characters of the prompt the server answered (0: failed).")
+    prefix_chars: int = Field(
+        0, description="Of them, the start an earlier answered request to this server began with (`llm.prefix`)."
+    )
 
 
 # `ChatRequest.tool_choice` values that are not tool names.

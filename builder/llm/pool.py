@@ -30,6 +30,7 @@ from typing import Any
 from builder.llm.base import ChatModel, ChatRequest, Reply, ServerCall
 from builder.llm.errors import TransientLLMError
 from builder.llm.pacing import InFlightLimit
+from builder.llm.prefix import PrefixIndex, prompt_text
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ class Endpoint:
     completion_tokens: int = 0
     busy_s: float = 0.0  # summed time of the answered requests, for the mean latency
     probing: bool = field(default=False, repr=False)
+    # What this server's prompts began with: its prefix cache, as far as builder can tell (`builder.llm.prefix`).
+    prefixes: PrefixIndex = field(default_factory=PrefixIndex, repr=False)
 
     def load(self) -> float:
         return self.in_flight / self.limit.current
@@ -131,12 +134,15 @@ class EndpointPool:
             endpoint.completion_tokens += usage.completion_tokens
             endpoint.busy_s += elapsed
             endpoint.limit.answered(usage.completion_tokens, usage.prompt_tokens)
+            reused, chars = endpoint.prefixes.observe(prompt_text(request))
             self._report(
                 ServerCall(
                     url=endpoint.url,
                     prompt_tokens=usage.prompt_tokens,
                     completion_tokens=usage.completion_tokens,
                     latency_s=elapsed,
+                    prompt_chars=chars,
+                    prefix_chars=reused,
                 )
             )
             return reply

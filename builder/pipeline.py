@@ -26,7 +26,7 @@ from builder.config import BuildConfig, LLMConfig
 from builder.errors import ConfigError
 from builder.llm import CallRecord, ChatRequest, LLMClient, Reply, open_llm
 from builder.llm.base import ServerCall
-from builder.llm.connect import RL_AGENT_SERVER_LOG, served_model_id
+from builder.llm.connect import RL_AGENT_SERVER_LOG, SERVER_LOG, served_model_id
 from builder.llm.roles import rl_agent_config, user_model_config
 from builder.records import ChatMessage, Environment, EnvPlan, Scenario, SeedTask, Selection, Topic, Trajectory
 from builder.reports import EvaluateReport, RolloutReport, ScenariosReport, SelectReport
@@ -197,40 +197,23 @@ def open_resources(config: BuildConfig, run_dir: Path, stack: ExitStack) -> Stag
     """The models and the sandbox of a process running the pipeline's stages, each started on first use and
     closed by `stack` (the driver's, or a Ray actor's)."""
 
-    def open_client(on_call: Callable[[CallRecord], None]) -> LLMClient:
-        on_server_call = model.count_server_call
-        return stack.enter_context(open_llm(config.llm, Path(run_dir), on_call=on_call, on_server_call=on_server_call))
+    def lazy(llm: LLMConfig, server_log: str = SERVER_LOG) -> LazyModel:
+        """A model of the run on `llm`, its client opened into `stack` on the first call, its calls counted."""
 
-    model = LazyModel(config.llm, open_client)
-    rl_llm = rl_agent_config(config)
-    rl_agent = None
-    if rl_llm is not None:
-
-        def open_rl_agent(on_call: Callable[[CallRecord], None]) -> LLMClient:
-            on_server_call = rl_agent.count_server_call
-            return stack.enter_context(
-                open_llm(
-                    rl_llm,
-                    Path(run_dir),
-                    on_call=on_call,
-                    on_server_call=on_server_call,
-                    server_log=RL_AGENT_SERVER_LOG,
-                )
+        def open_client(on_call: Callable[[CallRecord], None]) -> LLMClient:
+            opened = open_llm(
+                llm, Path(run_dir), on_call=on_call, on_server_call=made.count_server_call, server_log=server_log
             )
+            return stack.enter_context(opened)
 
-        rl_agent = LazyModel(rl_llm, open_rl_agent)
-    user_llm = user_model_config(config)
-    user = None
-    if user_llm is not None:
+        made = LazyModel(llm, open_client)
+        return made
 
-        def open_user(on_call: Callable[[CallRecord], None]) -> LLMClient:
-            on_server_call = user.count_server_call
-            # user_model_config needs llm.url(s): the servers are reached, never started, so no server log.
-            return stack.enter_context(
-                open_llm(user_llm, Path(run_dir), on_call=on_call, on_server_call=on_server_call)
-            )
-
-        user = LazyModel(user_llm, open_user)
+    model = lazy(config.llm)
+    rl_llm, user_llm = rl_agent_config(config), user_model_config(config)
+    rl_agent = lazy(rl_llm, RL_AGENT_SERVER_LOG) if rl_llm is not None else None
+    # user_model_config needs llm.url(s): its servers are reached, never started, so its server log stays empty.
+    user = lazy(user_llm) if user_llm is not None else None
 
     @functools.cache
     def open_sandbox() -> Sandbox:

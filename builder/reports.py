@@ -87,6 +87,13 @@ class ScenariosReport(StageReport):
     verified_slots: int = 0
     # The reward audit of every verified slot (`builder.envs.audit`): case -> outcome (pass, fail, n/a) -> slots.
     audit: dict[str, dict[str, int]] = {}
+
+    def count_audit(self, outcomes: dict[str, str]) -> None:
+        """Count one scenario's audit outcomes (case -> pass, fail or n/a)."""
+        for case, outcome in outcomes.items():
+            counts = self.audit.setdefault(case, {})
+            counts[outcome] = counts.get(outcome, 0) + 1
+
     methods: dict[str, MethodFigures] = {}
     per_verified_slot: Annotated[dict[str, float] | None, Derived()] = None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -45,7 +46,7 @@ class ServerStats:
         `completion_tok_s` (its completion tokens per second of the stage's wall time)."""
         return {
             **asdict(self),
-            "prefix_reuse": round(self.prefix_chars / self.prompt_chars, 4) if self.prompt_chars else None,
+            "prefix_reuse": prefix_reuse([self]),
             "busy_s": round(self.busy_s, 3),
             "mean_in_flight": round(self.busy_s / wall_s, 2) if wall_s else None,
             "completion_tok_s": round(self.completion_tokens / wall_s, 2) if wall_s else None,
@@ -93,9 +94,7 @@ class StageStats:
     def prefix_reuse(self) -> float | None:
         """The share of the prompt characters the servers answered that repeat a prefix an earlier request to the
         same server sent: what vLLM's automatic prefix caching can reuse (None: nothing measured)."""
-        chars = sum(server.prompt_chars for server in self.servers.values())
-        reused = sum(server.prefix_chars for server in self.servers.values())
-        return round(reused / chars, 4) if chars else None
+        return prefix_reuse(self.servers.values())
 
     @property
     def tokens_per_kept(self) -> float | None:
@@ -141,6 +140,14 @@ class StageStats:
             for url, server in data.get("servers", {}).items()
         }
         return cls(**data)
+
+
+def prefix_reuse(servers: Iterable[ServerStats]) -> float | None:
+    """The share of the servers' answered prompt characters that repeat a prefix an earlier request to the same
+    server sent (`builder.llm.prefix`); None when nothing was measured."""
+    servers = list(servers)
+    chars = sum(server.prompt_chars for server in servers)
+    return round(sum(server.prefix_chars for server in servers) / chars, 4) if chars else None
 
 
 def load_stats(path: Path) -> dict[str, StageStats]:

@@ -123,7 +123,7 @@ def _run(
             before, paths = session.snapshot(), []
             for action in actions:
                 result = session.call(action.name, action.arguments)
-                if not result.ok or _refused(result.result):
+                if not result.ok or result.refused:
                     return _Run(None)
                 after = session.snapshot()
                 paths.append(tuple(changed_paths(before, after)))
@@ -131,12 +131,6 @@ def _run(
             return _Run(before, tuple(paths))
     except SessionError:
         return _Run(None)
-
-
-def _refused(value: Any) -> bool:
-    return isinstance(value, dict) and (
-        value.get("success") is False or ("error" in value and not value.get("success"))
-    )
 
 
 MAX_COLLATERAL_TRIES = 12  # variants tried before the case is n/a (each is a sandbox replay of the gold)

@@ -52,6 +52,14 @@ class ToolResult(BaseModel):
     error: str | None = None
     error_kind: str | None = None
 
+    @property
+    def refused(self) -> bool:
+        """The tool answered with a domain error: `{"success": false}`, or an `error` without success."""
+        value = self.result
+        return isinstance(value, dict) and (
+            value.get("success") is False or ("error" in value and not value.get("success"))
+        )
+
     def content(self) -> str:
         """The text of the tool message an agent sees: the result as JSON, or `Error: <message>`."""
         return json.dumps(self.result, ensure_ascii=False) if self.ok else f"Error: {self.error}"

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import functools
-from concurrent.futures import Executor
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from builder.envs.session import Session, ToolResult
 
 
 class SandboxRunner:
-    """`builder.rollout.episode.ToolRunner` over a `Session`. Its blocking calls run in `threads` (the stage's,
-    `StageContext.threads`; None: the event loop's default pool)."""
+    """`builder.rollout.episode.ToolRunner` over a `Session`. Its blocking calls run through `blocking` (a stage's
+    `StageContext.blocking`, in the threads of the process running it; by default `asyncio.to_thread`)."""
 
-    def __init__(self, session: Session, threads: Executor | None = None) -> None:
+    def __init__(self, session: Session, blocking: Callable[..., Awaitable[Any]] = asyncio.to_thread) -> None:
         self.session = session
-        self.threads = threads
+        self.blocking = blocking
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        call = functools.partial(self.session.call, name, arguments)
-        return await asyncio.get_running_loop().run_in_executor(self.threads, call)
+        return await self.blocking(self.session.call, name, arguments)

@@ -42,7 +42,7 @@ from builder.run.stage import (
     StageResources,
     earlier_sources,
 )
-from builder.stats import StageStats, load_stats, save_stats
+from builder.stats import StageStats, load_stats, prefix_reuse, save_stats
 from builder.store import Store
 from builder.usage import Usage
 
@@ -147,9 +147,7 @@ async def run_stages(
 def _run_totals(all_stats: dict[str, StageStats], config: BuildConfig, digest: str) -> dict[str, Any]:
     """Run-wide figures for stats.json: usage over every stage and, with a known throughput, GPU-hours."""
     usage = sum((stats.usage for stats in all_stats.values()), Usage())
-    servers = [server for stats in all_stats.values() for server in stats.servers.values()]
-    chars = sum(server.prompt_chars for server in servers)
-    reuse = round(sum(server.prefix_chars for server in servers) / chars, 4) if chars else None
+    reuse = prefix_reuse(server for stats in all_stats.values() for server in stats.servers.values())
     totals: dict[str, Any] = {"config_hash": digest, "usage": usage.model_dump(), "prefix_reuse": reuse}
     if config.llm.server_tok_s:
         gpus = config.llm.tensor_parallel_size

@@ -239,7 +239,7 @@ async def _sample(
     session = await ctx.blocking(Session, ctx.sandbox, env.code, state, now=now, seed=seed, contract=env.contract)
     try:
         episode = await run_episode(
-            agent.model, tools, SandboxRunner(session, ctx.threads), system=system,
+            agent.model, tools, SandboxRunner(session, ctx.blocking), system=system,
             opening=scenario.task if user is None else None, limits=limits, sampling=sampling,
             sample_index=index, user=user,
         )  # fmt: skip

@@ -113,9 +113,7 @@ async def imported_scenarios(
                 audit_reward, ctx.sandbox, env.code, made.initial_state, made.checks, made.gold_actions, env.tools,
                 now=made.now, seed=made.seed, contract="import",
             )  # fmt: skip
-            for case, outcome in audit.outcomes.items():
-                counts = ctx.stats.report.audit.setdefault(case, {})
-                counts[outcome] = counts.get(outcome, 0) + 1
+            ctx.stats.report.count_audit(audit.outcomes)
             if audit.reason is not None:
                 results.append(ctx.reject(subject, audit.reason, audit.detail))
                 continue

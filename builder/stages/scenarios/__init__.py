@@ -212,9 +212,7 @@ def _audit(ctx: StageContext, env: Environment, scenario: Scenario) -> Audit:
         ctx.sandbox, env.code, scenario.initial_state, scenario.checks, scenario.gold_actions, env.tools,
         now=scenario.now, seed=scenario.seed, contract=env.contract,
     )  # fmt: skip
-    for case, outcome in audit.outcomes.items():
-        counts = ctx.stats.report.audit.setdefault(case, {})
-        counts[outcome] = counts.get(outcome, 0) + 1
+    ctx.stats.report.count_audit(audit.outcomes)
     return audit
 
 

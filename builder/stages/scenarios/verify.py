@@ -123,14 +123,6 @@ def _check_errors(results: tuple[CheckResult, ...], on: str) -> dict[int, str]:
 # --------------------------------------------------------------------------------------------------- gold
 
 
-def _refused(result: ToolResult) -> bool:
-    """A tool answered with a domain error: `{"success": false}` or an `error` without success."""
-    value = result.result
-    return isinstance(value, dict) and (
-        value.get("success") is False or ("error" in value and not value.get("success"))
-    )
-
-
 def run_actions(
     sandbox: Sandbox, code: str, state: dict[str, Any], actions: Sequence[Action],
     *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED, contract: Contract = "strict",
@@ -181,7 +173,7 @@ def run_gold(
             after = session.snapshot()
             ran.append(concrete)
             outcomes.append((result, after != before))
-            ok = result.ok and not _refused(result)
+            ok = result.ok and not result.refused
             earlier.append(Earlier(name=action.name, ok=ok, result=result.result if result.ok else result.error))
             before = after
         return GoldRun(tuple(ran), tuple(outcomes), before)
@@ -232,7 +224,7 @@ def verify(
         return Evidence(reason="gold_call_failed", detail=str(error), gold_problems=(str(error),))
     written, actions, outcomes, final_state = actions, list(run.actions), run.outcomes, run.final_state
     gold = tuple(
-        GoldResult(name=a.name, ok=r.ok and not _refused(r), state_changed=changed, result=r.content()[:RESULT_CHARS])
+        GoldResult(name=a.name, ok=r.ok and not r.refused, state_changed=changed, result=r.content()[:RESULT_CHARS])
         for a, (r, changed) in zip(actions, outcomes, strict=True)
     )
     changing = tuple(i for i, (_, changed) in enumerate(outcomes) if changed)
@@ -242,7 +234,7 @@ def verify(
     failed = tuple(
         _describe_call(i, a, r)
         for i, (a, (r, _)) in enumerate(zip(actions, outcomes, strict=True))
-        if not r.ok or _refused(r)
+        if not r.ok or r.refused
     ) + tuple(problem[:600] for problem in run.problems)
     if failed:
         return Evidence(reason="gold_call_failed", detail=" | ".join(failed), gold_problems=failed, **seen)

@@ -95,8 +95,8 @@ def audit_reward(
                 ("spelling", _spelling_variant(gold, tools)),
             ):
                 final = _first_run(run, [variant] if variant is not None else [])
-                if final is not None:  # the same final state as the gold's gets the gold's reward, 1
-                    rewards[case] = 1.0 if final == done.final else reward(final)
+                if final is not None:  # the same final state as the gold's gets the gold's reward
+                    rewards[case] = rewards["gold"] if final == done.final else reward(final)
                     outcomes[case] = "pass" if rewards[case] == 1 else "fail"
     failed = next((case for case in CASES if outcomes[case] == "fail"), None)
     if failed is None:

@@ -49,6 +49,7 @@ class TaskDraft(BaseModel):
     reveal_when_asked: str = Field(max_length=600)
     ending: str = Field(max_length=300)
     checklist: list[Annotated[str, Field(max_length=300)]] = Field(min_length=1, max_length=6)
+    answer_facts: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=6)
 
 
 class GoldAction(BaseModel):

@@ -74,7 +74,8 @@ class ChatRequest(_Frozen):
 
     def cache_key(self, model_id: str) -> str:
         """sha256 over the model identity and everything in the request that can change the reply."""
-        content = {"v": CACHE_KEY_VERSION, "model": model_id, "request": self.model_dump(mode="json", exclude={"affinity"})}
+        request = self.model_dump(mode="json", exclude={"affinity"})
+        content = {"v": CACHE_KEY_VERSION, "model": model_id, "request": request}
         canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -5,7 +5,9 @@ Each request goes to the server with the fewest requests in flight for its limit
 waits when every server is at its limit. A request with an `affinity` (the environment it belongs to) goes to
 that affinity's home server instead while the home is in rotation and below its limit (cache affinity: the
 requests of one environment share a long prefix, which only the server that saw it has in its prefix cache);
-when the home is out of rotation or saturated it goes to the least loaded as any other. A server that fails a request (connection refused or reset, timeout,
+when the home is out of rotation or saturated it goes to the least loaded as any other.
+
+A server that fails a request (connection refused or reset, timeout,
 5xx: a `TransientLLMError`) is taken out of rotation and the request is sent to another at once, so a server
 that dies mid-run loses none of its requests. A server out of rotation is probed (`GET …/v1/models`, which
 every OpenAI-compatible server answers) at most every `probe_interval_s` and comes back when it answers. Only

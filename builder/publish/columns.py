@@ -22,7 +22,7 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "description": "what the environment simulates",
         "domain": "domain label, e.g. `library`",
         "policy": "the rules the environment enforces, in plain language (numbered): what the agent's system prompt "
-        "shows under \"Policy\" in rollouts, the trainer API and the adapters (empty when the code states none)",
+        'shows under "Policy" in rollouts, the trainer API and the adapters (empty when the code states none)',
         "code": "the whole Python module (**untrusted code**: run it only in a sandbox)",
         "code_sha256": "sha256 of `code`, to check the code you run is the code published",
         "tools": "JSON: OpenAI function schemas of the tools (the public methods), sorted by name: what "

@@ -193,7 +193,11 @@ def derive_report(stats: StageStats) -> None:
 
 
 async def _isolated(
-    ctx: StageContext, scenario: Scenario, env: Environment, allowed: tuple[str, ...] | None, index: int,
+    ctx: StageContext,
+    scenario: Scenario,
+    env: Environment,
+    allowed: tuple[str, ...] | None,
+    index: int,
     agent: Player,
 ) -> Trajectory:
     """`_sample`, whose failure (a sandbox session that broke, say) is that sample's: a void trajectory with the

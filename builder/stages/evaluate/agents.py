@@ -67,7 +67,7 @@ class Agents:
     seed: int
     usage: Usage = Usage()
 
-    def sampling(self, role: Literal["state", "tester", "checker"]) -> Sampling:
+    def sampling(self, role: Literal["state", "tester", "checker", "probe"]) -> Sampling:
         temperature = getattr(self.config, f"{role}_temperature")
         return Sampling(temperature=temperature, max_tokens=getattr(self.config, f"{role}_max_tokens"), seed=self.seed)
 
@@ -75,7 +75,7 @@ class Agents:
         self,
         messages: Sequence[ChatMessage],
         output_type: type[T],
-        role: Literal["state", "checker"],
+        role: Literal["state", "checker", "probe"],
         *,
         sample_index: int = 0,
         accept: Callable[[T], Awaitable[str | None]] | None = None,

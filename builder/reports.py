@@ -73,8 +73,9 @@ class RuleProbeCounts(Report):
 class EvaluateReport(StageReport):
     fuzz_repairs: FuzzRepairs = FuzzRepairs()
     rule_probes: RuleProbeCounts = RuleProbeCounts()
-    # Problems the consistency gates found (empty_value_mixed, id_format) and the probes' rule_not_enforced, by code.
-    consistency: dict[str, int] = {}
+    # Problems sent to repair or rejection by the probes (rule_not_enforced) and the consistency gates
+    # (empty_value_mixed, id_format), by code.
+    probe_problems: dict[str, int] = {}
     # Under the import contract (information, not problems): lint problems by code, and per imported environment
     # the private attributes left out of its state because they are not JSON.
     lint_problems: dict[str, int] = {}

@@ -476,8 +476,9 @@ async def enforce_rules(
         errors = {tool: [*broken.get(tool, []), *inconsistent.get(tool, [])] for tool in {**broken, **inconsistent}}
         if not errors:
             break
-        plan = plan or (ctx.earlier_record(EnvPlan, env.plan_id) if env.plan_id else None)
         made = None
+        if repair is not None and len(rounds) < config.probe_repairs:
+            plan = plan or (ctx.earlier_record(EnvPlan, env.plan_id) if env.plan_id else None)
         if repair is not None and plan is not None and len(rounds) < config.probe_repairs:
             previous = len(env.synthesis.repairs) if env.synthesis else 0  # fresh samples after the gates' repairs
             made = await repair(ctx, env, plan, errors, previous + 1)
@@ -549,4 +550,4 @@ def _count(report: EvaluateReport, evidence: RuleProbing) -> None:
 def _count_consistency(report: EvaluateReport, errors: dict[str, list[ToolProblemText]]) -> None:
     for found in errors.values():
         for problem in found:
-            report.consistency[problem.code] = report.consistency.get(problem.code, 0) + 1
+            report.probe_problems[problem.code] = report.probe_problems.get(problem.code, 0) + 1

@@ -52,7 +52,7 @@ from builder.run.stage import Rejected, StageContext
 from builder.stages._llm import shrinking
 from builder.stages._repair import RepairTools, ToolProblemText
 from builder.stages.evaluate.agents import Agents, CheckerVerdict, InvalidReply
-from builder.stages.evaluate.exercise import EVIDENCE_CHARS, TESTER_ERRORS, TestState, _checker_facts
+from builder.stages.evaluate.exercise import EVIDENCE_CHARS, TESTER_ERRORS, TestState, _all, _checker_facts
 from builder.stages.evaluate.gates import passing_gates
 from builder.views.budget import PromptBudget, prompt_budgets
 from builder.views.code import environment_text, now_text, policy_text
@@ -466,10 +466,14 @@ async def enforce_rules(
         runs = [
             await asyncio.to_thread(run_probe, ctx.sandbox, env.code, interface, states[p.state], p) for p in probes
         ]
-        for index, (probe, run) in enumerate(zip(probes, runs, strict=True)):
-            unrefused = probe.rule is not None and run.result.ok and not run.result.refused
-            if unrefused and index not in verdicts:
-                verdicts[index] = await confirm(env, rules, states[probe.state], probe, run, ctx, agents)
+        unrefused = [
+            i for i, (p, r) in enumerate(zip(probes, runs, strict=True))
+            if p.rule is not None and r.result.ok and not r.result.refused and i not in verdicts
+        ]  # fmt: skip
+        judged = await _all(
+            [confirm(env, rules, states[probes[i].state], probes[i], runs[i], ctx, agents) for i in unrefused]
+        )
+        verdicts.update(zip(unrefused, judged, strict=True))
         outcomes = [outcome(p, r, verdicts.get(i)) for i, (p, r) in enumerate(zip(probes, runs, strict=True))]
         broken = rule_problems(rules, outcomes)
         inconsistent = consistency_problems(env, states, probes, runs, default_state)

@@ -26,8 +26,8 @@ from builder.usage import Usage
 # 2: ChatMessage.reasoning_content, Scenario.now; 3: the selections table (was .selected); 4: `Usage` by the one
 # ledger rule (cached_calls, failed_calls, regrowths; cache hits count no calls or tokens); 5: `Provenance.origin`
 # (imported), Scenario.method and .wording (tables without them read as "llm", "model"), Environment.graph;
-# 6: `Usage.retries`
-SCHEMA_VERSION = 6
+# 6: `Usage.retries`; 7: Scenario.answer_facts, Trajectory.answer_stated (tables without them read as (), None)
+SCHEMA_VERSION = 7
 
 
 def _decoded(value: Any) -> Any:
@@ -306,6 +306,11 @@ class Scenario(Record):
     user: UserScript | None = None
     checklist: tuple[str, ...]
     checks: tuple[str, ...] = Field(description="One `check(initial_state, final_state) -> bool` per item.")
+    answer_facts: tuple[str, ...] = Field(
+        (),
+        description="When the task asks to be told something: the values the agent's answer must state, each one "
+        "returned by a call of the gold (`builder.envs.answer`); empty when the task asks for nothing.",
+    )
     gold_actions: tuple[Action, ...]
     difficulty: Literal["easy", "medium", "hard"]
     verification: Annotated[Verification, STORED_AS_JSON] = Field(
@@ -341,6 +346,9 @@ class Trajectory(Record):
     reward: float
     solved: bool
     checks_passed: tuple[bool, ...]
+    answer_stated: bool | None = Field(
+        None, description="Whether the agent's answer stated the scenario's answer_facts (None: it has none)."
+    )
     end_reason: str = Field(
         description="Why the episode ended: agent_done, user_stop, max_turns, max_tool_calls, max_tokens, "
         "user_leak, user_error, llm_error, env_error."

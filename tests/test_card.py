@@ -255,3 +255,15 @@ def test_another_trainers_seed_and_reward_are_builders(tmp_path, monkeypatch, sa
         assert got == expected, guarded
         assert got["nothing"] == 0.0 and got["gold"] == 1.0 and got["half"] == 0.5 and got["undone"] == 0.0
         assert got["collateral"] == (0.0 if guarded else 1.0)
+
+    # With answer facts, the answer check counts beside the checks: as builder grades an answer.
+    scope["facts"] = ["acc-2", "300"]
+    sources = [*BANK_CHECKS, already, guard_source(allowed_paths(BANK_STATE, gold))]
+    checks = checks_from_scenario(sources)
+    scope["guard"] = [i == len(sources) - 1 for i in range(len(sources))]
+    before = [r.passed for r in run_checks(sandbox, checks, BANK_STATE, BANK_STATE).checks]
+    for final in (BANK_STATE, gold, half):
+        verdicts = [r.passed for r in run_checks(sandbox, checks, BANK_STATE, final).checks]
+        for answer in ("", "Moved 300.00 to ACC 2.", "Moved it."):
+            expected = published_reward(sandbox, checks, BANK_STATE, final, facts=scope["facts"], answer=answer)
+            assert scope["reward"](verdicts, before, expected.answered) == expected.reward

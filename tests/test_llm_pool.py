@@ -238,3 +238,38 @@ def test_urls_are_set_from_the_command_line_and_do_not_change_the_config_hash() 
     config = load_config(None, ['llm.urls=["http://a:8000/v1", "http://b:8000/v1"]', "llm.max_in_flight_per_server=64"])
     assert config.llm.urls == ("http://a:8000/v1", "http://b:8000/v1")
     assert config_hash(config) == config_hash(load_config(None, []))  # where the servers are changes no output
+
+
+def for_env(index: int, env: str) -> ChatRequest:
+    return ask(index).model_copy(update={"affinity": env})
+
+
+async def test_the_requests_of_one_environment_go_to_one_server_while_it_takes_them() -> None:
+    backends = [Flaky(name) for name in "abc"]
+    pool = pool_of(*backends)
+    homes = {env: pool.home(env).url for env in ("env-1", "env-2", "env-3", "env-4", "env-5", "env-6")}
+    assert len(set(homes.values())) > 1  # environments are spread over the servers
+    for env, home in homes.items():
+        answers = {(await pool.chat(for_env(index, env))).content for index in range(6)}
+        assert answers == {home}  # every request of the environment, not only the least loaded server's turn
+    assert pool.home("env-1") is pool.home("env-1") and ask(1).cache_key("m") == for_env(1, "x").cache_key("m")
+
+
+async def test_an_environment_moves_to_the_least_loaded_server_when_its_home_is_down_or_full() -> None:
+    now = [0.0]
+    a, b = Flaky("a"), Flaky("b")
+    pool = pool_of(a, b, clock=lambda: now[0])
+    env = next(name for name in (f"env-{i}" for i in range(50)) if pool.home(name).url == "a")
+    a.alive = False
+    assert (await pool.chat(for_env(1, env))).content == "b"  # the home failed it: routed to the other
+    assert (await pool.chat(for_env(2, env))).content == "b"  # the home is out of rotation
+    a.alive, now[0] = True, 10.0
+    await pool.chat(ask(3))  # starts the probe
+    await asyncio.sleep(0)
+    assert (await pool.chat(for_env(4, env))).content == "a"  # back home once it is in rotation again
+    # Saturated: with the home's two slots taken, the request goes to the other server instead of waiting.
+    home = pool.endpoints[0]
+    home.in_flight = home.limit.current
+    assert (await pool.chat(for_env(5, env))).content == "b"
+    home.in_flight = 0
+    assert (await pool.chat(for_env(6, env))).content == "a"

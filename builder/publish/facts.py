@@ -30,19 +30,23 @@ at the scenario's `now` and seed:
 
 - **solved** = every check passes, the collateral guard included (the last check of every scenario with a gold
   solution, checklist item "{GUARD_ITEM.removesuffix(".")}": it fails when any state path changed that the gold
-  solution does not change);
+  solution does not change), and, when the task asks to be told something, the agent's answer (everything it
+  said in text or through `reply_to_user`) states each of the scenario's `answer_facts` (values compared
+  regardless of case, punctuation, number and date format: `builder.envs.answer`);
 - **reward** = 1.0 when solved; **0.0** when the guard fails, when a check that already held on the initial
-  state no longer holds, or when no counted check passes; else the share of the **counted** checks that pass, a
-  counted check being one that is false on the initial state.
+  state no longer holds, or when no counted item passes; else the share of the **counted** items that pass, a
+  counted item being a check that is false on the initial state, or the answer check.
 
-So an agent that makes no call scores exactly 0, collateral damage scores 0, and partial credit stays below 1."""
+So an agent that makes no call scores exactly 0, collateral damage scores 0, and partial credit stays below 1.
+With TRL, pass `reward_funcs=trl_reward`: it hands each environment the completion's answer."""
 
 AUDIT_CASES = {
     "nothing": ("no call", "0"),
     "gold": ("the gold actions", "1"),
     "collateral": ("the gold plus a write to a record the task does not touch", "< 1"),
     "order": ("the gold with two independent calls swapped", "1"),
-    "spelling": ('the gold with equivalent spellings of its values (date-times without `:00`, `""`/`null`)', "1"),
+    "spelling": ('the gold with equivalent spellings of its values (date-times without `:00`, `""`/`null`; an '
+                 "answer's dates and numbers in words)", "1"),
 }
 
 

@@ -94,7 +94,10 @@ async def evaluate(
     env, interface, default_state = await passing_gates(env, ctx, contract, repair, gate_state)
     if not judge:
         return [env.model_copy(update={"status": "accepted"})]
-    agents = Agents(ctx.llm, ctx.config.evaluate, retries=ctx.config.llm.structured_retries, seed=ctx.config.run.seed)
+    agents = Agents(
+        ctx.llm, ctx.config.evaluate, retries=ctx.config.llm.structured_retries, seed=ctx.config.run.seed,
+        affinity=env.id,
+    )  # fmt: skip
     try:
         states, failures = await make_test_states(env, interface, default_state, ctx, agents)
         if not states:

@@ -66,6 +66,7 @@ class Agents:
     retries: int
     seed: int
     usage: Usage = Usage()
+    affinity: str | None = None  # the environment's id: its requests go to one server of a pool (cache affinity)
 
     def sampling(self, role: Literal["state", "tester", "checker", "probe"]) -> Sampling:
         temperature = getattr(self.config, f"{role}_temperature")
@@ -87,7 +88,7 @@ class Agents:
         """
         first = ChatRequest(
             messages=tuple(messages), response_format=response_format(output_type), sampling=self.sampling(role),
-            sample_index=sample_index,
+            sample_index=sample_index, affinity=self.affinity,
         )  # fmt: skip
 
         async def ask_once(conversation: list[ChatMessage], sample: int) -> T | Refusal:
@@ -161,7 +162,7 @@ class Agents:
         choice = tool if self.config.tester_tool_choice == "named" else "required"
         first = ChatRequest(
             messages=tuple(asked), tools=tuple(tools), tool_choice=choice, parallel_tool_calls=False,
-            sampling=self.sampling("tester"),
+            sampling=self.sampling("tester"), affinity=self.affinity,
         )  # fmt: skip
 
         async def ask_once(conversation: list[ChatMessage], sample: int) -> tuple[str, dict[str, Any], str] | Refusal:

@@ -202,12 +202,15 @@ def _tester_facts(
     last = run.invalid[-1] if run.invalid and run.invalid[-1]["round"] == done + len(run.invalid) - 1 else None
     last = last if last and last["kind"] != "checker_invalid" else None
     feedback = f"\n\nYour previous reply was unusable ({last['kind']}): {last['detail']}" if last else ""
+    # The call's number comes after the state: the state and the calls before repeat from one round to the next
+    # (a model server's prefix cache reuses them), the number never does.
     return (
         f"Test state {state.index + 1}, as first set up: {state.purpose}\n"
-        f"Call {done + 1} of {run.quota} on this state; the current state below includes the calls made since.\n"
         f"Now: {now_text(state.now)}.\n\n"
-        f"Current state (JSON):\n{state_text(current, budget)}\n\nRecent calls on this state:\n"
-        f"{history}{feedback}"
+        f"Current state (JSON):\n{state_text(current, budget)}\n\n"
+        f"Recent calls on this state:\n{history}\n\n"
+        f"Call {done + 1} of {run.quota} on this state; the current state above includes the calls made since."
+        f"{feedback}"
     )
 
 
@@ -221,12 +224,12 @@ def _checker_facts(
     return (
         f"Environment `{env.class_name}`: {environment_text(env.description, env.code)}\n\n"
         f"State definition:\n```python\n{class_header(env.code)}\n```\n\n"
-        f"Now: {now_text(now)}.\n"
+        f"Method source of `{name}`:\n```python\n{method_source(env.code, name)}\n```\n\n"
+        f"Now: {now_text(now)}.\n\n"
+        f"State before (attributes the method uses):\n{state_text(state_view(before, used), budget)}\n\n"
         f"Tool under test: `{name}`, {CASE_TEXT[call['case']]}.\n"
-        f"Method source:\n```python\n{method_source(env.code, name)}\n```\n\n"
         f"Arguments: {json.dumps(call['arguments'], ensure_ascii=False)}\n"
         f"Result: {clip_json(result.result, limit)}\n\n"
-        f"State before (attributes the method uses):\n{state_text(state_view(before, used), budget)}\n\n"
         f"State after:\n{state_text(state_view(after, used), budget) if changes else '(identical to the state before)'}"
         f"\n\nChanges: {clip_json(changes, limit) if changes else 'none: the state did not change'}"
         f"{_outcome_note(result, changes)}"

@@ -8,7 +8,8 @@ checklist item, and a gold action sequence. Nothing is trusted until the sandbox
    records holds `min_records` records, `<entity>_id` fields point at existing records, and every attribute is
    one the class has;
 2. every check lints clean and returns a real bool on the initial and the final state;
-3. the gold sequence runs without a failing or refused call; every literal argument of it comes from what the
+3. the gold sequence runs without a failing or refused call; what the task asks to be told (`answer_facts`) is in
+   what its calls return and not in what the user says; every literal argument of it comes from what the
    user says in each mode (the task, or the user script), from an earlier call's result or from the tool schema
    (`sufficiency`); it has `min_gold_calls` calls, changes the state and gives the same final state
    when replayed. A gold argument may be a reference to an earlier call's result (`references`: the id of a
@@ -73,7 +74,8 @@ PROMPTS = ("scenario_state", "scenario_task", "scenario_check", "scenario_gold")
 # Every reason code this stage gives (stable: aggregated in stats and the dataset card; see docs/scenarios.md).
 REASONS = (
     "not_accepted", "env_load_failed", "state_invalid", "state_load_failed", "state_too_small", "state_inconsistent",
-    "task_invalid", "check_invalid", "gold_invalid", "check_broken", "gold_call_failed", "task_underspecified",
+    "task_invalid", "check_invalid", "gold_invalid", "check_broken", "gold_call_failed", "answer_not_read",
+    "task_underspecified",
     "too_few_calls", "no_state_change", "gold_nondeterministic", "already_solved", "gold_fails_checks",
     "negative_control_failed", "duplicate", "llm_request", "prompt_too_long", "no_chain", "request_invalid",
     "request_leaks", *FAILURES.values(),
@@ -94,7 +96,7 @@ async def scenarios(
     Rejects the whole environment with `not_accepted` (its status is not "accepted") or `env_load_failed` (its
     default state does not load). Slot rejections have subject `<env id>/scenario-<slot>` and these reasons:
     state_invalid, state_load_failed, state_too_small, state_inconsistent, task_invalid, check_invalid,
-    gold_invalid, check_broken, gold_call_failed, task_underspecified, too_few_calls, no_state_change,
+    gold_invalid, check_broken, gold_call_failed, answer_not_read, task_underspecified, too_few_calls, no_state_change,
     gold_nondeterministic, already_solved, gold_fails_checks, negative_control_failed, duplicate, llm_request,
     prompt_too_long; for the graph method also no_chain (fewer verified chains than slots), request_invalid
     and request_leaks (`verbalise`); the reward audit's (`builder.envs.audit`, run on every verified slot with
@@ -210,7 +212,7 @@ def _audit(ctx: StageContext, env: Environment, scenario: Scenario) -> Audit:
     """The reward audit of a slot's scenario (its modes share state, checks and gold), counted in the report."""
     audit = audit_reward(
         ctx.sandbox, env.code, scenario.initial_state, scenario.checks, scenario.gold_actions, env.tools,
-        now=scenario.now, seed=scenario.seed, contract=env.contract,
+        now=scenario.now, seed=scenario.seed, contract=env.contract, facts=scenario.answer_facts,
     )  # fmt: skip
     ctx.stats.report.count_audit(audit.outcomes)
     return audit
@@ -251,7 +253,7 @@ async def _build(
         evidence = await asyncio.to_thread(
             verify, ctx.sandbox, env.code, state, draft.gold, draft.checks, min_gold_calls=config.min_gold_calls,
             texts=_user_texts(draft.task, config.modes), tools=env.tools, now=now, seed=scenario_seed(env.id, now),
-            contract=env.contract,
+            contract=env.contract, facts=draft.task.answer_facts,
         )  # fmt: skip
         if evidence.reason is None:
             return _scenarios(env, ctx, state, draft, evidence, state_repairs, repairs)
@@ -261,7 +263,8 @@ async def _build(
             raise Rejected(_reject_slot(ctx, env, slot, evidence.reason, evidence.detail, raw[:20000]))
         repairs.append(evidence.reason)
         # Repair round r is attempt r + 1 of the piece it repairs (its first writing is attempt 0): fresh samples.
-        if evidence.reason in ("already_solved", "task_underspecified"):
+        retask = evidence.reason == "answer_not_read" and not blame_gold_next  # the gold had its turn: the facts
+        if evidence.reason in ("already_solved", "task_underspecified") or retask:
             draft = await _task(env, ctx, state, now, feedback=_task_feedback(draft, evidence))
             await _fill(env, ctx, state, draft)
             blame_gold_next = True
@@ -272,7 +275,7 @@ async def _build(
             draft.gold, draft.gold_messages = await _gold(
                 env, ctx, state, draft, _gold_feedback(draft, evidence), attempt=round_ + 1
             )
-            blame_gold_next = evidence.reason != "gold_fails_checks"
+            blame_gold_next = evidence.reason not in ("gold_fails_checks", "answer_not_read")
     raise AssertionError("unreachable: the last round returns or rejects")
 
 
@@ -292,6 +295,12 @@ async def _repair_checks(
 def _task_feedback(draft: Draft, evidence: Evidence) -> str:
     if evidence.reason == "already_solved":
         return f"{draft.task.task}\nWhy: {evidence.detail}\nWrite a different task."
+    if evidence.reason == "answer_not_read":
+        facts = json.dumps(draft.task.answer_facts, ensure_ascii=False)
+        return (
+            f"{draft.task.task}\nanswer_facts: {facts}\nWhy: {evidence.detail}\nWrite the task again: answer_facts "
+            "must be values the tools return while solving it, exactly as returned, and not values the user says."
+        )
     where = {
         "non_conversational": "the task",
         "conversational": "the user's script (known_up_front and reveal_when_asked)",
@@ -336,5 +345,5 @@ def _scenarios(
     return scenario_records(
         env, ctx, method="llm", provenance=provenance, state=state, now=draft.now, words=words,
         checklist=task.checklist, checks=draft.checks, gold=evidence.actions, evidence=evidence,
-        state_repairs=state_repairs, repairs=repairs,
+        state_repairs=state_repairs, repairs=repairs, answer_facts=task.answer_facts,
     )  # fmt: skip

@@ -59,6 +59,7 @@ def scenario_records(
     state_repairs: int,
     repairs: Sequence[str],
     wording: Literal["model", "template"] = "model",
+    answer_facts: Sequence[str] = (),
 ) -> list[Scenario]:
     """The slot's scenario in every mode of `scenarios.modes` (they share a `scenario_group`)."""
     task = " ".join(words.task.split())
@@ -96,6 +97,7 @@ def scenario_records(
             user=user if mode == "conversational" else None,
             checklist=(*checklist, GUARD_ITEM),
             checks=(*checks, guard),
+            answer_facts=tuple(answer_facts),
             gold_actions=tuple(gold),
             difficulty=difficulty(evidence),
             verification=verification,

@@ -49,6 +49,7 @@ class TaskDraft(BaseModel):
     reveal_when_asked: str = Field(max_length=600)
     ending: str = Field(max_length=300)
     checklist: list[Annotated[str, Field(max_length=300)]] = Field(min_length=1, max_length=6)
+    answer_facts: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=6)
 
 
 class GoldAction(BaseModel):
@@ -202,13 +203,16 @@ async def _checks(
 
     def request(budget: PromptBudget) -> list[ChatMessage]:
         methods = writer_sources(env.code, [action.name for action in draft.gold], budget)
-        user = (
-            f"# Environment {env.name} ({env.domain})\n{env.description}\n\n## State schema\n"
-            f"{json.dumps(schema)}\n\n## Initial state (the records the task involves; others exist)\n"
-            f"{state_text(involved, budget)}\n\n## Now\n{now_text(draft.now)}\n\n"
-        )
+        # What the environment's scenarios share first (the schema, then the methods, which repeat between
+        # tasks), the scenario's own records and task after: a model server's prefix cache reuses the start.
+        user = f"# Environment {env.name} ({env.domain})\n{env.description}\n\n"
+        user += f"## State schema\n{json.dumps(schema)}\n\n"
         if methods:
             user += f"## Methods the solution calls that change the state\n```python\n{methods}\n```\n\n"
+        user += (
+            f"## Initial state (the records the task involves; others exist)\n{state_text(involved, budget)}\n\n"
+            f"## Now\n{now_text(draft.now)}\n\n"
+        )
         items = "\n".join(f"{number}. {item}" for number, item in enumerate(checklist, 1))
         user += f"## Task\n{draft.task.task}\n\n## Checklist ({len(checklist)} items)\n{items}"
         return system_user(prompt("scenario_check"), user)

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from builder.envs.answer import is_number, states
 from builder.envs.checks import CheckResult, checks_from_scenario, run_checks
 from builder.envs.lint import Contract, lint
 from builder.envs.probe import generate_arguments
@@ -200,6 +201,7 @@ def verify(
     now: str = DEFAULT_NOW,
     seed: int = DEFAULT_SEED,
     contract: Contract = "strict",
+    facts: Sequence[str] = (),
 ) -> Evidence:
     """Run every gate in order and stop at the first that fails (its reason code and the evidence so far). Every
     session and check run is at the scenario's `now` with its `seed`.
@@ -208,10 +210,12 @@ def verify(
     argument must come from each of them, an earlier gold result or the `tools` schemas
     (`builder.stages.scenarios.sufficiency`). `actions` may hold references to earlier results
     (`builder.stages.scenarios.references`); they are resolved as the gold runs (`run_gold`), every later gate
-    runs the resolved calls, and the evidence's `actions` are those.
+    runs the resolved calls, and the evidence's `actions` are those. `facts` are what the task asks to be told
+    (`answer_facts`): each must be in what a gold call returned and not already in what the user says.
 
     Reason codes: check_broken (lint, raises, non-bool, timeout), gold_call_failed (a call failed or was
-    refused, or a reference names a later or failed call or a path its call did not return), task_underspecified,
+    refused, or a reference names a later or failed call or a path its call did not return), answer_not_read
+    (an answer fact no gold call returns, or one the user already says), task_underspecified,
     too_few_calls, no_state_change, gold_nondeterministic, already_solved, gold_fails_checks,
     negative_control_failed.
     """
@@ -238,6 +242,10 @@ def verify(
     ) + tuple(problem[:600] for problem in run.problems)
     if failed:
         return Evidence(reason="gold_call_failed", detail=" | ".join(failed), gold_problems=failed, **seen)
+    unread = answer_problems(facts, [result for result, _ in outcomes], texts or {})
+    if unread:
+        return Evidence(reason="answer_not_read", detail=" | ".join(unread)[:DETAIL_CHARS], gold_problems=unread,
+                        **seen)  # fmt: skip
     # Checked on the actual results, before the other gates: its repair is a new task, which replaces the rest.
     # On the calls as written: a reference is grounded by construction (it resolved against an earlier result).
     results = [result.result for result, _ in outcomes]
@@ -303,6 +311,19 @@ def verify(
         detail = "; ".join(f"without call {a.removed + 1} ({a.name}) every check still passes" for a in unnoticed)
         return Evidence(reason="negative_control_failed", detail=detail, gold_problems=(detail,), **seen)
     return Evidence(**seen)
+
+
+def answer_problems(facts: Sequence[str], results: Sequence[ToolResult], texts: Mapping[str, str]) -> tuple[str, ...]:
+    """Why answer facts cannot be graded: a fact no successful gold call returned (the agent could not know it), or
+    one the user already says in some mode (stating it proves nothing)."""
+    returned = "\n".join(json.dumps(r.result, ensure_ascii=False) for r in results if r.ok and not r.refused)
+    problems = [f"answer fact {fact!r}: no call of the solution returns it" for fact in facts
+                if not states(returned, fact)]  # fmt: skip
+    problems += [
+        f"answer fact {fact!r}: the user already says it ({mode}); the answer must state what the tools tell"
+        for fact in facts for mode, text in texts.items() if not is_number(fact) and states(text, fact)
+    ]  # fmt: skip
+    return tuple(problems)
 
 
 def _join(problems: dict[int, str]) -> str:

@@ -348,3 +348,16 @@ def test_the_probe_reply_schema_is_strict_json():
 
     schema = response_format(ProbeDraft)["json_schema"]["schema"]
     assert schema["additionalProperties"] is False and set(schema["required"]) == {"probes", "unprobed", "valid_calls"}
+
+
+async def test_the_state_schema_sets_the_empty_value_when_one_tool_alone_writes_it(tmp_path, sandbox):
+    """Only clear_note writes an empty note (None), and the declared schema says a note is text: refused."""
+    note = {"type": "string", "description": "free text, empty for none"}
+    bookings = {"type": "object", "additionalProperties": {"type": "object", "properties": {"note": note}}}
+    env = desks('booking["note"] = ""', 'booking["note"] = None').model_copy(
+        update={"state_schema": {"properties": {"bookings": bookings}}}
+    )
+    alone = {**DESK_PROBES, "valid_calls": [valid("clear_note", {"booking_id": "B-1"})]}
+    rejected = await rejection(env, context(tmp_path, desk_model(alone), sandbox))
+    assert rejected.reason == "inconsistent_state"
+    assert "it writes None for an empty `note` of a bookings record, but the state schema says" in rejected.detail

@@ -68,7 +68,7 @@ class Agents:
     usage: Usage = Usage()
     affinity: str | None = None  # the environment's id: its requests go to one server of a pool (cache affinity)
 
-    def sampling(self, role: Literal["state", "tester", "checker"]) -> Sampling:
+    def sampling(self, role: Literal["state", "tester", "checker", "probe"]) -> Sampling:
         temperature = getattr(self.config, f"{role}_temperature")
         return Sampling(temperature=temperature, max_tokens=getattr(self.config, f"{role}_max_tokens"), seed=self.seed)
 
@@ -76,7 +76,7 @@ class Agents:
         self,
         messages: Sequence[ChatMessage],
         output_type: type[T],
-        role: Literal["state", "checker"],
+        role: Literal["state", "checker", "probe"],
         *,
         sample_index: int = 0,
         accept: Callable[[T], Awaitable[str | None]] | None = None,

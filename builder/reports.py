@@ -106,7 +106,7 @@ class MethodFigures(Report):
 
 class FamilyFigures(Report):
     """One task family's slots: tried, verified, why the others were rejected, and what their model requests
-    cost (each slot's own requests, `builder.llm.tally`), with the yield and cost per verified slot derived."""
+    cost (each slot's own requests, `builder.usage.tally`), with the yield and cost per verified slot derived."""
 
     slots: int = 0
     verified: int = 0

@@ -16,7 +16,9 @@ from builder.run.stage import BatchStage, ItemStage
 from builder.sandbox.runtime import Sandbox
 from builder.stages.code import code
 from builder.stages.evaluate import evaluate
-from builder.stages.evaluate.probes import ProbeDraft, id_problem, numbered_rules
+from builder.stages.evaluate.consistency import id_problem
+from builder.stages.evaluate.probe_reply import ProbeDraft
+from builder.stages.evaluate.probes import numbered_rules
 from builder.stages.plan import plan
 from builder.tables import from_frame
 from tests.fixtures.run_tables import pipeline_stage

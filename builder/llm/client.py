@@ -14,9 +14,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -29,7 +27,7 @@ from builder.llm.reask import NoUsableReply, Refusal, reask
 from builder.llm.retry import RetryPolicy, with_retries
 from builder.llm.sanitize import clean_reply
 from builder.records import ChatMessage, Sampling
-from builder.usage import Usage
+from builder.usage import Usage, add_to_tallies
 
 logger = logging.getLogger(__name__)
 
@@ -52,29 +50,6 @@ TEMPLATE_ALLOWANCE_TOKENS = 512
 _MEASURED_PROMPTS = 4096  # prompt sizes remembered (growths and repeated samples of one prompt reuse them)
 
 
-class Tally:
-    """The usage of the requests made inside one `tally()` block (mutable: each request adds to it)."""
-
-    def __init__(self) -> None:
-        self.usage = Usage()
-
-
-_TALLIES: ContextVar[tuple[Tally, ...]] = ContextVar("usage_tallies", default=())
-
-
-@contextmanager
-def tally() -> Iterator[Tally]:
-    """Count the usage of every request an `LLMClient` makes inside this block, in this task and the asyncio
-    tasks it starts (they inherit the context): what one piece of work costs, e.g. one scenario slot, while the
-    client's `totals` and `on_call` keep the stage's ledger. Blocks nest; each counts its own."""
-    counted = Tally()
-    token = _TALLIES.set((*_TALLIES.get(), counted))
-    try:
-        yield counted
-    finally:
-        _TALLIES.reset(token)
-
-
 class LLMClient:
     """A `ChatModel` that adds what every stage needs around a backend.
 
@@ -84,9 +59,8 @@ class LLMClient:
     connections, unreadable bodies) and timeouts, never on `LLMRequestError` (`builder.llm.retry`), reasoning
     split off the content, lone surrogates and NUL characters cleaned out of the reply (`builder.llm.sanitize`),
     a cut reply asked again with a larger budget, and one `CallRecord` to `on_call` per request, also for cache
-    hits and failures. Usage follows the one ledger rule
-    of `usage.Usage`: `totals` sums every request, a reply's `cost` (a failure's `LLMError.cost`) those of
-    its call.
+    hits and failures. Usage follows the one ledger rule of `usage.Usage`: `totals` sums every request, a reply's
+    `cost` (a failure's `LLMError.cost`) those of its call, an open `usage.tally()` block those made inside it.
 
     Budgets: the prompt is measured (the backend's `count_prompt_tokens`, else a conservative estimate) and
     `max_tokens` is capped at `context_tokens - prompt - CONTEXT_MARGIN_TOKENS`, so no request is sent whose
@@ -389,8 +363,7 @@ class LLMClient:
 
     def _emit(self, record: CallRecord) -> None:
         self.totals += record.usage
-        for counted in _TALLIES.get():
-            counted.usage += record.usage
+        add_to_tallies(record.usage)
         if self.on_call is not None:
             self.on_call(record)
 

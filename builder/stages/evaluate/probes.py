@@ -35,13 +35,9 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from builder.envs.lint import Contract
 from builder.envs.schema import EnvInterface, inspect_source
 from builder.envs.session import Session, SessionError, ToolResult, diff_states
-from builder.envs.state_schema import generated_state_schema, record_schema
-from builder.envs.validate import argument_error
 from builder.evidence import GateRepair, ProbeOutcome, RuleProbing, Synthesis
 from builder.json_values import record_pairs
 from builder.limits import DETAIL_CHARS
@@ -52,45 +48,13 @@ from builder.run.stage import Rejected, StageContext
 from builder.stages._llm import shrinking
 from builder.stages._repair import RepairTools, ToolProblemText
 from builder.stages.evaluate.agents import Agents, CheckerVerdict, InvalidReply
+from builder.stages.evaluate.consistency import consistency_problems
 from builder.stages.evaluate.exercise import EVIDENCE_CHARS, TESTER_ERRORS, TestState, _all, _checker_facts
 from builder.stages.evaluate.gates import passing_gates
+from builder.stages.evaluate.probe_reply import Probe, ProbeDraft, usable
 from builder.views.budget import PromptBudget, prompt_budgets
 from builder.views.code import environment_text, now_text, policy_text
 from builder.views.state import clip_json, state_text
-
-# ------------------------------------------------------------------------------------------ the model's reply
-
-
-class RuleProbe(BaseModel):
-    rule: int = Field(description="Number of the rule the call breaks.")
-    why: str = Field(description="One sentence: how the call breaks the rule on that state.", max_length=400)
-    state: int = Field(description="Number of the test state the call runs on.")
-    state_change: dict[str, Any] = Field(
-        description="Usually {}. Only when no test state can show the rule: attributes changed before the call "
-        "(a collection keyed by id: records to add or replace, by key; another attribute: its new value)."
-    )
-    tool: str
-    arguments: dict[str, Any]
-
-
-class UnprobedRule(BaseModel):
-    rule: int
-    reason: str = Field(description="Why no tool call can break this rule.", max_length=400)
-
-
-class ValidCall(BaseModel):
-    state: int = Field(description="Number of the test state the call runs on.")
-    tool: str
-    arguments: dict[str, Any]
-
-
-class ProbeDraft(BaseModel):
-    """Negative probes per rule, the rules no call can break, and one accepted call per state-changing tool."""
-
-    probes: list[RuleProbe]
-    unprobed: list[UnprobedRule]
-    valid_calls: list[ValidCall]
-
 
 # ---------------------------------------------------------------------------------------------- the rules
 
@@ -112,18 +76,6 @@ def numbered_rules(code: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ running
-
-
-@dataclass(frozen=True)
-class Probe:
-    """A usable call of the reply: negative (`rule` set) or valid (`rule` None); `state` is 0-based."""
-
-    rule: int | None
-    state: int
-    tool: str
-    arguments: dict[str, Any]
-    state_change: dict[str, Any]
-    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -184,42 +136,6 @@ def probe_messages(
         f"Write the probes for rules 1 to {len(rules)}, and the valid calls."
     )
     return [ChatMessage(role="system", content=prompt("evaluate_probe")), ChatMessage(role="user", content=user)]
-
-
-def usable(
-    draft: ProbeDraft, rules: list[str], states: list[TestState], interface: EnvInterface
-) -> tuple[list[Probe], dict[int, str], list[str]]:
-    """The reply's usable probes (negative first, then valid calls), the rules it says no call can break (by
-    number), and why each dropped item could not be used."""
-    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in interface.tools}
-    probes: list[Probe] = []
-    dropped: list[str] = []
-
-    def check(label: str, state: int, tool: str, arguments: dict[str, Any], change: dict[str, Any]) -> bool:
-        problem = None
-        if not 1 <= state <= len(states):
-            problem = f"state {state} does not exist (states 1 to {len(states)})"
-        elif tool not in schemas:
-            problem = f"unknown tool {tool!r}"
-        elif unknown := sorted(set(change) - set(states[state - 1].state)):
-            problem = f"state_change names no state attribute: {', '.join(unknown)}"
-        else:
-            problem = argument_error(schemas[tool], arguments)
-        if problem:
-            dropped.append(f"{label}: {problem}")
-        return not problem
-
-    for item in draft.probes:
-        if not 1 <= item.rule <= len(rules):
-            dropped.append(f"probe of rule {item.rule}: no such rule (rules 1 to {len(rules)})")
-        elif check(f"probe of rule {item.rule}", item.state, item.tool, item.arguments, item.state_change):
-            why = " ".join(item.why.split())
-            probes.append(Probe(item.rule, item.state - 1, item.tool, item.arguments, item.state_change, why))
-    for call in draft.valid_calls:
-        if check(f"valid call of {call.tool}", call.state, call.tool, call.arguments, {}):
-            probes.append(Probe(None, call.state - 1, call.tool, call.arguments, {}))
-    unprobed = {u.rule: " ".join(u.reason.split()) for u in draft.unprobed if 1 <= u.rule <= len(rules)}
-    return probes, unprobed, dropped
 
 
 async def write_probes(
@@ -319,122 +235,6 @@ def rule_problems(rules: list[str], outcomes: list[ProbeOutcome]) -> dict[str, l
         )
         errors.setdefault(item.tool, []).append(ToolProblemText("rule_not_enforced", message[:DETAIL_CHARS]))
     return errors
-
-
-# ------------------------------------------------------------------------------------ consistency gates
-
-
-def consistency_problems(
-    env: Environment, states: list[TestState], probes: list[Probe], runs: list[ProbeRun], default_state: dict[str, Any]
-) -> dict[str, list[ToolProblemText]]:
-    """Problems of the records the accepted valid calls wrote: a field whose empty value is `None` in one tool
-    and `""` in another (or against the state schema), and new ids whose format is not the seeded ids'."""
-    schema = generated_state_schema(env.state_schema, default_state).get("properties", {})
-    empties: dict[tuple[str, str], dict[str, set[str]]] = {}  # (collection, field) -> empty kind -> tools
-    errors: dict[str, list[ToolProblemText]] = {}
-    for probe, run in zip(probes, runs, strict=True):
-        if probe.rule is not None or run.before is None or run.after is None:
-            continue
-        if not run.result.ok or run.result.refused:
-            continue
-        for collection, key, record, created in written_records(run.before, run.after):
-            for field, value in record.items():
-                if value is None or value == "":
-                    kind = "None" if value is None else '""'
-                    empties.setdefault((collection, field), {}).setdefault(kind, set()).add(probe.tool)
-            if created:
-                problem = id_problem(collection, key, states[probe.state].state.get(collection))
-                if problem:
-                    message = f"{probe.tool}({json.dumps(probe.arguments, ensure_ascii=False)}) {problem}"
-                    errors.setdefault(probe.tool, []).append(ToolProblemText("id_format", message))
-    for (collection, field), kinds in sorted(empties.items()):
-        convention = schema_empty(schema.get(collection), field)
-        if convention is None and len(kinds) < 2:
-            continue
-        if convention is None:  # two tools disagree and the schema does not say: the more common one wins
-            convention = max(sorted(kinds), key=lambda k: (len(kinds[k]), k == "None"))
-        for kind, tools in kinds.items():
-            if kind == convention:
-                continue
-            others = sorted(kinds.get(convention, set()))
-            said = f"the other tools ({', '.join(others)}) write {convention}" if others else "the state schema says"
-            message = (
-                f"it writes {kind} for an empty `{field}` of a {collection} record, but {said}: an empty "
-                f"`{field}` is {convention} everywhere in this environment. Write {convention}."
-            )
-            for tool in sorted(tools):
-                errors.setdefault(tool, []).append(ToolProblemText("empty_value_mixed", message))
-    return errors
-
-
-def written_records(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, Any, dict[str, Any], bool]]:
-    """(collection, key, record, created) of every record a call added or changed (the changed fields only)."""
-    found = []
-    for collection, value in after.items():
-        pairs = record_pairs(value)
-        if pairs is None:
-            continue
-        old = before.get(collection)
-        if isinstance(value, dict):
-            old_records = old if isinstance(old, dict) else {}
-            for key, record in pairs:
-                if key not in old_records:
-                    found.append((collection, key, record, True))
-                elif record != old_records[key]:
-                    changed = {f: v for f, v in record.items() if old_records[key].get(f, object()) != v}
-                    found.append((collection, key, changed, False))
-        else:
-            old_items = old if isinstance(old, list) else []
-            for index, record in pairs:
-                if index >= len(old_items):
-                    found.append((collection, _list_id(record), record, True))
-    return found
-
-
-def _list_id(record: dict[str, Any]) -> Any:
-    first = next(iter(record), None)
-    return record.get("id", record.get(first) if first is not None and str(first).endswith("id") else None)
-
-
-def id_shape(value: str) -> str:
-    """An id's format: its text with every run of digits as `9` (`D-522` -> `D-9`, `D16` -> `D9`)."""
-    return re.sub(r"\d+", "9", value)
-
-
-def id_problem(collection: str, key: Any, seeded: Any) -> str | None:
-    """Why a new id of `collection` breaks the format of its seeded ids (None: it keeps it, or the seeded ids do
-    not share one format, or fewer than two exist)."""
-    if not isinstance(key, str):
-        return None
-    pairs = record_pairs(seeded) or []
-    ids = [k if isinstance(seeded, dict) else _list_id(r) for k, r in pairs]
-    shapes = {id_shape(i) for i in ids if isinstance(i, str)}
-    if len(ids) < 2 or len(shapes) != 1 or id_shape(key) in shapes:
-        return None
-    examples = ", ".join(map(str, ids[:3]))
-    return (
-        f"created the {collection} record {key!r}, but the existing {collection} ids look like {examples}: "
-        f"make new ids in the same format (the next free number after the largest existing one)"
-    )
-
-
-def schema_empty(collection: Any, field: str) -> str | None:
-    """The empty value the state schema gives a record field: `None` when it is nullable and not a string,
-    `""` when it is a string and not nullable; None when it does not say."""
-    record = record_schema(collection)
-    prop = (record or {}).get("properties", {}).get(field) if record else None
-    if not isinstance(prop, dict):
-        return None
-    options = prop.get("anyOf", [prop])
-    types = set()
-    for option in options:
-        kind = option.get("type") if isinstance(option, dict) else None
-        types.update(kind if isinstance(kind, list) else [kind])
-    if "null" in types and "string" not in types:
-        return "None"
-    if "string" in types and "null" not in types:
-        return '""'
-    return None
 
 
 # ------------------------------------------------------------------------------------------- the loop

@@ -48,7 +48,6 @@ from builder.envs.lint import ContractError
 from builder.envs.session import SessionError, diff_states
 from builder.errors import ItemError, OperatorError
 from builder.limits import DETAIL_CHARS
-from builder.llm import tally
 from builder.prompts import prompt_version
 from builder.records import Environment, Record, Rejection, Scenario, scenario_seed
 from builder.run.stage import Rejected, StageContext
@@ -79,7 +78,7 @@ from builder.stages.scenarios.requests import (
 )
 from builder.stages.scenarios.verbalise import Spent
 from builder.stages.scenarios.verify import Evidence, default_state, verify
-from builder.usage import Usage
+from builder.usage import Usage, tally
 
 logger = logging.getLogger(__name__)
 

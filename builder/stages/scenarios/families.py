@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field
 
 from builder.prompts import prompt
-from builder.records import Action
+from builder.records import Action, Family
 from builder.stages.scenarios.requests import GoldAction, TaskDraft
 
-Family = Literal["plain", "missing_info", "infeasible", "policy_trap", "error_recovery", "long_context"]
 FAMILIES: tuple[Family, ...] = ("plain", "missing_info", "infeasible", "policy_trap", "error_recovery", "long_context")
 REFUSING = frozenset({"infeasible", "policy_trap", "error_recovery"})  # families with a call that must fail
 NO_CHANGE = frozenset({"infeasible"})  # families whose gold changes nothing, in every mode

@@ -1,6 +1,6 @@
 """The scenarios stage's figures per task family (`ctx.stats.report.families`, `builder.reports.FamilyFigures`, in
 stats.json and the card): slots tried, verified, rejected by reason, and what each family's own requests cost
-(`builder.llm.tally` around each slot), with the yield and the cost per verified slot derived."""
+(`builder.usage.tally` around each slot), with the yield and the cost per verified slot derived."""
 
 from __future__ import annotations
 

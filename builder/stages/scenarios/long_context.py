@@ -51,8 +51,8 @@ from builder.json_values import leaves, record_pairs
 _NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")
 _DATE = re.compile(r"^(\d{4}-\d{2}-\d{2})((?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?(?:Z|[+-]\d{2}:?\d{2})?)$")
 _ENUM_TOKEN = re.compile(r"^[a-z][a-z0-9_\-]*$")
-_WORD = re.compile(r"[A-Za-z][A-Za-z']{2,}")
-_HEX_RUN = re.compile(r"^[0-9a-f]{6,}$")
+_WORD = re.compile(r"[A-Za-z][A-Za-z']+")
+_HEX_RUN = re.compile(r"[0-9a-f]*")
 _TITLE = re.compile(r"^(?:Dr|Mr|Mrs|Ms|Mx|Prof)\. ")
 _PERSON = re.compile(r"^(?:(?:Dr|Mr|Mrs|Ms|Mx|Prof)\. )?[A-Z][a-z'\-]+(?: [A-Z][a-z'\-]+)?$")
 _PERSON_FIELD = re.compile(r"name|author|owner|holder|contact|person|guest|customer|patient|member|user")
@@ -261,7 +261,7 @@ def _id_maker(c: _Collection, blocked: re.Pattern[str] | None, rng: random.Rando
     if all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         numbers = iter(range(max(ids) + 1, 10**12))
         return lambda: next(numbers)
-    shapes = [match for i in ids if (match := _NUMBERED.match(str(i)))]
+    shapes = [match for i in ids if (match := _NUMBERED.match(str(i))) and not re.search(r"\d", match.group(1))]
     if len(shapes) == len(ids) and len({(m.group(1), m.group(3)) for m in shapes}) == 1:
         prefix, suffix = shapes[0].group(1), shapes[0].group(3)
         digits = [m.group(2) for m in shapes]
@@ -290,21 +290,22 @@ def _id_maker(c: _Collection, blocked: re.Pattern[str] | None, rng: random.Rando
 
 
 def _reshape(key: str, rng: random.Random) -> str:
-    """A random string shaped like `key`: each letter/digit replaced by one of its class, hex runs stay hex."""
+    """A random string shaped like `key`: each letter/digit replaced by one of its class; a key of hex runs (a
+    uuid, a hash) stays hex."""
+    runs = re.split(r"([^0-9A-Za-z]+)", key)
+    hexish = all(_HEX_RUN.fullmatch(run) for run in runs[::2]) and any(len(run) >= 6 for run in runs[::2])
     out = []
-    for run in re.split(r"([^0-9A-Za-z]+)", key):
-        if _HEX_RUN.match(run) and any(ch.isdigit() for ch in run):
-            out.append("".join(rng.choice("0123456789abcdef") for _ in run))
-            continue
-        for ch in run:
-            if ch.isdigit():
-                out.append(rng.choice("0123456789"))
-            elif ch.isupper():
-                out.append(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ"))
-            elif ch.islower():
-                out.append(rng.choice("abcdefghijklmnopqrstuvwxyz"))
-            else:
-                out.append(ch)
+    for ch in key:
+        if hexish and ch in "0123456789abcdef":
+            out.append(rng.choice("0123456789abcdef"))
+        elif ch.isdigit():
+            out.append(rng.choice("0123456789"))
+        elif ch.isupper():
+            out.append(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ"))
+        elif ch.islower():
+            out.append(rng.choice("abcdefghijklmnopqrstuvwxyz"))
+        else:
+            out.append(ch)
     return "".join(out)
 
 
@@ -344,10 +345,7 @@ def _clone(
             return None
     for name, value in template.items():
         if c.fields[name].kind == "text" and isinstance(value, str):
-            followed = _follow_renames(value, renamed)
-            record[name] = followed if followed != value and not _conflicts(followed, blocked) else None
-            if record[name] is None:
-                record[name] = _text(value, c.fields[name], blocked, rng)
+            record[name] = _text(_follow_renames(value, renamed), c.fields[name], blocked, rng)
             if record[name] is _MISSING:
                 return None
     if blocked is not None:
@@ -417,12 +415,14 @@ def _text(value: str, spec: _Field, blocked: re.Pattern[str] | None, rng: random
     texts stay the template's (a clinic's name, city and address stay together); while it holds a protected value,
     another record's value is drawn (`_MISSING` if they all do). A field of distinct one-word values with a digit
     or `@._` (an e-mail, a file name) stays distinct: a repeat gets a number (`sgoldberg2@example.com`)."""
-    for _ in range(_FIELD_RETRIES):
+    for attempt in range(_FIELD_RETRIES):
         picked = value
         if " " not in value and (digits := list(re.finditer(r"\d+", value))):
             last = digits[-1]
             fresh = "".join(rng.choice("0123456789") for _ in last.group(0))
             picked = value[: last.start()] + fresh + value[last.end() :]
+            if spec.seen is not None and picked in spec.seen and attempt < _FIELD_RETRIES - 1:
+                continue  # new digits again (a phone number stays shaped like one), then a number is added
         if spec.seen is not None:
             picked = _distinct(picked, spec.seen)
         if not _conflicts(picked, blocked):

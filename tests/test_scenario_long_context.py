@@ -19,7 +19,7 @@ from builder.json_values import leaves, record_pairs
 from builder.records import Action
 from builder.rollout.reward import gold_paths, with_guard
 from builder.sandbox.runtime import Sandbox
-from builder.stages.scenarios.long_context import enlarge
+from builder.stages.scenarios.long_context import enlarge, protected_values
 from tests.fixtures.scenarios import BANK_CHECKS, BANK_GOLD, BANK_STATE, LIBRARY_STATE
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -41,13 +41,9 @@ ENUM_FIELDS = {"tier", "kind", "frozen", "status", "mode", "specialty", "policy_
 
 
 def protected_of(scenario: dict) -> set[str]:
-    """What the lead passes: every string of the gold's arguments, and every state string the task mentions."""
-    found = {str(v) for a in scenario["gold_actions"] for v in leaves(a["arguments"]) if isinstance(v, str | int)}
-    text = scenario["task"].casefold()
-    state = scenario["initial_state"]
-    strings = {leaf for leaf in leaves(state) if isinstance(leaf, str)}
-    strings |= {key for value in state.values() for key, _ in record_pairs(value) or () if isinstance(key, str)}
-    return found | {s for s in strings if len(s) > 2 and s.casefold() in text}
+    """What the lead passes: the gold's argument values, and every state value the task mentions."""
+    arguments = [action["arguments"] for action in scenario["gold_actions"]]
+    return protected_values(scenario["initial_state"], [scenario["task"]], arguments)
 
 
 def distractors(original: dict, enlarged: dict, name: str) -> list[tuple[object, dict]]:
@@ -271,6 +267,16 @@ def test_a_distractor_that_cannot_avoid_a_protected_value_is_dropped():
     state = {"notes": {"n1": {"text": "Call Ada Lovelace back about the loan"}}, "tags": {"t1": {"label": "x y"}}}
     enlarged = enlarge(state, records=20, protected=("Ada Lovelace",), seed=1)
     assert list(enlarged["notes"]) == ["n1"] and len(enlarged["tags"]) > 1
+
+
+def test_protected_values_are_the_golds_arguments_and_the_state_values_the_texts_mention():
+    found = protected_of(DENTAL)
+    assert {"Lucas Ferreira", "lucas.ferreira@example.com", "P-4", "A-2", "TS-4", "D-1", "S-1"} <= found
+    assert {"Dr. Rebecca Liang", "in_person"} & found == {"Dr. Rebecca Liang"}  # "in_person" is not said
+    assert "Olivia Bennett" not in found and "virtual consultation" in found  # named by the task
+    bank = protected_values(BANK_THREE, ["Move 3 from acc-1 to acc-2", "I am Ada Lovelace"], [{"amount": 3}])
+    assert bank == {"3", "acc-1", "acc-2", "Ada Lovelace"}  # not acc-3 or "checking": the texts do not say them
+    assert protected_values(BANK_THREE, [], [{"flag": True, "memo": " "}]) == set()
 
 
 # ------------------------------------------------------------------------------------------ speed

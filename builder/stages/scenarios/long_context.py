@@ -125,6 +125,29 @@ def enlarge(state: dict[str, Any], *, records: int, protected: Iterable[str] = (
     return result
 
 
+def protected_values(state: dict[str, Any], texts: Iterable[str], arguments: Iterable[Any]) -> set[str]:
+    """The values `enlarge` must keep unique for a scenario: every string and number inside the gold's `arguments`
+    (as text), and every string value and record key of `state` that the `texts` (the task and the user script's
+    parts) mention as a whole word sequence, case-insensitively (two characters at least: `c1` yes, `a` no)."""
+    found = {
+        str(leaf)
+        for leaf in leaves(list(arguments))
+        if isinstance(leaf, str | int | float) and not isinstance(leaf, bool)
+    }
+    said = " ".join(texts).casefold()
+    candidates = {leaf for leaf in leaves(state) if isinstance(leaf, str)}
+    candidates |= {str(key) for value in state.values() for key, _ in record_pairs(value) or ()}
+    for value in candidates:
+        folded = value.strip().casefold()
+        if len(folded) >= 2 and folded in said and re.search(_whole(folded), said):
+            found.add(value)
+    return {value for value in found if value.strip()}
+
+
+def _whole(folded: str) -> str:
+    return rf"(?<![0-9a-z]){re.escape(folded)}(?![0-9a-z])"
+
+
 # ------------------------------------------------------------------------------------------ reading the state
 
 
@@ -533,7 +556,7 @@ def _protected_pattern(protected: Iterable[str]) -> re.Pattern[str] | None:
     values = sorted({p.strip().casefold() for p in protected if isinstance(p, str) and p.strip()}, key=len)
     if not values:
         return None
-    alternation = "|".join(re.escape(v) for v in reversed(values))
+    alternation = "|".join(re.escape(v) for v in reversed(values))  # longest first
     return re.compile(rf"(?<![0-9a-z])(?:{alternation})(?![0-9a-z])")
 
 

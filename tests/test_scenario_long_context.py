@@ -163,6 +163,19 @@ def test_zero_padded_uuid_and_list_ids_keep_their_format():
     assert enlarged["lines"][:2] == state["lines"] and len(enlarged["lines"]) > 2
 
 
+def test_a_list_items_own_id_is_the_field_named_like_the_list_and_the_others_are_references():
+    state = {
+        "members": {"m1": {"name": "Sam"}, "m2": {"name": "Kim"}},
+        "books": {"b1": {"title": "Dune"}},
+        "loans": [{"member_id": "m1", "book_id": "b1", "loan_id": "L1"}],
+    }
+    enlarged = enlarge(state, records=40, protected=(), seed=1)
+    loans = enlarged["loans"][1:]
+    assert loans and [loan["loan_id"] for loan in loans] == [f"L{i}" for i in range(2, 2 + len(loans))]
+    assert all(loan["member_id"] not in ("m1", "m2") and loan["member_id"] in enlarged["members"] for loan in loans)
+    assert all(loan["book_id"] != "b1" and loan["book_id"] in enlarged["books"] for loan in loans)
+
+
 def test_a_protected_key_is_skipped():
     enlarged = enlarge(BANK_THREE, records=30, protected=("acc-6",), seed=1)
     keys = list(enlarged["accounts"])

@@ -276,6 +276,14 @@ def test_protected_values_match_whole_words_case_insensitively_and_enums_are_exe
     assert kinds == {"checking", "savings"}  # enum values named by the task stay in use
 
 
+def test_one_and_two_digit_numbers_are_not_protected_so_phones_survive():
+    state = DENTAL["initial_state"]
+    enlarged = enlarge(state, records=500, protected=["1", "30", "Lucas Ferreira"], seed=1)
+    phones = [p["phone"] for _, p in distractors(state, enlarged, "patients")]
+    assert len(phones) == round(7 * 500 / 53) - 7 and all(p.startswith("+1-") for p in phones)
+    assert len(enlarge(state, records=500, protected=["555"], seed=1)["patients"]) == 7  # every phone has -555-
+
+
 def test_a_distractor_that_cannot_avoid_a_protected_value_is_dropped():
     state = {"notes": {"n1": {"text": "Call Ada Lovelace back about the loan"}}, "tags": {"t1": {"label": "x y"}}}
     enlarged = enlarge(state, records=20, protected=("Ada Lovelace",), seed=1)

@@ -8,7 +8,6 @@ import datetime as dt
 import math
 import random
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -382,15 +381,6 @@ def _nested_target(key: str, item: Any, collections: dict[str, Collection]) -> C
     fitting = [c for c in collections.values() if item in c.ids and (not c.is_list or c.id_field)]
     stem = key[: -len("_id")].casefold()
     return next((c for c in fitting if c.name.casefold().startswith(stem[:4])), fitting[0] if fitting else None)
-
-
-def protected_pattern(protected: Iterable[str]) -> re.Pattern[str] | None:
-    """One pattern matching any protected value as a whole word sequence, case-insensitively."""
-    values = sorted({p.strip().casefold() for p in protected if isinstance(p, str) and p.strip()}, key=len)
-    if not values:
-        return None
-    alternation = "|".join(re.escape(v) for v in reversed(values))  # longest first
-    return re.compile(rf"(?<![0-9a-z])(?:{alternation})(?![0-9a-z])")
 
 
 def conflicts(value: Any, blocked: re.Pattern[str] | None) -> bool:

@@ -28,7 +28,8 @@ originals stay first, unchanged; the distractors are appended after them. The ru
   other texts and nested values (a status history) are another record's value of that field.
 - **Protected values stay unique.** No string inside a distractor (its key included) contains a protected value
   as a whole word sequence, case-insensitively (`Ada Lovelace` blocks `Ada Lovelace Jr` but not `Adam`; `acc-1`
-  blocks `acc-1` but not `acc-17`). Enum-like fields are exempt (`savings` does not identify a record). A field
+  blocks `acc-1` but not `acc-17`). Enum-like fields and numbers of one or two digits are exempt (`savings`, `3`
+  identify no record). A field
   that conflicts is drawn again from other records; a distractor still conflicting after that is dropped.
 - **Deterministic**: the same state, size, protected values and seed give the same result.
 
@@ -51,7 +52,6 @@ from builder.stages.scenarios.distractors import (
     clone,
     conflicts,
     profile,
-    protected_pattern,
     read_collection,
 )
 
@@ -107,6 +107,17 @@ def protected_values(state: dict[str, Any], texts: Iterable[str], arguments: Ite
         if len(folded) >= 2 and folded in said and re.search(_whole(folded), said):
             found.add(value)
     return {value for value in found if value.strip()}
+
+
+def protected_pattern(protected: Iterable[str]) -> re.Pattern[str] | None:
+    """One pattern matching any protected value as a whole word sequence, case-insensitively. Numbers of one or two
+    digits are left out: they identify no record and would block every `+1-` phone and `2 Main St`."""
+    values = {p.strip().casefold() for p in protected if isinstance(p, str) and p.strip()}
+    values = sorted((v for v in values if not re.fullmatch(r"\d{1,2}", v)), key=len)
+    if not values:
+        return None
+    alternation = "|".join(re.escape(v) for v in reversed(values))  # longest first
+    return re.compile(rf"(?<![0-9a-z])(?:{alternation})(?![0-9a-z])")
 
 
 def _whole(folded: str) -> str:

@@ -17,20 +17,22 @@ originals stay first, unchanged; the distractors are appended after them. The ru
   random keys of the same shape (letters for letters, digits for digits, hex for hex). A record's own id field
   (`"patient_id": "P-1"` under key `P-1`; `id` / `<thing>_id` of list items, unique across items) gets the new id.
 - **Real-looking values.** Per field, from the values the collection's records have: enum-like fields (bools,
-  single lowercase tokens such as `in_person`, or few distinct values) take a seen value; numbers are scaled by one
-  factor per record (so `approved <= claimed` mostly holds), rounded to the field's step (the gcd of its integer
-  values) and kept within the field's observed range; dates and date-times move by one whole-day shift per record
-  that keeps the record's dates within the collection's observed range (so `start < end` holds and the time of day
-  is kept); person names (a `name`/`author`/`owner`/... field whose values are all one or two capitalised words,
-  maybe after `Dr.`) draw each word from other values of the field or a built-in list of first and last names,
-  and the record's other texts follow the renamed words (`olivia.bennett@example.com` ->
-  `nadia.okafor@example.com`); a one-word text with digits (a phone, a code) gets new digits in its last number;
-  other texts and nested values (a status history) are another record's value of that field.
+  single lowercase tokens such as `in_person`, or few distinct values) keep the template's value 70% of the time,
+  else take a seen one; numbers are scaled by one factor per record (so `approved <= claimed` mostly holds),
+  rounded to the field's step (the gcd of its integer values) and kept within the field's observed range; dates
+  and date-times move by one whole-day shift per record, so that its first date stays within the range of the
+  collection's first dates (`start < end` and the time of day hold); person names (a `name`/`author`/`owner`/...
+  field whose values are all one or two capitalised words, maybe after `Dr.`) draw each word from other values of
+  the field or a built-in list of first and last names, and the record's other texts follow the renamed words
+  (`olivia.bennett@example.com` -> `nadia.okafor@example.com`); a one-word text with digits (a phone) gets new
+  digits in its last number; other texts and nested values (a clinic's address, a status history) stay the
+  template's, so a record stays coherent. Identifier-like texts (distinct one-word values with a digit or `@._`:
+  e-mails, file names) stay distinct (`sgoldberg2@example.com`).
 - **Protected values stay unique.** No string inside a distractor (its key included) contains a protected value
   as a whole word sequence, case-insensitively (`Ada Lovelace` blocks `Ada Lovelace Jr` but not `Adam`; `acc-1`
-  blocks `acc-1` but not `acc-17`). Enum-like fields and numbers of one or two digits are exempt (`savings`, `3`
-  identify no record). A field
-  that conflicts is drawn again from other records; a distractor still conflicting after that is dropped.
+  blocks `acc-1` but not `acc-17`). Enum-like fields and numbers of one or two digits are exempt (`savings` and
+  `3` identify no record). A field that conflicts is drawn again from other records; a distractor still
+  conflicting after that is dropped. `protected_values` lists what a scenario must protect.
 - **Deterministic**: the same state, size, protected values and seed give the same result.
 
 Only top-level collections grow; nested ones (a list of items inside a record) are copied with their record.

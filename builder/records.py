@@ -26,7 +26,8 @@ from builder.usage import Usage
 # 2: ChatMessage.reasoning_content, Scenario.now; 3: the selections table (was .selected); 4: `Usage` by the one
 # ledger rule (cached_calls, failed_calls, regrowths; cache hits count no calls or tokens); 5: `Provenance.origin`
 # (imported), Scenario.method and .wording (tables without them read as "llm", "model"), Environment.graph;
-# 6: `Usage.retries`; 7: Scenario.answer_facts, Trajectory.answer_stated (tables without them read as (), None)
+# 6: `Usage.retries`; 7: Scenario.answer_facts and .family, Trajectory.answer_stated (tables without them read as
+# (), "plain", None)
 SCHEMA_VERSION = 7
 
 
@@ -296,6 +297,11 @@ class Scenario(Record):
         "along the tool graph is the gold, its checks derived from its diff). Not part of the id.",
     )
     wording: Literal["model", "template"] = Field("model", description="Who worded the task: the model or a template.")
+    family: Literal["plain", "missing_info", "infeasible", "policy_trap", "error_recovery", "long_context"] = Field(
+        "plain",
+        description="The kind of task (docs/scenarios.md, Task families): plain, missing_info, infeasible, "
+        "policy_trap, error_recovery or long_context. Not part of the id.",
+    )
     initial_state: JSON
     now: str = Field(
         DEFAULT_NOW,

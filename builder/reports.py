@@ -104,8 +104,24 @@ class MethodFigures(Report):
     tool_coverage: Annotated[float | None, Derived()] = None
 
 
+class FamilyFigures(Report):
+    """One task family's slots: tried, verified, why the others were rejected, and what their model requests
+    cost (each slot's own requests, `builder.llm.tally`), with the yield and cost per verified slot derived."""
+
+    slots: int = 0
+    verified: int = 0
+    rejected: dict[str, int] = {}
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    yield_: Annotated[float | None, Derived()] = Field(None, alias="yield")
+    per_verified: Annotated[dict[str, float] | None, Derived()] = None
+
+
 class ScenariosReport(StageReport):
     verified_slots: int = 0
+    # Per task family (`builder.stages.scenarios.families`): slots, verified, rejections and cost.
+    families: dict[str, FamilyFigures] = {}
     # The reward audit of every verified slot (`builder.envs.audit`): case -> outcome (pass, fail, n/a) -> slots.
     audit: dict[str, dict[str, int]] = {}
 

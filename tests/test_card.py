@@ -21,8 +21,9 @@ from builder.envs.guard import allowed_paths, guard_source
 from builder.envs.trainer import scenario_world
 from builder.publish.facts import task_count
 from builder.publish.publish import export_release
-from builder.reports import RolloutReport, ScenariosReport, SelectReport, SplitFigures
+from builder.reports import FamilyFigures, RolloutReport, ScenariosReport, SelectReport, SplitFigures
 from builder.sandbox.runtime import Sandbox
+from builder.stages.scenarios.family_stats import derive_families
 from builder.stats import StageStats, save_stats
 from tests.fixtures.scenarios import BANK_CHECKS, BANK_STATE
 
@@ -157,6 +158,21 @@ def test_the_reward_and_the_audit_are_in_the_card(tmp_path):
     assert "So an agent that makes no call scores exactly 0" in reward
     grpo = section(card, "### GRPO")
     assert "share of the scenario's checks" not in grpo and "the reward is the published reward" in grpo
+
+
+def test_the_card_has_a_row_per_task_family_with_how_it_was_made(tmp_path):
+    made = {"plain": FamilyFigures(slots=4, verified=3, calls=40, prompt_tokens=90000),
+            "infeasible": FamilyFigures(slots=2, verified=1, calls=12, prompt_tokens=20000,
+                                        rejected={"not_refused": 1})}  # fmt: skip
+    report = ScenariosReport(families=made)
+    derive_families(report)
+    _, card = release(tmp_path, stats=run_stats(scenarios=report))
+    families = section(card, "### Task families")
+    # The fixture store's scenarios are all plain (made before families): the made figures come from stats.
+    assert re.search(r"\| `plain` \| a fully specified multi-step request \| \d+ tasks?, \d+ rows? \| [\d.–]+ \| 4 \| "
+                     r"0\.75 \| 13\.3 \| 30000\.0 \|", families), families
+    infeasible = "| `infeasible` | the rules forbid the request: change nothing and say why | 0 tasks, 0 rows | – | 2 "
+    assert infeasible + "| 0.5 | 12.0 | 20000.0 |" in families
 
 
 # --------------------------------------------------------------------------------------- the card's code

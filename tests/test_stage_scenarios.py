@@ -155,7 +155,8 @@ def checklist_of(request: ChatRequest) -> list[str]:
 
 
 def context(tmp_path, model, sandbox, *overrides):
-    config = load_config(None, [f'store.path="{tmp_path / "store"}"', "scenarios.per_environment=1", *overrides])
+    plain = "scenarios.families={plain=1}"  # the families have their tests (tests/test_scenario_families.py)
+    config = load_config(None, [f'store.path="{tmp_path / "store"}"', "scenarios.per_environment=1", plain, *overrides])
     llm = client_for(config.llm, model, model_id="m")
     return StageContext(
         config,
@@ -398,7 +399,10 @@ async def test_stage_in_the_runner_counts_yield_cost_and_duplicates(tmp_path, sa
         BatchStage("environments", source, input=None, output=Environment),
         pipeline_stage("scenarios"),
     )
-    overrides = [f'store.path="{tmp_path / "store"}"', "scenarios.per_environment=2", 'scenarios.method="llm"']
+    overrides = [
+        f'store.path="{tmp_path / "store"}"', "scenarios.per_environment=2", 'scenarios.method="llm"',
+        "scenarios.families={plain=1}",
+    ]  # fmt: skip
     config = load_config(None, overrides)
     model = scripted()
     stats = await run_stages(
@@ -517,10 +521,10 @@ async def test_an_unexpected_error_costs_only_its_slot(tmp_path, sandbox, monkey
 
     build = stage._build
 
-    async def flaky(env, ctx, slot, example, start):
+    async def flaky(env, ctx, slot, example, start, family):
         if slot == 1:
             raise ValueError("bug in slot 1")
-        return await build(env, ctx, slot, example, start)
+        return await build(env, ctx, slot, example, start, family)
 
     monkeypatch.setattr(stage, "_build", flaky)
     ctx = context(tmp_path, scripted(), sandbox, "scenarios.per_environment=2", 'scenarios.method="llm"')

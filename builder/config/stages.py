@@ -166,6 +166,30 @@ class ScenariosConfig(Section):
         "call), model_then_template (the template for a slot whose every model reply was refused). The llm "
         "method always needs the model.",
     )
+    families: dict[
+        Literal["plain", "missing_info", "infeasible", "policy_trap", "error_recovery", "long_context"], float
+    ] = Field(
+        default_factory=lambda: {
+            "plain": 3.0, "missing_info": 1.0, "infeasible": 1.0, "policy_trap": 1.0, "error_recovery": 1.0,
+            "long_context": 1.0,
+        },  # fmt: skip
+        description="Task families of the llm method's slots and their weights (docs/scenarios.md, Task "
+        "families): plain, missing_info (the user leaves out a value), infeasible (the rules forbid the request), "
+        "policy_trap (forbidden, with an allowed alternative), error_recovery (a stale detail makes the first "
+        "call fail), long_context (distractor records, reachable only by search). Slots are assigned in "
+        "proportion, heaviest first; graph-method slots are plain.",
+    )
+    long_context_records: int = Field(
+        1000,
+        ge=10,
+        description="Records a long_context scenario's initial state holds in all (distractors added to reach it).",
+    )
+
+    @model_validator(mode="after")
+    def _some_family(self) -> ScenariosConfig:
+        if not any(weight > 0 for weight in self.families.values()) or any(w < 0 for w in self.families.values()):
+            raise ValueError("scenarios.families needs weights >= 0, at least one of them > 0")
+        return self
 
 
 class RolloutConfig(Section):

@@ -4,7 +4,7 @@ response cache, usage accounting and a scripted model for tests. See docs/llm.md
 from builder.llm.accounting import estimate_gpu_hours
 from builder.llm.base import CallRecord, ChatModel, ChatRequest, Reply, StageModel, TokenUsage
 from builder.llm.cache import ResponseCache
-from builder.llm.client import LLMClient
+from builder.llm.client import LLMClient, tally
 from builder.llm.connect import open_llm
 from builder.llm.errors import (
     LLMError,
@@ -31,6 +31,7 @@ __all__ = [
     "ChatModel",
     "ChatRequest",
     "LLMClient",
+    "tally",
     "LLMError",
     "LLMRequestError",
     "OpenAIChatModel",

@@ -14,7 +14,9 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -48,6 +50,29 @@ ESTIMATE_CHARS_PER_TOKEN = 3
 # chat template adds its own text (role markers, a tools preamble, a default system prompt), allowed for here.
 TEMPLATE_ALLOWANCE_TOKENS = 512
 _MEASURED_PROMPTS = 4096  # prompt sizes remembered (growths and repeated samples of one prompt reuse them)
+
+
+class Tally:
+    """The usage of the requests made inside one `tally()` block (mutable: each request adds to it)."""
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+
+
+_TALLIES: ContextVar[tuple[Tally, ...]] = ContextVar("usage_tallies", default=())
+
+
+@contextmanager
+def tally() -> Iterator[Tally]:
+    """Count the usage of every request an `LLMClient` makes inside this block, in this task and the asyncio
+    tasks it starts (they inherit the context): what one piece of work costs, e.g. one scenario slot, while the
+    client's `totals` and `on_call` keep the stage's ledger. Blocks nest; each counts its own."""
+    counted = Tally()
+    token = _TALLIES.set((*_TALLIES.get(), counted))
+    try:
+        yield counted
+    finally:
+        _TALLIES.reset(token)
 
 
 class LLMClient:
@@ -364,6 +389,8 @@ class LLMClient:
 
     def _emit(self, record: CallRecord) -> None:
         self.totals += record.usage
+        for counted in _TALLIES.get():
+            counted.usage += record.usage
         if self.on_call is not None:
             self.on_call(record)
 

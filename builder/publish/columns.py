@@ -49,6 +49,8 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "environment's tool graph is the gold, the checks are derived from its state diff, the model wrote the task)",
         "wording": "who wrote what the user says (task, user script): `model`, or `template` (graph method: a fixed "
         "template from the chain's calls, under the same leak and sufficiency gates; `scenarios.wording`)",
+        "family": "the kind of task: `plain`, `missing_info`, `infeasible`, `policy_trap`, `error_recovery` or "
+        "`long_context` (the card's Task families)",
         "task": "what the user wants done",
         "initial_state": "JSON: attribute name → value, applied to a fresh environment instance",
         "now": "the scenario's current date-time, ISO 8601 local time without a zone: the sandbox's clock reads it "

@@ -36,7 +36,7 @@ ENVIRONMENT_COLUMNS = (
     "state_schema", "num_scenarios", "scores", "evaluation", "graph", "plan_id", "schema_version", "provenance",
 )  # fmt: skip
 SCENARIO_COLUMNS = (
-    "scenario_id", "env_id", "mode", "method", "wording", "task", "initial_state", "now", "user", "checklist",
+    "scenario_id", "env_id", "mode", "method", "wording", "family", "task", "initial_state", "now", "user", "checklist",
     "checks", "answer_facts", "gold_actions", "difficulty", "difficulty_source", "num_rollouts", "pass_rate",
     "verification", "schema_version", "provenance",
 )  # fmt: skip

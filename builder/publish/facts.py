@@ -222,6 +222,52 @@ def decontamination(config: BuildConfig, stats: dict[str, StageStats]) -> str:
     )
 
 
+# ------------------------------------------------------------------------------------------------- families
+
+FAMILY_MEANING = {
+    "plain": "a fully specified multi-step request",
+    "missing_info": "the user leaves out a value: ask for it (conversational), or change nothing and say what is "
+    "missing (non-conversational)",
+    "infeasible": "the rules forbid the request: change nothing and say why",
+    "policy_trap": "the request is forbidden but an allowed alternative meets the need: do the alternative",
+    "error_recovery": "a stale detail makes the natural first call fail: find the right record",
+    "long_context": "hundreds of distractor records: find the task's records by search",
+}
+
+
+def families(stats: dict[str, StageStats], tables: dict[str, dict[str, pl.DataFrame]]) -> str:
+    """Per task family: tasks and rows published, the measured pass rate of its rows, and how its slots fared
+    when they were made (`stages.scenarios.report.families`)."""
+    every = pl.concat(list(tables["scenarios"].values()))
+    made = _report(stats, "scenarios").get("families") or {}
+    names = sorted(set(every["family"].to_list()) | set(made), key=lambda f: list(FAMILY_MEANING).index(f)
+                   if f in FAMILY_MEANING else len(FAMILY_MEANING))  # fmt: skip
+    if not names:
+        return "No scenarios."
+    lines = [
+        "Each scenario is of one family (the `family` column; docs/scenarios.md, Task families). Pass rate: the "
+        "mean of the rows' `pass_rate` where rollouts measured it. Made: slots tried, their yield, and the model "
+        "calls and prompt tokens per verified slot of that family.",
+        "",
+        "| family | what it teaches | tasks, rows | pass rate | slots | yield | calls / verified "
+        "| prompt tokens / verified |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        rows = every.filter(pl.col("family") == name)
+        rates = rows.filter(pl.col("pass_rate").is_not_null())["pass_rate"]
+        rate = f"{rates.mean():.2f}" if len(rates) else "–"
+        figures = made.get(name, {})
+        per = figures.get("per_verified") or {}
+        cells = [
+            f"`{name}`", FAMILY_MEANING.get(name, ""), _tasks_rows(task_count(rows), rows.height), rate,
+            figures.get("slots", "–"), figures.get("yield") if figures.get("yield") is not None else "–",
+            per.get("calls", "–"), per.get("prompt_tokens", "–"),
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------------- audit
 
 

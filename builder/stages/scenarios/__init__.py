@@ -48,10 +48,24 @@ from builder.envs.lint import ContractError
 from builder.envs.session import SessionError, diff_states
 from builder.errors import ItemError, OperatorError
 from builder.limits import DETAIL_CHARS
+from builder.llm import tally
 from builder.prompts import prompt_version
 from builder.records import Environment, Record, Rejection, Scenario, scenario_seed
 from builder.run.stage import Rejected, StageContext
 from builder.stages.scenarios.emitted import Words, scenario_records
+from builder.stages.scenarios.families import (
+    NO_CHANGE,
+    MissingInfoDraft,
+    family_note,
+    family_prompts,
+    family_texts,
+    gold_note,
+    refused_call,
+    slot_families,
+    task_model,
+    withheld,
+)
+from builder.stages.scenarios.family_stats import report_families
 from builder.stages.scenarios.graph_method import State, graph_chains, graph_scenario, start_states
 from builder.stages.scenarios.method_stats import report_methods
 from builder.stages.scenarios.requests import (
@@ -62,7 +76,6 @@ from builder.stages.scenarios.requests import (
     _repaired_check,
     _sampling,
     _task,
-    _user_texts,
 )
 from builder.stages.scenarios.verbalise import Spent
 from builder.stages.scenarios.verify import Evidence, default_state, verify
@@ -75,7 +88,7 @@ PROMPTS = ("scenario_state", "scenario_task", "scenario_check", "scenario_gold")
 REASONS = (
     "not_accepted", "env_load_failed", "state_invalid", "state_load_failed", "state_too_small", "state_inconsistent",
     "task_invalid", "check_invalid", "gold_invalid", "check_broken", "gold_call_failed", "answer_not_read",
-    "task_underspecified",
+    "not_refused", "state_changed", "nothing_withheld", "task_underspecified",
     "too_few_calls", "no_state_change", "gold_nondeterministic", "already_solved", "gold_fails_checks",
     "negative_control_failed", "duplicate", "llm_request", "prompt_too_long", "no_chain", "request_invalid",
     "request_leaks", *FAILURES.values(),
@@ -96,7 +109,8 @@ async def scenarios(
     Rejects the whole environment with `not_accepted` (its status is not "accepted") or `env_load_failed` (its
     default state does not load). Slot rejections have subject `<env id>/scenario-<slot>` and these reasons:
     state_invalid, state_load_failed, state_too_small, state_inconsistent, task_invalid, check_invalid,
-    gold_invalid, check_broken, gold_call_failed, answer_not_read, task_underspecified, too_few_calls, no_state_change,
+    gold_invalid, check_broken, gold_call_failed, answer_not_read, not_refused, state_changed, nothing_withheld,
+    task_underspecified, too_few_calls, no_state_change,
     gold_nondeterministic, already_solved, gold_fails_checks, negative_control_failed, duplicate, llm_request,
     prompt_too_long; for the graph method also no_chain (fewer verified chains than slots), request_invalid
     and request_leaks (`verbalise`); the reward audit's (`builder.envs.audit`, run on every verified slot with
@@ -119,9 +133,15 @@ async def scenarios(
     llm_slots = [slot for slot, method in enumerate(methods) if method == "llm"]
     graph_slots = [slot for slot, method in enumerate(methods) if method == "graph"]
     spent = {slot: Spent() for slot in graph_slots}
+    families = dict(zip(llm_slots, slot_families(len(llm_slots), ctx.config.scenarios.families), strict=True))
+    costs: dict[int, Usage] = {}
 
     async def llm(slot: int) -> Made:
-        return await _slot(env, ctx, slot, "llm", lambda: _build(env, ctx, slot, example, start), on_slot)
+        family = families[slot]
+        with tally() as counted:
+            made = await _slot(env, ctx, slot, "llm", lambda: _build(env, ctx, slot, example, start, family), on_slot)
+        costs[slot] = counted.usage
+        return made
 
     async def graph() -> tuple[list[Made], Counter[str]]:
         if not graph_slots:
@@ -162,6 +182,9 @@ async def scenarios(
     _count_verified(ctx, len(kept) // max(1, len(ctx.config.scenarios.modes)))
     graph_usage = sum((s.usage for s in spent.values()), Usage())
     report_methods(ctx, env, outcomes, graph_usage, dropped)
+    costs |= {slot: spent[slot].usage for slot in graph_slots}
+    report_families(ctx, [(families.get(slot, "plain"), result, costs[slot]) for slot, (_, result) in
+                          enumerate(outcomes)])  # fmt: skip
     return results
 
 
@@ -189,10 +212,13 @@ async def _slot(
 async def _made(env: Environment, ctx: StageContext, slot: int, build: Callable[[], Awaitable[list[Scenario]]]) -> Made:
     try:
         made = await build()
-        audit = await asyncio.to_thread(_audit, ctx, env, made[0])
-        if audit.reason is not None:
-            raw = json.dumps({"outcomes": audit.outcomes, "rewards": audit.rewards})
-            return _reject_slot(ctx, env, slot, audit.reason, audit.detail, raw)
+        # The modes of a slot share state, checks and gold, except where a family grades them apart (missing_info).
+        variants = {(s.checks, s.answer_facts, len(s.gold_actions)): s for s in made}
+        for scenario in variants.values():
+            audit = await asyncio.to_thread(_audit, ctx, env, scenario)
+            if audit.reason is not None:
+                raw = json.dumps({"mode": scenario.mode, "outcomes": audit.outcomes, "rewards": audit.rewards})
+                return _reject_slot(ctx, env, slot, audit.reason, f"{scenario.mode}: {audit.detail}", raw)
         return made
     except Rejected as verdict:
         rejection = verdict.rejection
@@ -209,7 +235,7 @@ async def _made(env: Environment, ctx: StageContext, slot: int, build: Callable[
 
 
 def _audit(ctx: StageContext, env: Environment, scenario: Scenario) -> Audit:
-    """The reward audit of a slot's scenario (its modes share state, checks and gold), counted in the report."""
+    """The reward audit of one of a slot's scenarios, counted in the report."""
     audit = audit_reward(
         ctx.sandbox, env.code, scenario.initial_state, scenario.checks, scenario.gold_actions, env.tools,
         now=scenario.now, seed=scenario.seed, contract=env.contract, facts=scenario.answer_facts,
@@ -238,25 +264,35 @@ def _reject_slot(
 
 
 async def _build(
-    env: Environment, ctx: StageContext, slot: int, example: dict[str, Any], start: State | None
-) -> list[Scenario]:
+    env: Environment, ctx: StageContext, slot: int, example: dict[str, Any], start: State | None,
+    family: str = "plain",
+) -> list[Scenario]:  # fmt: skip
     config = ctx.config.scenarios
     if start is None:
         state, now, state_repairs = await _initial_state(env, ctx, slot, example)
     else:
         (state, now), state_repairs = start, 0
-    draft = await _task(env, ctx, state, now)
-    await _fill(env, ctx, state, draft)
+
+    async def write_task(feedback: str = "") -> Draft:
+        draft = await _task(env, ctx, state, now, feedback, output_type=task_model(family), note=family_note(family))
+        draft.gold_note = gold_note(family, draft.task)
+        await _fill(env, ctx, state, draft)
+        return draft
+
+    draft = await write_task()
     repairs: list[str] = []
     blame_gold_next = True  # for gold_fails_checks: alternate between the gold and the checks, gold first
     for round_ in range(config.repair_attempts + 1):
         evidence = await asyncio.to_thread(
-            verify, ctx.sandbox, env.code, state, draft.gold, draft.checks, min_gold_calls=config.min_gold_calls,
-            texts=_user_texts(draft.task, config.modes), tools=env.tools, now=now, seed=scenario_seed(env.id, now),
-            contract=env.contract, facts=draft.task.answer_facts,
+            verify, ctx.sandbox, env.code, state, draft.gold, draft.checks,
+            min_gold_calls=config.min_gold_calls if family not in NO_CHANGE else 1,  # look-ups that show why
+            texts=family_texts(family, draft.task, config.modes), tools=env.tools, now=now,
+            seed=scenario_seed(env.id, now), contract=env.contract, facts=draft.task.answer_facts,
+            refused=refused_call(draft.task), expect_change=family not in NO_CHANGE,
+            withheld=withheld(draft.task),
         )  # fmt: skip
         if evidence.reason is None:
-            return _scenarios(env, ctx, state, draft, evidence, state_repairs, repairs)
+            return _scenarios(env, ctx, state, draft, evidence, state_repairs, repairs, family)
         if round_ == config.repair_attempts:
             gold = [action.model_dump() for action in draft.gold]
             raw = json.dumps({"task": draft.task.task, "checks": draft.checks, "gold": gold}, ensure_ascii=False)
@@ -264,9 +300,8 @@ async def _build(
         repairs.append(evidence.reason)
         # Repair round r is attempt r + 1 of the piece it repairs (its first writing is attempt 0): fresh samples.
         retask = evidence.reason == "answer_not_read" and not blame_gold_next  # the gold had its turn: the facts
-        if evidence.reason in ("already_solved", "task_underspecified") or retask:
-            draft = await _task(env, ctx, state, now, feedback=_task_feedback(draft, evidence))
-            await _fill(env, ctx, state, draft)
+        if evidence.reason in TASK_REPAIRS or retask:
+            draft = await write_task(_task_feedback(draft, evidence))
             blame_gold_next = True
         elif evidence.reason == "check_broken" or (evidence.reason == "gold_fails_checks" and not blame_gold_next):
             await _repair_checks(env, ctx, state, draft, evidence, attempt=round_ + 1)
@@ -277,6 +312,10 @@ async def _build(
             )
             blame_gold_next = evidence.reason not in ("gold_fails_checks", "answer_not_read")
     raise AssertionError("unreachable: the last round returns or rejects")
+
+
+# Failures whose repair is a new task (and fresh gold and checks): the task itself is wrong.
+TASK_REPAIRS = frozenset({"already_solved", "task_underspecified", "not_refused", "nothing_withheld"})
 
 
 async def _repair_checks(
@@ -295,6 +334,8 @@ async def _repair_checks(
 def _task_feedback(draft: Draft, evidence: Evidence) -> str:
     if evidence.reason == "already_solved":
         return f"{draft.task.task}\nWhy: {evidence.detail}\nWrite a different task."
+    if evidence.reason in ("not_refused", "nothing_withheld"):
+        return f"{draft.task.task}\nWhy: {evidence.detail}\nWrite a task of the same kind that holds in this state."
     if evidence.reason == "answer_not_read":
         facts = json.dumps(draft.task.answer_facts, ensure_ascii=False)
         return (
@@ -334,8 +375,9 @@ def _scenarios(
     evidence: Evidence,
     state_repairs: int,
     repairs: Sequence[str],
+    family: str = "plain",
 ) -> list[Scenario]:
-    versions = "+".join(prompt_version(name) for name in PROMPTS)
+    versions = "+".join(prompt_version(name) for name in (*PROMPTS, *family_prompts(family)))
     provenance = ctx.provenance([env], model=ctx.llm.model_id, sampling=_sampling(ctx), prompt_version=versions)
     task = draft.task
     words = Words(
@@ -345,5 +387,6 @@ def _scenarios(
     return scenario_records(
         env, ctx, method="llm", provenance=provenance, state=state, now=draft.now, words=words,
         checklist=task.checklist, checks=draft.checks, gold=evidence.actions, evidence=evidence,
-        state_repairs=state_repairs, repairs=repairs, answer_facts=task.answer_facts,
+        state_repairs=state_repairs, repairs=repairs, answer_facts=task.answer_facts, family=family,
+        withheld_as=task.withheld_as if isinstance(task, MissingInfoDraft) else None,
     )  # fmt: skip

@@ -60,10 +60,15 @@ def scenario_records(
     repairs: Sequence[str],
     wording: Literal["model", "template"] = "model",
     answer_facts: Sequence[str] = (),
+    family: str = "plain",
+    withheld_as: str | None = None,
 ) -> list[Scenario]:
-    """The slot's scenario in every mode of `scenarios.modes` (they share a `scenario_group`)."""
+    """The slot's scenario in every mode of `scenarios.modes` (they share a `scenario_group`). A missing_info
+    slot's non-conversational scenario is graded apart (`withheld_as`): the request lacks a value, so nothing may
+    change (its guard allows no path), there is no gold, and the answer must name what is missing."""
     task = " ".join(words.task.split())
     guard = guard_source(allowed_paths(state, evidence.final_state or state))
+    nothing = guard_source([])
     group = hashlib.sha256(json.dumps([env.id, state, task], sort_keys=True).encode()).hexdigest()[:16]
     verification = Verification(
         scenario_group=group,
@@ -84,6 +89,15 @@ def scenario_records(
         reveal_when_asked=words.reveal_when_asked,
         ending=words.ending,
     )
+    def graded(mode: str) -> dict[str, Any]:
+        if withheld_as is not None and mode == "non_conversational":
+            return {"checklist": (GUARD_ITEM,), "checks": (nothing,), "answer_facts": (withheld_as,),
+                    "gold_actions": ()}  # fmt: skip
+        return {
+            "checklist": (*checklist, GUARD_ITEM), "checks": (*checks, guard), "answer_facts": tuple(answer_facts),
+            "gold_actions": tuple(gold),
+        }  # fmt: skip
+
     return [
         Scenario(
             provenance=provenance,
@@ -91,16 +105,14 @@ def scenario_records(
             mode=mode,
             method=method,
             wording=wording,
+            family=family,
             initial_state=state,
             now=now,
             task=task,
             user=user if mode == "conversational" else None,
-            checklist=(*checklist, GUARD_ITEM),
-            checks=(*checks, guard),
-            answer_facts=tuple(answer_facts),
-            gold_actions=tuple(gold),
             difficulty=difficulty(evidence),
             verification=verification,
+            **graded(mode),
         )
         for mode in ctx.config.scenarios.modes
     ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -88,6 +88,7 @@ class Draft:
     task: TaskDraft
     task_messages: list[ChatMessage]
     now: str  # the scenario's date-time, chosen with the state
+    gold_note: str = ""  # what the gold writer is told of the task's family (`families.gold_note`)
     checks: list[str] = field(default_factory=list)
     check_messages: list[ChatMessage] = field(default_factory=list)
     gold: list[Action] = field(default_factory=list)
@@ -166,30 +167,27 @@ async def _initial_state(
     return await shrinking(ctx, "scenario_state", prompt_budgets(ctx.config.llm.max_state_chars), at)
 
 
-async def _task(env: Environment, ctx: StageContext, state: dict[str, Any], now: str, feedback: str = "") -> Draft:
-    """A task draft; with `feedback` (why the previous task was refused and what to do), its replacement."""
+async def _task(
+    env: Environment, ctx: StageContext, state: dict[str, Any], now: str, feedback: str = "",
+    *, output_type: type[TaskDraft] = TaskDraft, note: str = "",
+) -> Draft:  # fmt: skip
+    """A task draft; with `feedback` (why the previous task was refused and what to do), its replacement. `note`
+    says which family of task to write (`families.family_note`), `output_type` is that family's draft."""
 
     def request(budget: PromptBudget) -> list[ChatMessage]:
         user = (
             f"{interface_text(env, budget)}\n\n## Now\n{now_text(now)}\n\n## Current state\n{state_text(state, budget)}"
         )
+        if note:
+            user += f"\n\n## The kind of task\n{note}"
         if feedback:
             user += f"\n\n## A previous task for this state was refused\n{feedback}"
         return system_user(prompt("scenario_task"), user)
 
     draft, messages = await _ask_fitting(
-        ctx, env, "scenario_task", request, TaskDraft, sampling=_sampling(ctx), invalid_reason="task_invalid"
+        ctx, env, "scenario_task", request, output_type, sampling=_sampling(ctx), invalid_reason="task_invalid"
     )
     return Draft(draft, messages, now)
-
-
-def _user_texts(draft: TaskDraft, modes: Sequence[str]) -> dict[str, str]:
-    """What the user says in each mode: every value the gold needs must be in it (the sufficiency gate)."""
-    said = {
-        "non_conversational": draft.task,
-        "conversational": f"{draft.known_up_front}\n{draft.reveal_when_asked}",
-    }
-    return {mode: said[mode] for mode in modes}
 
 
 async def _checks(
@@ -255,6 +253,8 @@ async def _gold(
                 f"## Current state\n{state_text(state, budget)}\n\n"
                 f"## Task\n{draft.task.task}"
             )
+            if draft.gold_note:
+                user += f"\n\n## Note\n{draft.gold_note}"
             return system_user(prompt("scenario_gold"), user)
 
         reply, messages = await _ask_fitting(
@@ -273,4 +273,7 @@ async def _gold(
 async def _fill(env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft) -> None:
     """Generate the gold sequence of `draft`, then its checks (they are shown what the gold calls)."""
     draft.gold, draft.gold_messages = await _gold(env, ctx, state, draft)
-    draft.checks, draft.check_messages = await _checks(env, ctx, state, draft)
+    if draft.task.checklist:  # an infeasible task has none: nothing may change (the guard) and the answer says why
+        draft.checks, draft.check_messages = await _checks(env, ctx, state, draft)
+    else:
+        draft.checks, draft.check_messages = [], []

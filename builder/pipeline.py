@@ -59,7 +59,7 @@ T = TypeVar("T", bound=BaseModel)
 # scenarios with the scenarios stage).
 SCENARIOS = ItemStage(
     "scenarios", scenarios, input=Environment, output=Scenario, persist="scenarios", derive=scenario_figures,
-    report=ScenariosReport,
+    report=ScenariosReport, needs=(EnvPlan, Topic),  # the topic's seed requests, which a task must not copy
 )  # fmt: skip
 ROLLOUT = ItemStage(
     "rollout", rollout, input=Scenario, output=Trajectory, concurrency=rollout_concurrency, persist="trajectories",

@@ -183,3 +183,36 @@ async def test_a_family_draft_without_its_fields_is_invalid(tmp_path, sandbox):
     (rejection,), _, _ = await one_slot(tmp_path, sandbox, "policy_trap", [TASK], [GOLD])  # no refused_call
     assert isinstance(rejection, Rejection) and rejection.reason == "task_invalid"
     assert "refused_call" in rejection.detail
+
+
+async def test_long_context_plays_the_task_on_a_state_grown_with_distractors(tmp_path, sandbox):
+    (plain, _), _, _ = await one_slot(tmp_path, sandbox, "long_context", [TASK], [GOLD],
+                                      "scenarios.long_context_records=300")  # fmt: skip
+    accounts, customers = plain.initial_state["accounts"], plain.initial_state["customers"]
+    assert plain.family == "long_context" and 250 <= len(accounts) + len(customers) <= 300
+    assert all(accounts[key] == value for key, value in BANK_STATE["accounts"].items())  # the originals, intact
+    # No distractor names the task's records or values: Ada (c1) still owns exactly acc-1 and acc-2.
+    assert sorted(key for key, account in accounts.items() if account["owner"] == "c1") == ["acc-1", "acc-2"]
+    assert not any(customer["name"] == "Ada Lovelace" for key, customer in customers.items() if key != "c1")
+    assert all(outcome in ("pass", "n/a") for outcome in audit(sandbox, plain).values())
+
+
+async def test_a_task_that_copies_its_seed_is_written_again(tmp_path, sandbox, monkeypatch):
+    import builder.stages.scenarios as stage
+
+    monkeypatch.setattr(stage, "seed_requests", lambda ctx, env: (TASK["task"],))
+    other = {**TASK, "task": "Shift 30.00 into savings acc-2 from checking acc-1 and lock acc-2 afterwards; my "
+             "customer id is c1."}  # fmt: skip
+    (plain, _), scripted, _ = await one_slot(tmp_path, sandbox, "plain", [TASK, other], [GOLD])
+    assert plain.verification.repairs == ("copies_seed",) and plain.task == other["task"]
+    retask = [r for r in scripted.requests if schema_name(r) == "TaskDraft"][1]
+    assert "repeats the seed request" in retask.messages[-1].content
+
+
+async def test_near_duplicate_tasks_of_one_environment_keep_the_first(tmp_path, sandbox):
+    reworded = {**TASK, "task": TASK["task"].replace("Move", "Please move")}
+    made, _, _ = await one_slot(tmp_path, sandbox, "plain", [TASK, reworded], [GOLD], "scenarios.per_environment=2",
+                                'scenarios.method="llm"')  # fmt: skip
+    kept = [record for record in made if isinstance(record, Scenario)]
+    (rejection,) = [record for record in made if isinstance(record, Rejection)]
+    assert len(kept) == 2 and rejection.reason == "duplicate" and "near-duplicate" in rejection.detail

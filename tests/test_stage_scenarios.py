@@ -521,10 +521,10 @@ async def test_an_unexpected_error_costs_only_its_slot(tmp_path, sandbox, monkey
 
     build = stage._build
 
-    async def flaky(env, ctx, slot, example, start, family):
+    async def flaky(env, ctx, slot, example, start, *rest):
         if slot == 1:
             raise ValueError("bug in slot 1")
-        return await build(env, ctx, slot, example, start, family)
+        return await build(env, ctx, slot, example, start, *rest)
 
     monkeypatch.setattr(stage, "_build", flaky)
     ctx = context(tmp_path, scripted(), sandbox, "scenarios.per_environment=2", 'scenarios.method="llm"')

@@ -36,6 +36,7 @@ stage's stats report both side by side (`method_stats`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import traceback
@@ -49,7 +50,7 @@ from builder.envs.session import SessionError, diff_states
 from builder.errors import ItemError, OperatorError
 from builder.limits import DETAIL_CHARS
 from builder.prompts import prompt_version
-from builder.records import Environment, Record, Rejection, Scenario, scenario_seed
+from builder.records import Environment, EnvPlan, Record, Rejection, Scenario, Topic, scenario_seed
 from builder.run.stage import Rejected, StageContext
 from builder.stages.scenarios.emitted import Words, scenario_records
 from builder.stages.scenarios.families import (
@@ -66,6 +67,7 @@ from builder.stages.scenarios.families import (
 )
 from builder.stages.scenarios.family_stats import report_families
 from builder.stages.scenarios.graph_method import State, graph_chains, graph_scenario, start_states
+from builder.stages.scenarios.long_context import enlarge, protected_values
 from builder.stages.scenarios.method_stats import report_methods
 from builder.stages.scenarios.requests import (
     Draft,
@@ -76,6 +78,7 @@ from builder.stages.scenarios.requests import (
     _sampling,
     _task,
 )
+from builder.stages.scenarios.variety import copies_seed, near_duplicates
 from builder.stages.scenarios.verbalise import Spent
 from builder.stages.scenarios.verify import Evidence, default_state, verify
 from builder.usage import Usage, tally
@@ -87,7 +90,7 @@ PROMPTS = ("scenario_state", "scenario_task", "scenario_check", "scenario_gold")
 REASONS = (
     "not_accepted", "env_load_failed", "state_invalid", "state_load_failed", "state_too_small", "state_inconsistent",
     "task_invalid", "check_invalid", "gold_invalid", "check_broken", "gold_call_failed", "answer_not_read",
-    "not_refused", "state_changed", "nothing_withheld", "task_underspecified",
+    "not_refused", "state_changed", "nothing_withheld", "copies_seed", "task_underspecified",
     "too_few_calls", "no_state_change", "gold_nondeterministic", "already_solved", "gold_fails_checks",
     "negative_control_failed", "duplicate", "llm_request", "prompt_too_long", "no_chain", "request_invalid",
     "request_leaks", *FAILURES.values(),
@@ -109,7 +112,7 @@ async def scenarios(
     default state does not load). Slot rejections have subject `<env id>/scenario-<slot>` and these reasons:
     state_invalid, state_load_failed, state_too_small, state_inconsistent, task_invalid, check_invalid,
     gold_invalid, check_broken, gold_call_failed, answer_not_read, not_refused, state_changed, nothing_withheld,
-    task_underspecified, too_few_calls, no_state_change,
+    copies_seed, task_underspecified, too_few_calls, no_state_change,
     gold_nondeterministic, already_solved, gold_fails_checks, negative_control_failed, duplicate, llm_request,
     prompt_too_long; for the graph method also no_chain (fewer verified chains than slots), request_invalid
     and request_leaks (`verbalise`); the reward audit's (`builder.envs.audit`, run on every verified slot with
@@ -134,11 +137,13 @@ async def scenarios(
     spent = {slot: Spent() for slot in graph_slots}
     families = dict(zip(llm_slots, slot_families(len(llm_slots), ctx.config.scenarios.families), strict=True))
     costs: dict[int, Usage] = {}
+    seeds = seed_requests(ctx, env)
 
     async def llm(slot: int) -> Made:
         family = families[slot]
+        build = functools.partial(_build, env, ctx, slot, example, start, family, seeds)
         with tally() as counted:
-            made = await _slot(env, ctx, slot, "llm", lambda: _build(env, ctx, slot, example, start, family), on_slot)
+            made = await _slot(env, ctx, slot, "llm", build, on_slot)
         costs[slot] = counted.usage
         return made
 
@@ -169,10 +174,15 @@ async def scenarios(
     results: list[Record] = []
     outcomes: list[tuple[str, Made]] = []
     seen: set[str] = set()
+    tasks = {slot: result[0].task for slot, result in made.items() if not isinstance(result, Rejection)}
+    near = {list(tasks)[index] for index in near_duplicates(list(tasks.values()))}
     for slot in range(len(methods)):
         result = made[slot]
         if not isinstance(result, Rejection) and result[0].id in seen:
             result = _reject_slot(ctx, env, slot, "duplicate", "the same state and task as an earlier slot")
+        elif slot in near:
+            detail = f"a near-duplicate of an earlier slot's task (docs/scenarios.md §11): {tasks[slot]}"
+            result = _reject_slot(ctx, env, slot, "duplicate", detail)
         elif not isinstance(result, Rejection):
             seen.add(result[0].id)
         outcomes.append((methods[slot], result))
@@ -264,25 +274,36 @@ def _reject_slot(
 
 async def _build(
     env: Environment, ctx: StageContext, slot: int, example: dict[str, Any], start: State | None,
-    family: str = "plain",
+    family: str = "plain", seeds: Sequence[str] = (),
 ) -> list[Scenario]:  # fmt: skip
     config = ctx.config.scenarios
     if start is None:
-        state, now, state_repairs = await _initial_state(env, ctx, slot, example)
+        small, now, state_repairs = await _initial_state(env, ctx, slot, example)
     else:
-        (state, now), state_repairs = start, 0
+        (small, now), state_repairs = start, 0
 
     async def write_task(feedback: str = "") -> Draft:
-        draft = await _task(env, ctx, state, now, feedback, output_type=task_model(family), note=family_note(family))
+        draft = await _task(env, ctx, small, now, feedback, output_type=task_model(family), note=family_note(family))
         draft.gold_note = gold_note(family, draft.task)
-        await _fill(env, ctx, state, draft)
+        await _fill(env, ctx, small, draft)
         return draft
+
+    def played_on(draft: Draft) -> dict[str, Any]:
+        """The state the scenario is played on: a long_context task's is enlarged with distractor records that
+        hold none of the values the task and gold name (`long_context.enlarge`)."""
+        if family != "long_context":
+            return small
+        task = draft.task
+        protected = protected_values(small, [task.task, task.known_up_front, task.reveal_when_asked],
+                                     [action.arguments for action in draft.gold])  # fmt: skip
+        return enlarge(small, records=config.long_context_records, protected=protected, seed=scenario_seed(env.id, now))
 
     draft = await write_task()
     repairs: list[str] = []
     blame_gold_next = True  # for gold_fails_checks: alternate between the gold and the checks, gold first
     for round_ in range(config.repair_attempts + 1):
-        evidence = await asyncio.to_thread(
+        state = played_on(draft)
+        evidence = _copied(draft, seeds) or await asyncio.to_thread(
             verify, ctx.sandbox, env.code, state, draft.gold, draft.checks,
             min_gold_calls=config.min_gold_calls if family not in NO_CHANGE else 1,  # look-ups that show why
             texts=family_texts(family, draft.task, config.modes), tools=env.tools, now=now,
@@ -307,14 +328,30 @@ async def _build(
             blame_gold_next = True
         else:
             draft.gold, draft.gold_messages = await _gold(
-                env, ctx, state, draft, _gold_feedback(draft, evidence), attempt=round_ + 1
+                env, ctx, small, draft, _gold_feedback(draft, evidence), attempt=round_ + 1
             )
             blame_gold_next = evidence.reason not in ("gold_fails_checks", "answer_not_read")
     raise AssertionError("unreachable: the last round returns or rejects")
 
 
+def _copied(draft: Draft, seeds: Sequence[str]) -> Evidence | None:
+    """A task that repeats the seed request it was inspired by (`variety.copies_seed`) is written again."""
+    if not copies_seed(draft.task.task, seeds):
+        return None
+    return Evidence(reason="copies_seed", detail="the task repeats the seed request it was inspired by")
+
+
+def seed_requests(ctx: StageContext, env: Environment) -> tuple[str, ...]:
+    """The seed requests the environment's topic was inferred from (none when this run did not mine it)."""
+    if EnvPlan not in ctx.needs:
+        return ()
+    plan = ctx.earlier_record(EnvPlan, env.plan_id)
+    topic = ctx.earlier_record(Topic, plan.topic_id) if plan is not None else None
+    return topic.example_requests if topic is not None else ()
+
+
 # Failures whose repair is a new task (and fresh gold and checks): the task itself is wrong.
-TASK_REPAIRS = frozenset({"already_solved", "task_underspecified", "not_refused", "nothing_withheld"})
+TASK_REPAIRS = frozenset({"already_solved", "task_underspecified", "not_refused", "nothing_withheld", "copies_seed"})
 
 
 async def _repair_checks(
@@ -333,6 +370,8 @@ async def _repair_checks(
 def _task_feedback(draft: Draft, evidence: Evidence) -> str:
     if evidence.reason == "already_solved":
         return f"{draft.task.task}\nWhy: {evidence.detail}\nWrite a different task."
+    if evidence.reason == "copies_seed":
+        return f"{draft.task.task}\nWhy: {evidence.detail}\nWrite a task of your own for this state, in your own words."
     if evidence.reason in ("not_refused", "nothing_withheld"):
         return f"{draft.task.task}\nWhy: {evidence.detail}\nWrite a task of the same kind that holds in this state."
     if evidence.reason == "answer_not_read":

@@ -28,6 +28,7 @@ from builder.views.code import environment_text
 from builder.views.state import state_text
 
 T = TypeVar("T", bound=BaseModel)
+MAX_BATCH = 20  # the most calls one tester or checker request may carry (evaluate.calls_per_request's bound)
 CaseType = Literal["positive", "negative"]
 
 # Situations the test states are asked to set up, in turn, so that several states do not all look alike.
@@ -38,15 +39,36 @@ STATE_FOCUS = (
 )
 
 
-class CheckerVerdict(BaseModel):
-    """The checker's ruling on one tool call (analysis first, so the verdict follows from it)."""
+class CallVerdict(BaseModel):
+    """The checker's ruling on one tool call of a batch (analysis first, so the verdict follows from it)."""
 
     # Length caps are part of the schema, so a constrained decoder closes the strings (see stages/mine.py).
+    call: int = Field(description="The number of the call judged, as the request numbers them.")
     analysis: str = Field(
         description="Brief: what the method should do with these arguments and what it did.", max_length=800
     )
     verdict: Literal["pass", "warning", "fail"]
     reason: str = Field(description="One sentence justifying the verdict.", max_length=400)
+
+
+class CheckerVerdicts(BaseModel):
+    """The checker's rulings on the calls of one batch, one per call."""
+
+    verdicts: list[CallVerdict] = Field(max_length=MAX_BATCH)
+
+
+class ProposedCall(BaseModel):
+    """One call the tester proposes for a numbered slot of the batch."""
+
+    call: int = Field(description="The number of the slot this call fills, as the request numbers them.")
+    tool: str = Field(max_length=200)
+    arguments: dict[str, Any] = Field(description="The tool's arguments, as its parameter schema requires.")
+
+
+class TesterCalls(BaseModel):
+    """The tester's calls for the slots of one batch, in the order they run."""
+
+    calls: list[ProposedCall] = Field(max_length=MAX_BATCH)
 
 
 class InvalidReply(Exception):  # noqa: N818 - a verdict about a reply, not a program error
@@ -68,16 +90,19 @@ class Agents:
     usage: Usage = Usage()
     affinity: str | None = None  # the environment's id: its requests go to one server of a pool (cache affinity)
 
-    def sampling(self, role: Literal["state", "tester", "checker"]) -> Sampling:
+    def sampling(self, role: Literal["state", "tester", "checker"], calls: int = 1) -> Sampling:
+        """The role's sampling; a tester or checker request of a batch of `calls` gets the per-call budget each."""
         temperature = getattr(self.config, f"{role}_temperature")
-        return Sampling(temperature=temperature, max_tokens=getattr(self.config, f"{role}_max_tokens"), seed=self.seed)
+        max_tokens = getattr(self.config, f"{role}_max_tokens") * calls
+        return Sampling(temperature=temperature, max_tokens=max_tokens, seed=self.seed)
 
     async def ask_json(
         self,
         messages: Sequence[ChatMessage],
         output_type: type[T],
-        role: Literal["state", "checker"],
+        role: Literal["state", "tester", "checker"],
         *,
+        calls: int = 1,
         sample_index: int = 0,
         accept: Callable[[T], Awaitable[str | None]] | None = None,
     ) -> T:
@@ -87,7 +112,7 @@ class Agents:
         sample of `sample_index`. Raises InvalidReply (`<role>_invalid`).
         """
         first = ChatRequest(
-            messages=tuple(messages), response_format=response_format(output_type), sampling=self.sampling(role),
+            messages=tuple(messages), response_format=response_format(output_type), sampling=self.sampling(role, calls),
             sample_index=sample_index, affinity=self.affinity,
         )  # fmt: skip
 
@@ -139,55 +164,26 @@ class Agents:
 
     # ----------------------------------------------------------------------------------------------- tester
 
-    async def propose(
-        self, env: Environment, tools: Sequence[dict[str, Any]], slot: tuple[str, CaseType], facts: str
-    ) -> tuple[str, dict[str, Any], str]:
-        """The tester's call for this round as (tool name, arguments, raw reply), forced to call a tool.
-
-        Raises InvalidReply (`no_tool_call`, `bad_arguments`) after the bounded retries; an unknown tool name
-        is returned as is, since only the session knows it is unknown (and it is the tester's error, counted by
-        the caller).
-        """
-        tool, case = slot
-        goal = _CASE_GOALS[case]
-        task = f"Your task this round: call `{tool}` with a {case.upper()} case: {goal}"
-        asked = [
-            ChatMessage(role="system", content=prompt("evaluate_tester")),
-            ChatMessage(
-                role="user",
-                content=f"Environment `{env.class_name}`: {environment_text(env.description, env.code)}\n\n"
-                f"{facts}\n\n{task}",
-            ),
-        ]
-        choice = tool if self.config.tester_tool_choice == "named" else "required"
-        first = ChatRequest(
-            messages=tuple(asked), tools=tuple(tools), tool_choice=choice, parallel_tool_calls=False,
-            sampling=self.sampling("tester"), affinity=self.affinity,
-        )  # fmt: skip
-
-        async def ask_once(conversation: list[ChatMessage], sample: int) -> tuple[str, dict[str, Any], str] | Refusal:
-            reply = await self._chat(first.resampled(sample, conversation))
-            raw = _raw_text(reply)
-            kind, detail = "no_tool_call", "the reply called no tool"
-            if reply.tool_calls:
-                call = reply.tool_calls[0].function
-                try:
-                    arguments = json.loads(call.arguments) if call.arguments.strip() else {}
-                except json.JSONDecodeError as error:
-                    kind, detail = "bad_arguments", f"the arguments are not valid JSON ({error})"
-                else:
-                    if isinstance(arguments, dict):
-                        return call.name, arguments, raw
-                    kind, detail = "bad_arguments", "the arguments must be a JSON object"
-            # The call is not shown back: a tool call without its result would break the chat template.
-            return Refusal(kind, detail, f"Your last reply was unusable: {detail}. {task}", raw=raw)
-
-        return await self._reasked(asked, ask_once)
+    def tester_messages(self, env: Environment, tools: Sequence[dict[str, Any]], facts: str) -> list[ChatMessage]:
+        """The tester's request: instructions, the environment and its tools' schemas (the stable prefix), then
+        the facts of the round (state, recent calls, the numbered slots to fill)."""
+        schemas = json.dumps([tool["function"] for tool in tools], ensure_ascii=False)
+        user = (
+            f"Environment `{env.class_name}`: {environment_text(env.description, env.code)}\n\n"
+            f"Tools (JSON schemas):\n{schemas}\n\n{facts}"
+        )
+        return [ChatMessage(role="system", content=prompt("evaluate_tester")), ChatMessage(role="user", content=user)]
 
     # ---------------------------------------------------------------------------------------------- checker
 
     def checker_messages(self, facts: str) -> list[ChatMessage]:
         return [ChatMessage(role="system", content=prompt("evaluate_checker")), ChatMessage(role="user", content=facts)]
+
+
+def slot_text(number: int, slot: tuple[str, CaseType]) -> str:
+    """One numbered slot of a tester batch: the tool the harness scheduled and the case it asks for."""
+    tool, case = slot
+    return f"{number}. `{tool}` with a {case.upper()} case: {_CASE_GOALS[case]}"
 
 
 _CASE_GOALS: dict[CaseType, str] = {
@@ -196,8 +192,3 @@ _CASE_GOALS: dict[CaseType, str] = {
     "negative": "arguments the tool should refuse: an id that does not exist, an out-of-range or empty value, or "
     "a request that breaks one of the rules. Keep the parameter names and types valid.",
 }
-
-
-def _raw_text(reply: Reply) -> str:
-    calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in reply.tool_calls]
-    return json.dumps({"content": reply.content, "tool_calls": calls}, ensure_ascii=False)

@@ -53,8 +53,29 @@ class FuzzRepairs(Report):
     failed: int = 0
 
 
+class RuleProbeCounts(Report):
+    """The rule probes over all environments: rules, probes by outcome, and the repairs they caused."""
+
+    rules: int = 0
+    probed: int = 0
+    unprobed: int = 0
+    no_rules: int = 0  # environments that state no rule: nothing to probe
+    probes: int = 0
+    refused: int = 0
+    wrong_probes: int = 0  # not refused, and the checker found no rule broken
+    unjudged: int = 0
+    invalid: int = 0
+    repair_rounds: int = 0
+    repaired: int = 0
+    rejected: int = 0
+
+
 class EvaluateReport(StageReport):
     fuzz_repairs: FuzzRepairs = FuzzRepairs()
+    rule_probes: RuleProbeCounts = RuleProbeCounts()
+    # Problems sent to repair or rejection by the probes (rule_not_enforced) and the consistency gates
+    # (empty_value_mixed, id_format), by code.
+    probe_problems: dict[str, int] = {}
     # Under the import contract (information, not problems): lint problems by code, and per imported environment
     # the private attributes left out of its state because they are not JSON.
     lint_problems: dict[str, int] = {}

@@ -17,7 +17,7 @@ from builder.llm import ChatRequest
 from builder.llm.prefix import prompt_text
 from builder.records import Environment
 from builder.stages.evaluate.agents import Agents
-from builder.stages.evaluate.exercise import Ran, StateRun, _checker_facts, _tester_facts
+from builder.stages.evaluate.exercise import StateRun, _checker_facts, _tester_facts
 from builder.stages.evaluate.exercise import TestState as StateUnderTest
 from builder.views.budget import prompt_budgets
 
@@ -51,7 +51,7 @@ def shared_start(first: str, second: str) -> str:
 def checker_prompt(env: Environment, arguments: dict, result: ToolResult, after: dict, case: str) -> str:
     call = {"tool": "transfer", "arguments": arguments, "case": case}
     changes = [{"path": "transfers", "op": "add"}] if after != STATE else []
-    facts = _checker_facts(env, [Ran(1, call, result, STATE, after, changes)], BUDGET, NOW)
+    facts = _checker_facts(env, call, result, STATE, after, changes, BUDGET, NOW)
     agents = Agents(llm=None, config=EvaluateConfig(), retries=0, seed=0)  # type: ignore[arg-type]
     return prompt_text(ChatRequest(messages=tuple(agents.checker_messages(facts))))
 

@@ -805,3 +805,18 @@ def test_a_large_state_is_shown_in_whole_records_never_cut_mid_json():
     parsed = json.loads(shown)  # the JSON part parses: whole records only
     assert 0 < len(parsed["accounts"]) < 400 and len(text) <= budget.state_chars
     assert f"{400 - len(parsed['accounts'])} more accounts not shown" in note
+
+
+async def test_a_task_that_asks_to_be_told_something_keeps_its_answer_facts(tmp_path, sandbox):
+    """The task writer names what the reply must state; the gate holds it to what the gold's calls return (the gold
+    is asked first to read it, then the task to name what the tools tell), and the kept scenario carries it."""
+    asks = {**TASK, "task": TASK["task"] + " Then tell me what acc-1 holds.", "answer_facts": ["7000"]}
+    wrong = {**asks, "answer_facts": ["70.00 dollars"]}  # not a value the tools return
+    without_read = [call for call in GOLD if call["name"] != "get_account"]
+    model = scripted(task=[wrong, asks], gold=(without_read, without_read, GOLD + [GOLD[1]]))
+    plain, talk = await scenarios(environment("bank"), context(tmp_path, model, sandbox))
+    assert plain.answer_facts == talk.answer_facts == ("7000",)
+    assert plain.verification.repairs == ("answer_not_read", "answer_not_read")
+    repair, retask = requests_of(model, "GoldSolution")[1], requests_of(model, "TaskDraft")[1]
+    assert "answer fact '70.00 dollars': no call of the solution returns it" in repair.messages[-1].content
+    assert "answer_facts must be values the tools return" in retask.messages[-1].content

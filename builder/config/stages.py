@@ -123,6 +123,21 @@ class EvaluateConfig(Section):
         "goes back to the code stage: its method regenerated with the failing call and error fed back, the module "
         "reassembled and gated again; 0 rejects at once (gates_failed).",
     )
+    probes: bool = Field(
+        True,
+        description="Rule probes and consistency gates: one request per environment writes a call per rule that must "
+        "be refused on a test state, and one accepted call per state-changing tool; each runs in a fresh session "
+        "(docs/synthesis.md, evaluate). False skips them.",
+    )
+    probe_repairs: int = Field(
+        2,
+        ge=0,
+        description="Times an environment whose probe was not refused (and the checker confirmed the rule broken), "
+        "or whose written records are inconsistent, goes back to the code stage; then it is rejected "
+        "(rule_not_enforced, inconsistent_state). 0 rejects at once.",
+    )
+    probe_temperature: float = Field(0.3, ge=0, le=2, description="Sampling temperature of the probe request.")
+    probe_max_tokens: int = Field(4096, ge=64, description="Completion budget of the probe request.")
     state_temperature: float = Field(0.5, ge=0, le=2, description="Sampling temperature of test-state generation.")
     state_max_tokens: int = Field(4096, ge=64, description="Completion budget of one test state.")
     tester_temperature: float = Field(0.5, ge=0, le=2, description="Sampling temperature of the tester agent.")

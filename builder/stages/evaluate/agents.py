@@ -51,6 +51,16 @@ class CallVerdict(BaseModel):
     reason: str = Field(description="One sentence justifying the verdict.", max_length=400)
 
 
+class CheckerVerdict(BaseModel):
+    """The checker's ruling on a single call (the rule probes' confirmations, `probes.py`)."""
+
+    analysis: str = Field(
+        description="Brief: what the method should do with these arguments and what it did.", max_length=800
+    )
+    verdict: Literal["pass", "warning", "fail"]
+    reason: str = Field(description="One sentence justifying the verdict.", max_length=400)
+
+
 class CheckerVerdicts(BaseModel):
     """The checker's rulings on the calls of one batch, one per call."""
 
@@ -90,7 +100,7 @@ class Agents:
     usage: Usage = Usage()
     affinity: str | None = None  # the environment's id: its requests go to one server of a pool (cache affinity)
 
-    def sampling(self, role: Literal["state", "tester", "checker"], calls: int = 1) -> Sampling:
+    def sampling(self, role: Literal["state", "tester", "checker", "probe"], calls: int = 1) -> Sampling:
         """The role's sampling; a tester or checker request of a batch of `calls` gets the per-call budget each."""
         temperature = getattr(self.config, f"{role}_temperature")
         max_tokens = getattr(self.config, f"{role}_max_tokens") * calls
@@ -100,7 +110,7 @@ class Agents:
         self,
         messages: Sequence[ChatMessage],
         output_type: type[T],
-        role: Literal["state", "tester", "checker"],
+        role: Literal["state", "tester", "checker", "probe"],
         *,
         calls: int = 1,
         sample_index: int = 0,

@@ -318,7 +318,7 @@ async def _propose(
 
 async def _check(agents: Agents, env: Environment, ran: list[Ran], budget: PromptBudget, *, now: str) -> dict:
     """The checker's verdicts by call number (the first for each number of the batch; others are ignored)."""
-    facts = _checker_facts(env, ran, budget, now)
+    facts = _batch_facts(env, ran, budget, now)
     numbers = {item.number for item in ran}
 
     async def judges_a_call(reply: CheckerVerdicts) -> str | None:
@@ -384,7 +384,7 @@ def _tester_facts(
     )
 
 
-def _checker_facts(env: Environment, ran: list[Ran], budget: PromptBudget, now: str) -> str:
+def _batch_facts(env: Environment, ran: list[Ran], budget: PromptBudget, now: str) -> str:
     """The environment, its state definition and clock once (the stable prefix), then each call of the batch
     with what a single call's check shows: the method's source (once per tool), the state before (the attributes
     the method uses), the case, arguments, result, state after and the changes."""
@@ -406,6 +406,14 @@ def _checker_facts(env: Environment, ran: list[Ran], budget: PromptBudget, now: 
         f"{len(ran)} call(s) ran in this order, each on the state the one before it left. Give one verdict per "
         f"call, with its number.\n\n{calls}"
     )
+
+
+def _checker_facts(
+    env: Environment, call: dict[str, Any], result: ToolResult, before: dict[str, Any], after: dict[str, Any],
+    changes: list[dict[str, Any]], budget: PromptBudget, now: str,
+) -> str:  # fmt: skip
+    """The facts of one call on its own, as a batch of one (the rule probes' confirmations ask about one call)."""
+    return _batch_facts(env, [Ran(1, call, result, before, after, changes)], budget, now)
 
 
 def _call_facts(env: Environment, item: Ran, budget: PromptBudget) -> str:

@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from builder.run.stage import Rejected
 from builder.sandbox.runtime import Sandbox
 from builder.stages.evaluate import evaluate
 from builder.stages.evaluate.sequential import settled, wilson
+from scripts.evaluate_cost import FIXTURE_SET, measure
 from tests.fixtures.teacher import calls_judged
 from tests.test_stage_evaluate import (
     FAST,
@@ -113,11 +113,10 @@ async def test_an_environment_near_the_threshold_is_judged_to_n(tmp_path, sandbo
     assert accepted.evaluation.counts.judged >= 90 and accepted.evaluation.settled_early in (None, "accept")
 
 
-@pytest.mark.xfail(reason="open: a call left without a verdict each batch exhausts max_invalid_replies", strict=False)
 async def test_fewer_verdicts_and_unknown_call_numbers_are_counted_not_judged(tmp_path, sandbox):
-    def partial(request):  # the last call of each batch gets no verdict; a verdict for call 9 names no call
+    def partial(request):  # the last call of a batch of several gets no verdict; a verdict for call 9 names no call
         numbers = calls_judged(request)
-        items = [{"call": n, **PASS} for n in numbers[:-1]] + [{"call": 9, **PASS}]
+        items = [{"call": n, **PASS} for n in (numbers[:-1] if len(numbers) > 1 else numbers)] + [{"call": 9, **PASS}]
         return json.dumps({"verdicts": items})
 
     ctx = context(tmp_path, scripted(checker=partial), sandbox, "evaluate.calls=8", "evaluate.test_states=1",
@@ -161,40 +160,14 @@ async def test_a_call_to_another_tool_than_its_slot_is_a_wrong_tool_item(tmp_pat
     assert rejected.reason == "tester_invalid" and "wrong_tool" in rejected.detail
 
 
-@pytest.mark.xfail(reason="open: the good bank is rejected at K=5 and accepted at K=1; not yet diagnosed", strict=False)
-async def test_decisions_on_good_and_broken_environments_do_not_depend_on_k(tmp_path, sandbox):
-    """A checker that rules from the facts it is shown (a negative case must be refused with the state unchanged):
-    the same keep/reject decisions at K = 1 and K = 5, on a good bank and one that accepts any amount."""
-    unchecked = environment("bank").code.replace("if amount <= 0 or amount > self.daily_limit:", "if False:")
-    assert unchecked != environment("bank").code
-    decisions = {}
-    for per_request in (1, 5):
-        for name, env in (("bank", environment("bank")), ("unchecked", environment("bank", unchecked))):
-            folder = tmp_path / f"{name}-{per_request}"
-            ctx = context(folder, scripted(checker=oracle, tester=calls(bad_amounts)), sandbox, "evaluate.calls=100",
-                          f"evaluate.calls_per_request={per_request}")  # fmt: skip
-            try:
-                await evaluate(env, ctx)
-                decisions[name, per_request] = "accept"
-            except Rejected:
-                decisions[name, per_request] = "reject"
-    assert decisions == {("bank", 1): "accept", ("unchecked", 1): "reject", ("bank", 5): "accept",
-                         ("unchecked", 5): "reject"}  # fmt: skip
-
-
-def bad_amounts(tool, case, request):
-    if tool == "transfer" and case == "negative":
-        return tool, {"source": "acc-7", "target": "acc-8", "amount": -5}
-    return tool, GOOD_ARGS[tool]
-
-
-def oracle(request):
-    """Pass a negative case only when refused with the state unchanged; anything else passes."""
-    text = request.messages[-1].content
-    out = []
-    for number, section in zip(calls_judged(request), text.split("## Call ")[1:], strict=True):
-        negative = "a NEGATIVE case" in section
-        refused = '"success": false' in section.lower() or "reports failure" in section
-        unchanged = "Changes: none" in section
-        out.append({"call": number, **(FAIL if negative and not (refused and unchanged) else PASS)})
-    return json.dumps({"verdicts": out})
+@pytest.mark.parametrize("name", sorted(FIXTURE_SET))
+async def test_decisions_on_the_fixture_set_equal_those_of_single_call_requests(tmp_path, sandbox, name):
+    """The good and broken banks of scripts/evaluate_cost.py with a checker that rules from the facts each call's
+    section shows: at K = 5 with the sequential rule the keep/reject decision is the one of K = 1 over all N
+    calls (builder before batches asked one call per request), and the expected one."""
+    code, expected = FIXTURE_SET[name]
+    single = await measure(name, code, 100, sandbox, tmp_path / "single", "evaluate.calls_per_request=1",
+                           "evaluate.min_calls=100")  # fmt: skip
+    batched = await measure(name, code, 100, sandbox, tmp_path / "batched", "evaluate.calls_per_request=5")
+    assert single["decision"] == batched["decision"] == expected
+    assert single["judged"] == 100 and batched["check_prompt_tokens"] < 0.45 * single["check_prompt_tokens"]

@@ -79,7 +79,7 @@ def test_the_rules_error_rate_and_cost_by_true_pass_rate(rate, max_error, max_ca
 
 async def test_a_clear_good_environment_stops_at_the_minimum_with_k_calls_per_request(tmp_path, sandbox):
     model = scripted()
-    ctx = context(tmp_path, model, sandbox, "evaluate.calls=100", *BATCHED)
+    ctx = context(tmp_path, model, sandbox, "evaluate.calls=100", "llm.max_model_len=32768", *BATCHED)
     (accepted,) = await evaluate(environment("bank"), ctx)
     evidence = accepted.evaluation
     # 30 passes of 30 put the Wilson bound at 0.849: the round after (2 states x 5 calls) settles it.
@@ -88,7 +88,7 @@ async def test_a_clear_good_environment_stops_at_the_minimum_with_k_calls_per_re
     checkers = [r for r in model.requests if kind(r) == "checker"]
     assert len(testers) == len(checkers) == 8  # 40 calls, 5 per request
     assert all(len(calls_judged(r)) == 5 for r in checkers)
-    assert checkers[0].sampling.max_tokens > ctx.config.evaluate.checker_max_tokens  # K verdicts' budget (capped)
+    assert checkers[0].sampling.max_tokens == 5 * ctx.config.evaluate.checker_max_tokens  # K verdicts' budget
     assert sum(call.case == "negative" for call in evidence.calls) == 20
 
 
@@ -171,3 +171,16 @@ async def test_decisions_on_the_fixture_set_equal_those_of_single_call_requests(
     batched = await measure(name, code, 100, sandbox, tmp_path / "batched", "evaluate.calls_per_request=5")
     assert single["decision"] == batched["decision"] == expected
     assert single["judged"] == 100 and batched["check_prompt_tokens"] < 0.45 * single["check_prompt_tokens"]
+
+
+async def test_the_tester_reply_is_constrained_to_each_slots_tool_and_its_parameters(tmp_path, sandbox):
+    model = scripted()
+    ctx = context(tmp_path, model, sandbox, "evaluate.calls=10", "evaluate.test_states=1", *BATCHED)
+    await evaluate(environment("bank"), ctx)
+    first = next(r for r in model.requests if kind(r) == "tester")
+    items = first.response_format["json_schema"]["schema"]["properties"]["calls"]["items"]["anyOf"]
+    slots = [(item["properties"]["call"]["enum"][0], item["properties"]["tool"]["enum"][0]) for item in items]
+    assert slots == [(1, "get_account"), (2, "list_accounts"), (3, "transfer"), (4, "freeze_account"),
+                     (5, "get_account")]  # fmt: skip
+    transfer = items[2]["properties"]["arguments"]
+    assert set(transfer["properties"]) == {"source", "target", "amount", "memo"} and "amount" in transfer["required"]

@@ -115,14 +115,18 @@ class Agents:
         calls: int = 1,
         sample_index: int = 0,
         accept: Callable[[T], Awaitable[str | None]] | None = None,
+        schema: dict[str, Any] | None = None,
     ) -> T:
         """Structured output validated by `output_type` and then by `accept` (an error message or None).
+
+        `schema`: a tighter JSON schema the server constrains the reply to (None: `output_type`'s own), e.g. the
+        tester's slots each with its tool's parameters; the reply is still validated by `output_type`.
 
         Up to `retries` re-asks (`reask`), each showing the prompt, the latest reply and its error, each a fresh
         sample of `sample_index`. Raises InvalidReply (`<role>_invalid`).
         """
         first = ChatRequest(
-            messages=tuple(messages), response_format=response_format(output_type), sampling=self.sampling(role, calls),
+            messages=tuple(messages), response_format=_format(output_type, schema), sampling=self.sampling(role, calls),
             sample_index=sample_index, affinity=self.affinity,
         )  # fmt: skip
 
@@ -188,6 +192,37 @@ class Agents:
 
     def checker_messages(self, facts: str) -> list[ChatMessage]:
         return [ChatMessage(role="system", content=prompt("evaluate_checker")), ChatMessage(role="user", content=facts)]
+
+
+def _format(output_type: type[BaseModel], schema: dict[str, Any] | None) -> dict[str, Any]:
+    asked = response_format(output_type)
+    if schema is not None:
+        asked["json_schema"]["schema"] = schema
+    return asked
+
+
+def tester_schema(tools: Sequence[dict[str, Any]], slots: Sequence[tuple[str, CaseType]], named: bool) -> dict:
+    """The JSON schema of a tester reply for these slots: each item a slot's number, a tool and arguments fit for
+    that tool's parameters (with `named`, only the slot's tool), so a constrained decoder writes no parameter the
+    tool lacks, as the forced tool call of a single-call request did."""
+    parameters = {tool["function"]["name"]: tool["function"]["parameters"] for tool in tools}
+    items = [
+        {
+            "type": "object",
+            "properties": {
+                "call": {"type": "integer", "enum": [number]},
+                "tool": {"type": "string", "enum": [name]},
+                "arguments": parameters[name],
+            },
+            "required": ["call", "tool", "arguments"],
+            "additionalProperties": False,
+        }
+        for number, (scheduled, _case) in enumerate(slots, 1)
+        for name in ([scheduled] if named else parameters)
+        if name in parameters
+    ]
+    calls = {"type": "array", "items": {"anyOf": items}, "minItems": 1, "maxItems": len(slots)}
+    return {"type": "object", "properties": {"calls": calls}, "required": ["calls"], "additionalProperties": False}
 
 
 def slot_text(number: int, slot: tuple[str, CaseType]) -> str:

@@ -26,6 +26,7 @@ from builder.stages.evaluate.agents import (
     ProposedCall,
     TesterCalls,
     slot_text,
+    tester_schema,
 )
 from builder.stages.evaluate.cases import admits_wrong_value
 from builder.stages.evaluate.sequential import Decision, negatives_in, settled
@@ -313,7 +314,8 @@ async def _propose(
             return None
         return f"no call fills one of the slots 1 to {len(slots)}"
 
-    return await agents.ask_json(messages, TesterCalls, "tester", calls=len(slots), accept=fills_a_slot)
+    schema = tester_schema(interface.tools, slots, named=agents.config.tester_tool_choice == "named")
+    return await agents.ask_json(messages, TesterCalls, "tester", calls=len(slots), accept=fills_a_slot, schema=schema)
 
 
 async def _check(agents: Agents, env: Environment, ran: list[Ran], budget: PromptBudget, *, now: str) -> dict:

@@ -11,7 +11,9 @@ before and after (issue 29):
     python -m scripts.evaluate_cost [--calls 100] [--json]                   # this checkout
     cd /tmp && PYTHONPATH=/path/to/other/checkout python /path/to/this/scripts/evaluate_cost.py   # another one
 
-Tokens are prompt characters / 4 (the scripted model's own count, `builder/llm/scripted.py`), by request kind.
+Tokens are prompt characters / 4 (the scripted model's own count, `builder/llm/scripted.py`), by request kind;
+"not a prefix" is the part of them no earlier request of the environment sent as a prefix (`builder/llm/prefix.py`,
+one server): what a server with a prefix cache still computes.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 from builder.config import load_config
 from builder.llm import ChatRequest, ScriptedModel, tool_reply
 from builder.llm.connect import client_for
-from builder.llm.prefix import prompt_text
+from builder.llm.prefix import PrefixIndex, prompt_text
 from builder.records import Environment
 from builder.reports import EvaluateReport
 from builder.run.stage import Rejected, StageContext
@@ -154,13 +156,18 @@ async def measure(name: str, code: str, calls: int, sandbox: Sandbox, folder: Pa
         found = re.search(r"score ([\d.]+) < [\d.]+ over (\d+) judged", rejected.rejection.detail or "")
         if found:
             score, judged = float(found.group(1)), int(found.group(2))
-    tokens, requests = Counter(), Counter()
+    tokens, requests, fresh, index = Counter(), Counter(), 0, PrefixIndex()
     for request in model.requests:
-        tokens[kind(request)] += max(1, len(prompt_text(request)) // 4)
+        text = prompt_text(request)
+        reused, chars = index.observe(text)
+        tokens[kind(request)] += max(1, len(text) // 4)
         requests[kind(request)] += 1
+        if kind(request) in ("tester", "checker"):
+            fresh += (chars - reused) // 4
     return {
         "decision": decision, "judged": judged, "score": score, "requests": dict(requests),
         "prompt_tokens": dict(tokens), "check_prompt_tokens": tokens["tester"] + tokens["checker"],
+        "check_fresh_tokens": fresh,  # of those, what no earlier request of the environment sent as a prefix
     }  # fmt: skip
 
 
@@ -190,9 +197,10 @@ def main() -> None:
     )
     for name, row in figures.items():
         print(f"{name:<24}{row['decision']:>9}{row['expected']:>9}{row['judged'] or '-':>7}{row['score'] or '-':>7}"
-              f"{sum(row['requests'].values()):>9}{row['check_prompt_tokens']:>13}")  # fmt: skip
+              f"{sum(row['requests'].values()):>9}{row['check_prompt_tokens']:>13}{row['check_fresh_tokens']:>13}")  # fmt: skip
     mean = sum(row["check_prompt_tokens"] for row in figures.values()) / len(figures)
-    print(f"mean tester + checker prompt tokens per environment: {mean:.0f}")
+    fresh = sum(row["check_fresh_tokens"] for row in figures.values()) / len(figures)
+    print(f"mean tester + checker prompt tokens per environment: {mean:.0f} ({fresh:.0f} not a prefix sent before)")
 
 
 if __name__ == "__main__":

@@ -389,9 +389,11 @@ def _tester_facts(
 def _batch_facts(env: Environment, ran: list[Ran], budget: PromptBudget, now: str) -> str:
     """The environment, its state definition and clock once (the stable prefix), then each call of the batch
     with what a single call's check shows: the method's source (once per tool), the state before (the attributes
-    the method uses), the case, arguments, result, state after and the changes."""
+    the method uses), the case, arguments, result, state after and the changes. A state view identical to one an
+    earlier call of the batch showed is named, not repeated (`views`: its text -> where it was shown)."""
     sections = []
     shown: set[str] = set()
+    views: dict[str, str] = {}
     for item in ran:
         name = item.call["tool"]
         source = (
@@ -399,7 +401,7 @@ def _batch_facts(env: Environment, ran: list[Ran], budget: PromptBudget, now: st
             f"Method source of `{name}`:\n```python\n{method_source(env.code, name)}\n```\n\n"
         )  # fmt: skip
         shown.add(name)
-        sections.append(f"## Call {item.number}\n\n{source}{_call_facts(env, item, budget)}")
+        sections.append(f"## Call {item.number}\n\n{source}{_call_facts(env, item, budget, views)}")
     calls = "\n\n".join(sections)
     return (
         f"Environment `{env.class_name}`: {environment_text(env.description, env.code)}\n\n"
@@ -418,13 +420,18 @@ def _checker_facts(
     return _batch_facts(env, [Ran(1, call, result, before, after, changes)], budget, now)
 
 
-def _call_facts(env: Environment, item: Ran, budget: PromptBudget) -> str:
+def _call_facts(env: Environment, item: Ran, budget: PromptBudget, views: dict[str, str]) -> str:
     limit = budget.state_chars
     name, changes = item.call["tool"], item.changes
     used = attributes_used(env.code, name)
+    before = state_text(state_view(item.before, used), budget)
     after = state_text(state_view(item.after, used), budget) if changes else "(identical to the state before)"
+    before_shown = f"identical to the {views[before]}" if before in views else before
+    views.setdefault(before, f"state before call {item.number}")
+    if changes:
+        views.setdefault(after, f"state after call {item.number}")
     return (
-        f"State before (attributes the method uses):\n{state_text(state_view(item.before, used), budget)}\n\n"
+        f"State before (attributes the method uses):\n{before_shown}\n\n"
         f"Tool under test: `{name}`, {CASE_TEXT[item.call['case']]}.\n"
         f"Arguments: {json.dumps(item.call['arguments'], ensure_ascii=False)}\n"
         f"Result: {clip_json(item.result.result, limit)}\n\n"

@@ -139,6 +139,12 @@ class Evaluation(Frozen):
     score: float = Field(description="(pass + warning) / judged calls.")
     keep_score: float
     calls_required: int
+    settled_early: Literal["accept", "reject"] | None = Field(
+        None,
+        exclude_if=_none,
+        description="The verdict the sequential rule settled before `calls_required` calls were judged (absent: "
+        "all were judged, or the check gave up).",
+    )
     counts: EvaluationCounts
     tool_coverage: float = Field(description="Share of the tools with at least one judged call.")
     tools: dict[str, dict[str, int]] = Field(

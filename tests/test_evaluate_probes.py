@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from builder.config import load_config
-from builder.llm import ChatRequest, ScriptedModel, tool_reply
+from builder.llm import ChatRequest, ScriptedModel
 from builder.llm.connect import client_for
 from builder.records import Environment, EnvPlan, Rejection, Topic
 from builder.run.executor import run_stages
@@ -28,10 +28,12 @@ from tests.test_stage_evaluate import (
     LIBRARY_STATE,
     PASS,
     SYNTHESIS,
+    calls,
     context,
     environment,
     kind,
     rejection,
+    verdicts,
 )
 
 FAIL = {"analysis": "the call breaks the rule and was accepted", "verdict": "fail", "reason": "rule not enforced"}
@@ -102,7 +104,9 @@ def library_chain(tmp_path, sandbox, *overrides, borrow="borrow_book_ignores_cop
             reply = probes(len(probe_requests)) if probes else LIBRARY_PROBES
             return reply if isinstance(reply, str) else json.dumps(reply)
         if role == "tester":
-            return tool_reply((request.tool_choice, LIBRARY_ARGS[request.tool_choice]))
+            return calls(lambda tool, case, r: (tool, LIBRARY_ARGS[tool]))(request)
+        if role == "checker":
+            return verdicts(PASS)(request)
         if role == "CheckerVerdict":
             return json.dumps(confirm if CONFIRMING in request.messages[1].content else PASS)
         text = request.messages[1].content
@@ -289,7 +293,9 @@ def desk_model(probes=DESK_PROBES) -> ScriptedModel:
         if role == "ProbeDraft":
             return json.dumps(probes)
         if role == "tester":
-            return tool_reply((request.tool_choice, DESK_ARGS[request.tool_choice]))
+            return calls(lambda tool, case, r: (tool, DESK_ARGS[tool]))(request)
+        if role == "checker":
+            return verdicts(PASS)(request)
         return json.dumps(FAIL if CONFIRMING in request.messages[1].content else PASS)
 
     return ScriptedModel(answer)

@@ -7,15 +7,13 @@ change that puts a varying part before a shared one fails here, not only in a ru
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 
-from builder.config import EvaluateConfig, LLMConfig
+from builder.config import EvaluateConfig
 from builder.envs.schema import inspect_source
 from builder.envs.session import ToolResult
-from builder.llm import ChatRequest, ScriptedModel, tool_reply
-from builder.llm.connect import client_for
+from builder.llm import ChatRequest
 from builder.llm.prefix import prompt_text
 from builder.records import Environment
 from builder.stages.evaluate.agents import Agents
@@ -79,23 +77,21 @@ def test_two_checker_requests_on_one_state_share_everything_up_to_the_call():
 
 def test_two_tester_requests_on_one_state_share_everything_up_to_the_round():
     env = bank()
-    model = ScriptedModel(lambda request: tool_reply(("list_accounts", '{"owner": "c7"}')))
-    agents = Agents(llm=client_for(LLMConfig(), model, model_id="scripted"), config=EvaluateConfig(), retries=0, seed=0)
+    agents = Agents(llm=None, config=EvaluateConfig(), retries=0, seed=0)  # type: ignore[arg-type]
     state = StateUnderTest(index=0, purpose="a busy branch", state=STATE, now=NOW)
     run = StateRun(quota=10)
-
-    async def both() -> None:
-        for slot, done in ((("transfer", "positive"), 3), (("freeze_account", "negative"), 4)):
-            run.judged = run.judged[:0]
-            facts = _tester_facts(state, run, STATE, 0, BUDGET).replace("Call 1 of", f"Call {done} of")
-            await agents.propose(env, env.tools, slot, facts)
-
-    asyncio.run(both())
-    first, second = (prompt_text(request) for request in model.requests)
+    prompts = []
+    for slots, done in (
+        ([("transfer", "positive"), ("get_account", "negative")], 3),
+        ([("freeze_account", "negative")], 5),
+    ):
+        facts = _tester_facts(state, run, STATE, 0, BUDGET, slots).replace("Calls 1 to", f"Calls {done} to")
+        prompts.append(prompt_text(ChatRequest(messages=tuple(agents.tester_messages(env, env.tools, facts)))))
+    first, second = prompts
     start = shared_start(first, second)
-    # Tool schemas, instructions, the environment, the test state's purpose, its clock and the current state are
-    # one prefix; the round (its number, the tool and case asked for) comes after.
-    assert '"acc-8"' in start and "Recent calls on this state" in start
-    assert start.endswith("Recent calls on this state:\n- none yet\n\nCall ")
-    assert "Your task this round" not in start
+    # Instructions, the environment, its tool schemas, the test state's purpose, its clock and the current state
+    # are one prefix; the round (its numbers, the slots asked for) comes after.
+    assert '"acc-8"' in start and "Recent calls on this state" in start and '"name": "transfer"' in start
+    assert start.endswith("Recent calls on this state:\n- none yet\n\nCalls ")
+    assert "`transfer` with a" not in start
     assert len(start) > 0.85 * min(len(first), len(second))

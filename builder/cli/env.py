@@ -121,7 +121,12 @@ def cmd_reward(args: argparse.Namespace) -> int:
 
     sandbox = config_of(args).sandbox
     return reward_report(
-        args.path, args.scenario, args.calls, as_json=args.json, config=sandbox, contract=args.contract,
+        args.path,
+        args.scenario,
+        args.calls,
+        as_json=args.json,
+        config=sandbox,
+        contract=args.contract,
         answer=args.answer,
     )
 

@@ -91,9 +91,31 @@ class EvaluateConfig(Section):
         "invalid verdict) tolerated per test state before the check gives up; they never count against the env.",
     )
     tester_tool_choice: Literal["named", "required"] = Field(
-        "named", description="named: force the tool the harness scheduled this round; required: let the tester pick."
+        "named",
+        description="named: a call must be the tool its slot names (another is an unusable item, wrong_tool); "
+        "required: the tester may pick another tool (the call is judged as unscheduled).",
     )
     history_calls: int = Field(3, ge=0, description="Recent calls on the same state shown to the tester.")
+    calls_per_request: int = Field(
+        5,
+        ge=1,
+        le=20,
+        description="K: calls one tester request proposes (numbered slots of the schedule, run in order) and one "
+        "checker request judges (a verdict per call); the cpu profile sets 1.",
+    )
+    min_calls: int = Field(
+        30,
+        ge=1,
+        description="Judged calls before the sequential rule may settle the verdict early (with at least the "
+        "negative cases the schedule puts in that many); >= calls turns early verdicts off.",
+    )
+    stop_confidence: float = Field(
+        0.99,
+        gt=0.5,
+        lt=1,
+        description="One-sided confidence of the sequential rule: stop once the Wilson bound of the pass share is "
+        "entirely above or below keep_score (or the remaining calls cannot change the verdict).",
+    )
     fuzz_repairs: int = Field(
         2,
         ge=0,
@@ -119,9 +141,13 @@ class EvaluateConfig(Section):
     state_temperature: float = Field(0.5, ge=0, le=2, description="Sampling temperature of test-state generation.")
     state_max_tokens: int = Field(4096, ge=64, description="Completion budget of one test state.")
     tester_temperature: float = Field(0.5, ge=0, le=2, description="Sampling temperature of the tester agent.")
-    tester_max_tokens: int = Field(1024, ge=16, description="Completion budget of one tester call.")
+    tester_max_tokens: int = Field(
+        1024, ge=16, description="Completion budget of one tester call (times K per request)."
+    )
     checker_temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature of the checker agent.")
-    checker_max_tokens: int = Field(1536, ge=32, description="Completion budget of one checker verdict.")
+    checker_max_tokens: int = Field(
+        1536, ge=32, description="Completion budget of one checker verdict (times K per request)."
+    )
 
 
 class ScenariosConfig(Section):

@@ -45,8 +45,11 @@ AUDIT_CASES = {
     "gold": ("the gold actions", "1"),
     "collateral": ("the gold plus a write to a record the task does not touch", "< 1"),
     "order": ("the gold with two independent calls swapped", "1"),
-    "spelling": ('the gold with equivalent spellings of its values (date-times without `:00`, `""`/`null`; an '
-                 "answer's dates and numbers in words)", "1"),
+    "spelling": (
+        'the gold with equivalent spellings of its values (date-times without `:00`, `""`/`null`; an '
+        "answer's dates and numbers in words)",
+        "1",
+    ),
 }
 
 

@@ -13,14 +13,17 @@
    at most `evaluate.probe_repairs` times.
 4. Dual-agent check: for each test state its own session; the harness schedules which tool to test and whether with
    a positive or a negative case (the tools in turn, cases alternating so half the judged calls are negative; a
-   tool no argument of which can be wrong gets positive cases only), the tester agent picks the arguments through a
-   forced tool call, the call runs in the session, and the checker agent rules pass / warning / fail from the
-   rules, the method source, the arguments, the result and the state before, after and diffed. Calls that crash,
-   hang or return non-JSON are failures without asking the checker. Unknown tools and arguments off the schema are
-   the tester's error: not counted, bounded by `max_invalid_replies` per state. States in prompts are whole records
-   (`state_text`); a prompt too long for the model's context is retried with fewer records.
-5. Score = (pass + warning) / judged calls over `evaluate.calls` calls; accepted at `keep_score` or above and
-   upserted into the store by the runner; the per-call verdicts are the evidence (`Environment.evaluation`).
+   tool no argument of which can be wrong gets positive cases only), the tester agent fills `calls_per_request`
+   numbered slots at once (structured output: a tool and its arguments per slot), the calls run in turn in the
+   session, and one checker request rules pass / warning / fail per call from the rules, each method's source,
+   the arguments, the result and the state before, after and diffed. States run their batches in rounds; after
+   each round the sequential rule (`sequential.py`) may settle the verdict before N calls are judged. Calls that
+   crash, hang or return non-JSON are failures without asking the checker. Unknown tools and arguments off the
+   schema are the tester's error: not counted, bounded by `max_invalid_replies` per state. States in prompts are
+   whole records (`state_text`); a prompt too long for the model's context is retried with fewer records.
+5. Score = (pass + warning) / judged calls over `evaluate.calls` calls (fewer when settled early); accepted at
+   `keep_score` or above and upserted into the store by the runner; the per-call verdicts are the evidence
+   (`Environment.evaluation`).
 6. An accepted environment gets its tool dependency graph (`Environment.graph`, `builder.envs.graph`), extracted
    from its first test state: here the sandbox is open and the state is one the check just exercised, so the
    graph is computed once per environment, export publishes it as stored and the scenarios stage's graph method
@@ -120,7 +123,7 @@ async def evaluate(
         "evaluate: %s (%s) scored %.2f over %d judged calls, %d unusable replies, %d model calls",
         env.id, env.name, evidence.score, counts.judged, counts.invalid_replies, agents.usage.calls,
     )  # fmt: skip
-    incomplete = [run for run in runs if len(run.judged) < run.quota]
+    incomplete = [run for run in runs if len(run.judged) < run.quota and run.settled is None]
     if incomplete:
         raise _gave_up(env, ctx, incomplete, evidence)
     if evidence.score < ctx.config.evaluate.keep_score:
@@ -218,6 +221,7 @@ def summarize(
         score=round(score, 4),
         keep_score=config.keep_score,
         calls_required=config.calls,
+        settled_early=runs[0].settled if runs else None,
         counts=EvaluationCounts(
             judged=len(calls),
             pass_=verdicts["pass"],

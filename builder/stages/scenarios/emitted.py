@@ -13,7 +13,8 @@ from typing import Any, Literal
 from builder.envs.guard import GUARD_ITEM, allowed_paths, guard_source
 from builder.envs.session import diff_states
 from builder.evidence import Verification
-from builder.records import Action, Environment, Provenance, Scenario, UserScript
+from builder.limits import DETAIL_CHARS
+from builder.records import Action, Environment, Provenance, Rejection, Scenario, UserScript
 from builder.run.stage import StageContext
 from builder.stages.scenarios.verify import Evidence
 
@@ -116,3 +117,17 @@ def scenario_records(
         )
         for mode in ctx.config.scenarios.modes
     ]
+
+
+def reject_slot(
+    ctx: StageContext, env: Environment, slot: int, reason: str, detail: str, raw_output: str | None = None
+) -> Rejection:
+    """A failed slot as the stage's rejection, subject `<env id>/scenario-<slot>` (slots do not collide)."""
+    return Rejection(
+        provenance=ctx.provenance([env]),
+        stage=ctx.stage,
+        subject_id=f"{env.id}/scenario-{slot}",
+        reason=reason,
+        detail=detail[:DETAIL_CHARS],
+        raw_output=raw_output,
+    )

@@ -26,10 +26,11 @@ def test_bench_measures_both_phases(tmp_path: Path) -> None:
     assert result.ratio == result.client_tok_s / result.server_tok_s
     # Figures, not a timing target (a loaded machine may take any time): ordered and finite.
     assert 0 <= result.overhead_p50_ms <= result.overhead_p99_ms < float("inf")
+    assert 0 <= result.slot_wait_p99_ms <= result.overhead_p99_ms  # the wait for a slot is part of the overhead
     assert (result.server_concurrency, result.start_concurrency) == (8, 4)
     # The stub answers in parallel, so more in flight pays: the limit climbed past the fixed 4 to the offered 8.
     assert result.client_concurrency >= 8
-    assert "ratio client/server" in result.to_text()
+    assert "ratio client/server" in result.to_text() and "waiting for a slot under the limit" in result.to_text()
 
 
 def test_bench_with_fixed_concurrency_keeps_the_client_at_its_limit(tmp_path: Path) -> None:
@@ -38,6 +39,8 @@ def test_bench_with_fixed_concurrency_keeps_the_client_at_its_limit(tmp_path: Pa
         result = run_bench(config, tmp_path, requests=12, max_tokens=16, server_concurrency=8, pacing_requests=0)
     assert len(stub.requests) == 2 + 12 + 12  # no pacing pass
     assert (result.start_concurrency, result.client_concurrency) == (3, 3)
+    # 8 offered, 3 let through, 20 ms a reply: the last of the 12 waits three replies' time in the pool for a slot.
+    assert result.slot_wait_p99_ms >= 40 and "ABOVE TARGET" not in result.to_text()
 
 
 def test_bench_json_has_exactly_the_issue_keys(tmp_path: Path) -> None:

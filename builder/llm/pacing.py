@@ -11,9 +11,12 @@ limit), comparing each window's completion tokens/s with the rate at the limit i
 - a move up is kept when throughput held level or rose (the requests it let through wait in the server's queue
   instead of builder's); it is made only while requests wait for a slot (the offered load is above the limit);
 - a move down is kept only when throughput rose by more than the noise (a server that preempts: fewer do more);
-- a move that is not kept goes back to the limit it came from, whose reference rate stays the reference (not the
-  window just measured: comparing with a chance low window would make the next move look good and ratchet the
-  limit down on noise), and the next move tries the other way;
+- whenever the smaller of the two limits did better, the larger is not given up on one window: the old limit is
+  measured again, and the smaller must have done better than the larger on both sides in time (a machine that
+  slows down under other work makes every move up look worse than the window before it);
+- a move not kept goes back to the limit it came from, and the next move tries the other way; the reference is
+  that limit's rate, never a window that lost (comparing with a chance low window would make the next move
+  look good and ratchet the limit down on noise);
 - after both ways have failed the limit is settled and stays while the throughput stays within the noise.
 
 Two ceilings bound it: `high` (llm.max_in_flight_per_server) and, when the server reports the size of its KV
@@ -71,6 +74,7 @@ class InFlightLimit:
         self._from = start  # the limit the last move left (== current: no move pending)
         self._reference: float | None = None  # tokens/s measured at `_from`
         self._failed = 0  # moves in a row that were not kept
+        self._pending: tuple[int, float] | None = None  # a move that looked worse than its limit: (limit, rate)
         self._reset()
 
     def started(self, in_flight: int) -> None:
@@ -107,12 +111,24 @@ class InFlightLimit:
             self._judge(rate)
         if self.current > self.ceiling:  # requests grew: fewer fit the cache
             self.current = self._from = self.ceiling
-            self._reference = None
+            self._reference = self._pending = None
         self._reset()
 
     def _judge(self, rate: float) -> None:
         """Keep or undo the last move by the window's `rate`, then make the next one."""
         reference = self._reference
+        if self._pending is not None:  # this window measured the old limit again, after the move
+            moved, moved_rate = self._pending
+            self._pending = None
+            self._reference = rate
+            if _smaller_did_better(moved, moved_rate, self.current, rate) == (moved > self.current):
+                self._fail()  # the smaller limit did better on both sides in time: the move really was worse
+            else:  # the machine changed, not the move (up), or the move down did better on both sides
+                self._failed = 0
+                self.current = self._from = moved
+                self._reference = moved_rate
+                self._move()
+            return
         if reference is None or self.current == self._from:  # no move to judge: this window is the reference
             if self.settled and reference is not None and abs(rate - reference) <= TOLERANCE * reference:
                 return  # settled, and nothing has changed
@@ -120,20 +136,26 @@ class InFlightLimit:
             self._reference = rate
             self._move()
             return
-        if self.current > self._from:
-            kept = rate >= reference * (1 - TOLERANCE)
-        else:
-            kept = rate > reference * (1 + TOLERANCE)
-        if kept:
+        up = self.current > self._from
+        if _smaller_did_better(self.current, rate, self._from, reference):
+            # Before the limit comes down on it, the old limit is measured again: a machine that slowed (or sped
+            # up) between the two windows says nothing about the limits.
+            self._pending = (self.current, rate)
+            self.current = self._from
+        elif up:  # level or better with more in flight: kept
             self._failed = 0
             self._from, self._reference = self.current, rate
-        else:
-            self._failed += 1
-            self.current = self._from  # the reference stays that limit's rate
-            self._direction = -self._direction
-            if self.settled:
-                return
-        self._move()
+            self._move()
+        else:  # fewer in flight did no better: back, the old limit's rate stays the reference
+            self._fail()
+
+    def _fail(self) -> None:
+        """Undo the last move and try the other way next (or settle, when both ways failed)."""
+        self._failed += 1
+        self.current = self._from
+        self._direction = -self._direction
+        if not self.settled:
+            self._move()
 
     def _move(self) -> None:
         """Move the limit one step the current way (`_from` keeps where it was); up only while requests wait for
@@ -155,3 +177,9 @@ class InFlightLimit:
         self._answers = 0
         self._saturated = False
         self._offered = 0  # the most requests that wanted this server at once, when more than its limit did
+
+
+def _smaller_did_better(one: int, one_rate: float, other: int, other_rate: float) -> bool:
+    """Whether the smaller of two limits made more tokens/s than the larger, by more than the noise."""
+    (_, small), (_, large) = sorted([(one, one_rate), (other, other_rate)])
+    return small > large * (1 + TOLERANCE)

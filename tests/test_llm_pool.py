@@ -273,3 +273,43 @@ async def test_an_environment_moves_to_the_least_loaded_server_when_its_home_is_
     assert (await pool.chat(for_env(5, env))).content == "b"
     home.in_flight = 0
     assert (await pool.chat(for_env(6, env))).content == "a"
+
+
+class FlatServer:
+    """A server in virtual time whose throughput is level from 16 in flight on (it batches 16, queues the rest):
+    each reply of 10 tokens moves `now` on by 10 / throughput. It records the most requests it held at once."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.in_flight = 0
+        self.peak = 0
+
+    async def chat(self, request: ChatRequest) -> Reply:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        await asyncio.sleep(0.001)  # the others sent meanwhile are in flight with it
+        self.now += 10 / (100.0 * min(self.in_flight, 16) / 16)
+        self.in_flight -= 1
+        return Reply(content="x", finish_reason="length", usage=TokenUsage(prompt_tokens=20, completion_tokens=10))
+
+
+async def test_requests_offered_above_a_level_servers_knee_stop_waiting_in_the_pool() -> None:
+    # The issue's bench: 64 offered to a server whose throughput is flat past 16. The limit used to go back to 16
+    # ("it did as well"), so 48 of every 64 waited in the pool for a slot, and that wait was the client's overhead.
+    server = FlatServer()
+    pool = EndpointPool([Endpoint(url="flat", backend=server, limit=InFlightLimit(16, clock=lambda: server.now))])
+
+    async def offer(count: int) -> None:
+        queue = list(range(count))
+
+        async def worker() -> None:
+            while queue:
+                await pool.chat(ask(queue.pop()))
+
+        await asyncio.gather(*(worker() for _ in range(64)))
+
+    await offer(192)  # the bench's pacing pass
+    assert pool.endpoints[0].limit.current >= 64
+    server.peak = 0
+    await offer(64)  # the measured phase: every request goes out at once, none waits in the pool
+    assert server.peak == 64 and pool._waiting == 0

@@ -106,6 +106,7 @@ class EndpointPool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Condition | None = None
         self._probes: set[asyncio.Task[None]] = set()
+        self._waiting = 0  # requests waiting in `_acquire` for a slot on any server
 
     @property
     def capacity(self) -> int:
@@ -205,7 +206,13 @@ class EndpointPool:
                     chosen.in_flight += 1
                     chosen.limit.started(chosen.in_flight)
                     return chosen
-                await changed.wait()
+                self._waiting += 1
+                for endpoint in live:
+                    endpoint.limit.waiting(self._waiting)  # demand above the limit: what a higher one lets through
+                try:
+                    await changed.wait()
+                finally:
+                    self._waiting -= 1
 
     async def _release(self, endpoint: Endpoint) -> None:
         changed = self._condition()

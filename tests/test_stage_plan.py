@@ -78,9 +78,8 @@ async def test_topic_becomes_a_clean_valid_plan(tmp_path):
     types = [(a.name, a.type) for a in member.attributes]
     assert types == [("member_id", "str"), ("name", "str"), ("max_loans", "int")]
     ops = {op.name: op for op in result.operations}
-    assert list(ops) == [
-        "get_book", "list_member_loans", "borrow_book", "return_book", "find_books", "find_members",
-    ]  # borrowBook cleaned
+    # borrowBook cleaned
+    assert list(ops) == ["get_book", "list_member_loans", "borrow_book", "return_book", "find_books", "find_members"]
     assert ops["find_books"].reads == ("book",)
     assert ops["borrow_book"].kind == "change" and ops["borrow_book"].enforces == (1, 2)
     assert ops["list_member_loans"].reads == ("loan",)  # "loans" (the collection) mapped to the entity

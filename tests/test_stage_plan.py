@@ -343,17 +343,33 @@ def test_a_listing_counts_but_a_change_does_not():
         change, entities, len(state.rules), 4, 12))  # fmt: skip
 
 
+def attributes(*names_and_types):
+    return [{"name": name, "type": type_} for name, type_ in names_and_types]
+
+
 def test_entities_needing_no_lookup_pass():
     state = json.loads(json.dumps(STATE))
     state["entities"][1]["key"] = "email"  # the key is what the user says: found by key
     state["entities"][1]["attributes"][0] = {"name": "email", "type": "str", "description": "e.g. ada@example.org"}
-    state["entities"].append({"name": "audit_entry", "key": "entry_id", "attributes": [
-        {"name": "entry_id", "type": "str"}, {"name": "book_id", "type": "str"},
-        {"name": "at", "type": "str"}, {"name": "action", "type": "str"}]})  # fmt: skip
+    audit = attributes(
+        ("entry_id", "str"), ("book_id", "str"), ("at", "str"), ("action", "str"),
+        ("status_code", "str"),  # describes the entry, does not name it
+        ("book_title", "str"),  # a copy of the book's title: the book is found by find_books
+    )  # fmt: skip
+    fine = attributes(("fine_number", "int"), ("label", "str"), ("amount", "float"))
+    state["entities"] += [
+        {"name": "audit_entry", "key": "entry_id", "attributes": audit},
+        {"name": "fine", "key": "fine_number", "attributes": fine},  # found by its key
+    ]
     cleaned = clean_state(StateDraft.model_validate(state), "library_loans")
     entities = entity_plans(cleaned)
     operations = without(clean_operations(OperationsDraft.model_validate(OPERATIONS), entities), "find_members")
     assert operation_errors(operations, entities, len(cleaned.rules), 4, 12) == []
+    state["entities"][-1]["key"] = "fine_id"  # now its label is what a user names it by
+    state["entities"][-1]["attributes"][0]["name"] = "fine_id"
+    cleaned = clean_state(StateDraft.model_validate(state), "library_loans")
+    errors = operation_errors(operations, entity_plans(cleaned), len(cleaned.rules), 4, 12)
+    assert [e.split(";")[0] for e in errors] == ["fine: no query operation finds a fine by its label"]
 
 
 async def test_a_plan_without_a_lookup_is_repaired_when_the_model_adds_one(tmp_path):

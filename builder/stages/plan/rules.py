@@ -29,6 +29,8 @@ USER_FACING_WORDS = frozenset(
     "name title email phone mobile number code label username handle plate sku isbn barcode serial reference"
     " vin".split()
 )
+# Words that make such a name describe a record rather than name it (`postal_code`, `status_code`, `type_name`).
+DESCRIPTIVE_WORDS = frozenset("postal zip country currency status reason area language error type".split())
 # Parameters of a free-text search, which count as matching any user-facing attribute of what the query reads.
 SEARCH_PARAMETERS = frozenset("query search keyword keywords q term search_term search_text text".split())
 
@@ -262,16 +264,21 @@ def operation_errors(
     return errors + lookup_errors(ops, entities)
 
 
-def user_facing(entity: EntityPlan) -> list[str]:
+def user_facing(entity: EntityPlan, others: list[str] = ()) -> list[str]:
     """The attributes a user names a record by: `str` attributes, not the key nor a reference (`*_id`), whose
-    name holds a word of `USER_FACING_WORDS` (`name`, `full_name`, `title`, `email`, `phone_number`, `sku`)."""
+    name holds a word of `USER_FACING_WORDS` (`name`, `full_name`, `title`, `email`, `phone_number`, `sku`) and
+    none of `DESCRIPTIVE_WORDS`. A copy of another entity's attribute (`customer_name` on an order, when
+    `customer` is among `others`) names that other record, which is found through its own lookup."""
+    copies = tuple(f"{other}_" for other in others if other != entity.name)
     return [
         attribute.name
         for attribute in entity.attributes
         if attribute.type == "str"
         and attribute.name != entity.key
         and not attribute.name.endswith(("_id", "_ids"))
+        and not (copies and attribute.name.startswith(copies))
         and _user_words(attribute.name)
+        and not set(attribute.name.split("_")) & DESCRIPTIVE_WORDS
     ]
 
 
@@ -300,11 +307,13 @@ def lookup_errors(ops: list[OperationDraft], entities: list[EntityPlan]) -> list
     """One error per entity a user would name (by a user-facing attribute) that no query finds by it.
 
     An entity whose key is itself user-facing (`order_number`, `email`) is found by its key, and one with no
-    user-facing attribute (a log, a line item) is reached through what refers to it: both need no lookup.
+    user-facing attribute of its own (a log, a line item with a `product_name`) is reached through what refers
+    to it: both need no lookup.
     """
     errors = []
+    names = [entity.name for entity in entities]
     for entity in entities:
-        attributes = user_facing(entity)
+        attributes = user_facing(entity, names)
         if not attributes or user_facing_key(entity) or any(finds(op, entity, attributes) for op in ops):
             continue
         by = " or ".join(attributes)

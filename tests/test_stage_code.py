@@ -38,7 +38,7 @@ from builder.stats import StageStats
 
 FIXTURES = Path(__file__).parent / "fixtures" / "synthesis"
 CODE = {path.stem: path.read_text() for path in (FIXTURES / "library_code").glob("*.txt")}
-OPERATION_NAMES = ["get_book", "list_member_loans", "borrow_book", "return_book"]
+OPERATION_NAMES = ["get_book", "list_member_loans", "borrow_book", "return_book", "find_books", "find_members"]
 
 
 def library_plan() -> EnvPlan:
@@ -112,10 +112,10 @@ async def test_plan_becomes_a_candidate_environment_that_passes_the_lint(tmp_pat
     assert env.provenance.parent_ids == (the_plan.id, "topic-1")
     assert env.provenance.prompt_version.startswith("code_state@")
     assert env.provenance.model == "m"
-    assert len(model.requests) == 5  # one state piece and one method per operation
+    assert len(model.requests) == 7  # one state piece and one method per operation
     assert {r.sampling.max_tokens for r in model.requests} == {3072}  # code.max_tokens, not capped by llm.max_tokens
     assert env.synthesis.added_imports == ("from typing import Optional", "import datetime")
-    assert env.synthesis.fixes["list_member_loans"] == ("stripped_fences",)
+    assert env.synthesis.fixes["list_member_loans"] == env.synthesis.fixes["find_members"] == ("stripped_fences",)
     assert env.synthesis.regenerated == {}
     # The method request carries the exact header the plan implies.
     borrow = requests_for(model, "borrow_book")[0].messages[1].content
@@ -129,7 +129,7 @@ async def test_code_that_does_not_parse_is_regenerated_with_the_error(tmp_path):
     (env,) = await code(library_plan(), context(tmp_path, model))
     assert lint(env.code) == []
     again = requests_for(model, "get_book")
-    assert len(again) == 2 and len(model.requests) == 6  # only the failing piece is asked again
+    assert len(again) == 2 and len(model.requests) == 8  # only the failing piece is asked again
     assert again[1].messages[-2].content == broken.strip()
     assert "[syntax]" in again[1].messages[-1].content
     assert [r.sample_index for r in again] == [0, 1]  # a fresh sample: never the cached reply to the same request
@@ -145,7 +145,7 @@ async def test_contract_violations_are_mapped_to_their_piece_with_the_line(tmp_p
     feedback = requests_for(model, "return_book")[1].messages[-1].content
     assert "[format_string_call] line 12:" in feedback and ".format(loan_id)" in feedback
     assert "[forbidden_name] line 15: do not use eval()" in feedback
-    assert [len(requests_for(model, key)) for key in OPERATION_NAMES] == [1, 1, 1, 2]
+    assert [len(requests_for(model, key)) for key in OPERATION_NAMES] == [1, 1, 1, 2, 1, 1]
 
 
 async def test_raising_and_bare_returns_break_the_return_contract(tmp_path):
@@ -184,7 +184,7 @@ async def test_a_piece_that_never_becomes_valid_ends_as_a_rejection_with_raw_out
     assert rejection.detail.startswith("get_book: [syntax]")
     assert rejection.raw_output == f"# ---- piece get_book ----\n{never.strip()}"
     assert len(requests_for(model, "get_book")) == 3  # the first try and two repairs
-    assert len(model.requests) == 7
+    assert len(model.requests) == 9
 
 
 async def test_a_constructor_that_never_sets_the_planned_state_is_rejected(tmp_path):

@@ -517,6 +517,8 @@ LIBRARY_ARGS = {
     "list_member_loans": {"member_id": "m1", "open_only": True},
     "borrow_book": {"member_id": "m1", "book_id": "b1", "due": "2024-07-01"},
     "return_book": {"loan_id": "L1"},
+    "find_books": {"title": "dune"},
+    "find_members": {"name": "Vimes"},
 }
 
 

@@ -78,7 +78,9 @@ async def test_topic_becomes_a_clean_valid_plan(tmp_path):
     types = [(a.name, a.type) for a in member.attributes]
     assert types == [("member_id", "str"), ("name", "str"), ("max_loans", "int")]
     ops = {op.name: op for op in result.operations}
-    assert list(ops) == ["get_book", "list_member_loans", "borrow_book", "return_book"]  # borrowBook cleaned
+    # borrowBook cleaned
+    assert list(ops) == ["get_book", "list_member_loans", "borrow_book", "return_book", "find_books", "find_members"]
+    assert ops["find_books"].reads == ("book",)
     assert ops["borrow_book"].kind == "change" and ops["borrow_book"].enforces == (1, 2)
     assert ops["list_member_loans"].reads == ("loan",)  # "loans" (the collection) mapped to the entity
     assert ops["list_member_loans"].parameters[1].required is False
@@ -170,7 +172,7 @@ async def test_operation_bounds_come_from_the_config(tmp_path):
             topic(),
             context(tmp_path, model, "plan.min_operations=2", "plan.max_operations=3", "plan.repair_attempts=0"),
         )
-    assert "plan between 2 and 3 operations (got 4)" in verdict.value.rejection.detail
+    assert "plan between 2 and 3 operations (got 6)" in verdict.value.rejection.detail
     assert len(model.requests) == 2
 
 
@@ -290,3 +292,92 @@ async def test_an_operation_taking_today_is_repaired_with_the_clock_advice(tmp_p
     assert not any(p.name == "today" for op in result.operations for p in op.parameters)
     feedback = requests_named(model, "OperationsDraft")[1].messages[-1].content
     assert "(today) carries the current date or time" in feedback
+
+
+def without(operations, *names):
+    return OperationsDraft(operations=[op for op in operations.operations if op.name not in names])
+
+
+def test_an_entity_users_name_needs_a_query_that_finds_it_by_that_name():
+    state, entities, operations = valid_parts()
+    errors = operation_errors(without(operations, "find_members"), entities, len(state.rules), 4, 12)
+    assert errors == [
+        "member: no query operation finds a member by its name; users name a member that way, not by member_id; "
+        "add a query operation that finds a member by name, e.g. find_members(name: str) -> list of matching "
+        "members (reads: [member]), or one that lists all members with no required parameter"
+    ]  # the book keeps find_books; a loan (references, a date, a flag) is named by nothing a user says
+    both = operation_errors(without(operations, "find_members", "find_books"), entities, len(state.rules), 4, 12)
+    assert [e.split(":")[0] for e in both] == ["book", "member"]
+    assert "find_books(title: str)" in both[0]
+
+
+@pytest.mark.parametrize(
+    ("parameter", "required", "found"),
+    [
+        ("name", True, True),
+        ("member_name", True, True),  # shares the word "name"
+        ("query", True, True),  # a free-text search
+        ("keyword", True, True),
+        ("member_id", True, False),  # the internal key is what the user does not know
+        ("max_loans", True, False),
+        ("max_loans", False, True),  # no required parameter: a listing the agent can scan
+    ],
+)
+def test_what_counts_as_finding_a_member(parameter, required, found):
+    state, entities, operations = valid_parts()
+    index = [op.name for op in operations.operations].index("find_members")
+    lookup = operations.operations[index]
+    changed = with_op(operations, index, parameters=[lookup.parameters[0].model_copy(
+        update={"name": parameter, "required": required})])  # fmt: skip
+    errors = operation_errors(changed, entities, len(state.rules), 4, 12)
+    assert (errors == []) is found, errors
+
+
+def test_a_listing_counts_but_a_change_does_not():
+    state, entities, operations = valid_parts()
+    index = [op.name for op in operations.operations].index("find_members")
+    listing = with_op(operations, index, name="list_members", parameters=[])
+    assert operation_errors(listing, entities, len(state.rules), 4, 12) == []
+    change = with_op(operations, index, kind="change", writes=["member"])  # finds, but is not a query
+    assert any(e.startswith("member: no query operation") for e in operation_errors(
+        change, entities, len(state.rules), 4, 12))  # fmt: skip
+
+
+def attributes(*names_and_types):
+    return [{"name": name, "type": type_} for name, type_ in names_and_types]
+
+
+def test_entities_needing_no_lookup_pass():
+    state = json.loads(json.dumps(STATE))
+    state["entities"][1]["key"] = "email"  # the key is what the user says: found by key
+    state["entities"][1]["attributes"][0] = {"name": "email", "type": "str", "description": "e.g. ada@example.org"}
+    audit = attributes(
+        ("entry_id", "str"), ("book_id", "str"), ("at", "str"), ("action", "str"),
+        ("status_code", "str"),  # describes the entry, does not name it
+        ("book_title", "str"),  # a copy of the book's title: the book is found by find_books
+    )  # fmt: skip
+    fine = attributes(("fine_number", "int"), ("label", "str"), ("amount", "float"))
+    state["entities"] += [
+        {"name": "audit_entry", "key": "entry_id", "attributes": audit},
+        {"name": "fine", "key": "fine_number", "attributes": fine},  # found by its key
+    ]
+    cleaned = clean_state(StateDraft.model_validate(state), "library_loans")
+    entities = entity_plans(cleaned)
+    operations = without(clean_operations(OperationsDraft.model_validate(OPERATIONS), entities), "find_members")
+    assert operation_errors(operations, entities, len(cleaned.rules), 4, 12) == []
+    state["entities"][-1]["key"] = "fine_id"  # now its label is what a user names it by
+    state["entities"][-1]["attributes"][0]["name"] = "fine_id"
+    cleaned = clean_state(StateDraft.model_validate(state), "library_loans")
+    errors = operation_errors(operations, entity_plans(cleaned), len(cleaned.rules), 4, 12)
+    assert [e.split(";")[0] for e in errors] == ["fine: no query operation finds a fine by its label"]
+
+
+async def test_a_plan_without_a_lookup_is_repaired_when_the_model_adds_one(tmp_path):
+    no_lookup = {"operations": [op for op in OPERATIONS["operations"] if op["name"] != "find_members"]}
+    model = scripted(operations=[no_lookup, OPERATIONS])
+    (result,) = await plan(topic(), context(tmp_path, model))
+    assert "find_members" in [op.name for op in result.operations]
+    first, repair = requests_named(model, "OperationsDraft")
+    assert "member: no query operation finds a member by its name" in repair.messages[-1].content
+    assert "find_members(name: str)" in repair.messages[-1].content
+    assert "Users name records" in first.messages[0].content  # the prompt says it up front

@@ -23,6 +23,17 @@ MAX_NAME = 48
 MAX_ENTITIES = 8
 KEY_TYPES = ("str", "int")
 
+# Words in an attribute's name that say a person knows the value and would name a record by it ("the member
+# Ada Palmer", "order 1042", "the book Dune"); an entity with such an attribute needs a tool that finds it by it.
+USER_FACING_WORDS = frozenset(
+    "name title email phone mobile number code label username handle plate sku isbn barcode serial reference"
+    " vin".split()
+)
+# Words that make such a name describe a record rather than name it (`postal_code`, `status_code`, `type_name`).
+DESCRIPTIVE_WORDS = frozenset("postal zip country currency status reason area language error type".split())
+# Parameters of a free-text search, which count as matching any user-facing attribute of what the query reads.
+SEARCH_PARAMETERS = frozenset("query search keyword keywords q term search_term search_text text".split())
+
 _TYPE_SYNONYMS = {
     "string": "str", "text": "str", "date": "str", "datetime": "str", "time": "str", "uuid": "str", "id": "str",
     "integer": "int", "long": "int", "number": "float", "double": "float", "decimal": "float",
@@ -250,6 +261,69 @@ def operation_errors(
     for i, op in enumerate(ops):
         where = f"operations[{i}] ({op.name})"
         errors += _operation_errors(where, op, known, collections, entity_list, rules)
+    return errors + lookup_errors(ops, entities)
+
+
+def user_facing(entity: EntityPlan, others: list[str] = ()) -> list[str]:
+    """The attributes a user names a record by: `str` attributes, not the key nor a reference (`*_id`), whose
+    name holds a word of `USER_FACING_WORDS` (`name`, `full_name`, `title`, `email`, `phone_number`, `sku`) and
+    none of `DESCRIPTIVE_WORDS`. A copy of another entity's attribute (`customer_name` on an order, when
+    `customer` is among `others`) names that other record, which is found through its own lookup."""
+    copies = tuple(f"{other}_" for other in others if other != entity.name)
+    return [
+        attribute.name
+        for attribute in entity.attributes
+        if attribute.type == "str"
+        and attribute.name != entity.key
+        and not attribute.name.endswith(("_id", "_ids"))
+        and not (copies and attribute.name.startswith(copies))
+        and _user_words(attribute.name)
+        and not set(attribute.name.split("_")) & DESCRIPTIVE_WORDS
+    ]
+
+
+def user_facing_key(entity: EntityPlan) -> bool:
+    """Whether the key itself is what a user says (`order_number`, `email`, `sku`), not an internal `*_id`."""
+    return not entity.key.endswith("_id") and bool(_user_words(entity.key))
+
+
+def _user_words(name: str) -> set[str]:
+    return set(name.split("_")) & USER_FACING_WORDS
+
+
+def finds(op: OperationDraft, entity: EntityPlan, attributes: list[str]) -> bool:
+    """Whether query `op` lets an agent find a record of `entity` from what a user says: it reads the entity and
+    takes a parameter matching a user-facing attribute (sharing its word: `name` for `full_name`, or a free-text
+    `query`/`search`/`keyword`), or it lists the entity's records with no required parameter."""
+    if op.kind != "query" or entity.name not in op.reads:
+        return False
+    if not any(p.required for p in op.parameters):
+        return True
+    wanted = set().union(*(_user_words(attribute) for attribute in attributes))
+    return any(p.name in SEARCH_PARAMETERS or _user_words(p.name) & wanted for p in op.parameters)
+
+
+def lookup_errors(ops: list[OperationDraft], entities: list[EntityPlan]) -> list[str]:
+    """One error per entity a user would name (by a user-facing attribute) that no query finds by it.
+
+    An entity whose key is itself user-facing (`order_number`, `email`) is found by its key, and one with no
+    user-facing attribute of its own (a log, a line item with a `product_name`) is reached through what refers
+    to it: both need no lookup.
+    """
+    errors = []
+    names = [entity.name for entity in entities]
+    for entity in entities:
+        attributes = user_facing(entity, names)
+        if not attributes or user_facing_key(entity) or any(finds(op, entity, attributes) for op in ops):
+            continue
+        by = " or ".join(attributes)
+        first = attributes[0]
+        errors.append(
+            f"{entity.name}: no query operation finds a {entity.name} by its {by}; users name a {entity.name}"
+            f" that way, not by {entity.key}; add a query operation that finds a {entity.name} by {first}, e.g."
+            f" find_{entity.collection}({first}: str) -> list of matching {entity.collection}"
+            f" (reads: [{entity.name}]), or one that lists all {entity.collection} with no required parameter"
+        )
     return errors
 
 

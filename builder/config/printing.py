@@ -30,4 +30,6 @@ def _toml_value(value: Any) -> str:
         return json.dumps(str(value))
     if isinstance(value, tuple | list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
     return json.dumps(value)

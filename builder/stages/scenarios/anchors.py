@@ -156,12 +156,15 @@ def date_values(
     starts = [s for s in starts if s is not None]
     if starts and any(w in parameter for w in ("end", "until", "to")):
         return [_render(max(starts) + timedelta(hours=hours), shape) for hours in (1, 2, 24)]
+    if "birth" in parameter:
+        return [_render(base.replace(year=base.year - rng.randint(20, 70), hour=0, minute=0), shape)]
     latest = [d for r in touched for v in r.values() if (d := _parse(v)) is not None]
     candidates = []
     for floor in (max([base, *latest]), base):
         day = floor + timedelta(days=rng.randint(1, 10))
         candidates.append(_render(day.replace(hour=rng.choice((9, 10, 11, 14, 15)), minute=0, second=0), shape))
-    return list(dict.fromkeys(candidates))
+    candidates.append(_render((base - timedelta(days=rng.randint(1, 5))).replace(minute=0, second=0), shape))
+    return list(dict.fromkeys(candidates))  # after the records, after now, and (for a past event) before now
 
 
 def _format(description: str, samples: list[Any]) -> str:

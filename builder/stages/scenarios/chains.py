@@ -290,7 +290,9 @@ class _Sampler:
                     return []
                 continue
             if parameter not in required and not any(s.startswith("result ") for s, _ in pool):
-                if rng.random() < OMIT_OPTIONAL:
+                # an optional id of a linked record (whose reminders) is kept more often than a filter
+                linked_id = allowed is not None and collection_of(self.world, parameter, schema) is not None
+                if rng.random() < (OMIT_OPTIONAL / 2 if linked_id else OMIT_OPTIONAL):
                     offered[parameter] = pool
                     continue
             pools[parameter] = pool
@@ -339,7 +341,8 @@ class _Sampler:
             return fed
         near = self._near_values(parameter, allowed)
         if near:
-            return self._ranked(tool, parameter, [("state", v) for v in near if _fits(v, kind)], rng)
+            unique = [v for i, v in enumerate(near) if v not in near[:i]]
+            return self._ranked(tool, parameter, [("state", v) for v in unique if _fits(v, kind)], rng)
         if allowed is None or kind != "string":
             pool = [v for v in state_values(parameter, schema, self.initial) if allowed is None or
                     coherent_value(self.world, v, allowed)]  # fmt: skip
@@ -378,7 +381,7 @@ class _Sampler:
                       if any(k in f.casefold() for k in USER_KEYS) and isinstance(v, str)]  # fmt: skip
         field_values = [r[parameter] for r in self.world.records.values() if parameter in r]
         values += [v for v in field_values if isinstance(v, str) and v in self.world.vocabulary]
-        return [v for v in dict.fromkeys(v for v in values if not isinstance(v, dict | list))]
+        return [v for v in values if not isinstance(v, dict)]
 
     def _ranked(self, tool: str, parameter: str, options: list[tuple[str, Any]],
                 rng: random.Random) -> list[tuple[str, Any]]:  # fmt: skip
@@ -410,7 +413,7 @@ def _first(pools: dict[str, list[tuple[str, Any]]]) -> dict[str, Any]:
 def _kind(schema: dict[str, Any]) -> str | None:
     kinds = schema.get("type", [])
     kinds = kinds if isinstance(kinds, list) else [kinds]
-    return next((k for k in ("string", "integer", "number", "boolean") if k in kinds), None)
+    return next((k for k in ("string", "integer", "number", "boolean", "array") if k in kinds), None)
 
 
 def _fits(value: Any, kind: str | None) -> bool:
@@ -418,6 +421,8 @@ def _fits(value: Any, kind: str | None) -> bool:
         return isinstance(value, int | float) and not isinstance(value, bool)
     if kind == "boolean":
         return isinstance(value, bool)
+    if kind == "array":
+        return isinstance(value, list)
     return kind is None or isinstance(value, str)
 
 

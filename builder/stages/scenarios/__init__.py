@@ -121,6 +121,8 @@ async def scenarios(
     async def llm(slot: int) -> Made:
         return await _slot(env, ctx, slot, "llm", lambda: _build(env, ctx, slot, example, start), on_slot)
 
+    fell_back: list[int] = []  # graph slots with no chain that the llm method made instead (method both)
+
     async def graph() -> tuple[list[Made], Counter[str]]:
         if not graph_slots:
             return [], Counter()
@@ -132,6 +134,9 @@ async def scenarios(
                 chain = found[index]
                 return await _slot(env, ctx, slot, "graph", lambda: graph_scenario(env, ctx, chain, spent[slot]),
                                    on_slot)  # fmt: skip
+            if ctx.config.scenarios.method == "both":
+                fell_back.append(slot)  # no chain: the llm method makes this slot
+                return await llm(slot)
             detail = (
                 f"{len(found)} verified chains for {len(graph_slots)} slots from {len(states)} start states "
                 f"(dropped: {json.dumps(dict(sorted(dropped.items())))})"
@@ -159,7 +164,7 @@ async def scenarios(
     kept = [record for record in results if isinstance(record, Scenario)]
     _count_verified(ctx, len(kept) // max(1, len(ctx.config.scenarios.modes)))
     graph_usage = sum((s.usage for s in spent.values()), Usage())
-    report_methods(ctx, env, outcomes, graph_usage, dropped)
+    report_methods(ctx, env, outcomes, graph_usage, dropped, fell_back=[made[slot] for slot in fell_back])
     return results
 
 

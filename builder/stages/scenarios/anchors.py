@@ -80,6 +80,16 @@ def linked(world: World, anchor: Ref) -> set[Ref]:
     return near | {far for ref in near for far in world.out.get(ref, set())}
 
 
+def allowed(world: World, anchor: Ref) -> set[Ref]:
+    """The records a chain anchored at `anchor` may name: its linked records, and shared records no other record
+    of the anchor's kind owns (a catalogue book, a dentist's free slot), but never another record of the anchor's
+    collection nor a record that references one (another patient, another patient's appointment)."""
+    near = linked(world, anchor)
+    others = {ref for ref in world.records if ref[0] == anchor[0] and ref != anchor}
+    owned = {ref for other in others for ref in world.back.get(other, set())}
+    return near | (set(world.records) - others - owned)
+
+
 def user_facing(world: World, collection: str) -> int:
     """How many keys a user knows (a name, an email, a number) a collection's records carry (0: none)."""
     records = [r for (name, _), r in world.records.items() if name == collection]

@@ -34,6 +34,9 @@ from builder.stages.scenarios.anchors import (
     user_facing,
     world_of,
 )
+from builder.stages.scenarios.anchors import (
+    allowed as admitted,
+)
 from builder.stages.scenarios.verify import run_actions
 
 SMALL_NUMBERS = (1, 2, 3, 5, 10, 20, 50, 100)  # for a number neither the state nor a result gives
@@ -227,7 +230,7 @@ class _Sampler:
 
     def execute(self, sandbox: Sandbox, code: str, plan: Plan, rng: random.Random, env_seed: int,
                 contract: Contract) -> tuple[Chain | None, str]:  # fmt: skip
-        allowed = set(linked(self.world, plan.anchor)) if plan.anchor is not None else None
+        allowed = admitted(self.world, plan.anchor) if plan.anchor is not None else None
         calls: list[ChainCall] = []
         with Session(sandbox, code, self.initial, now=self.now, seed=env_seed, contract=contract) as session:
             before = session.snapshot()

@@ -367,3 +367,25 @@ async def test_an_imported_class_the_strict_lint_refuses_gets_graph_scenarios(tm
     strict = imported.model_copy(update={"provenance": imported.provenance.model_copy(update={"origin": None})})
     with pytest.raises(Rejected, match="env_load_failed: environment violates the contract"):
         await scenarios(strict, context(tmp_path / "strict", verbaliser(), sandbox))
+
+
+
+async def test_a_graph_slot_with_no_chain_falls_back_to_the_llm_method_under_both(tmp_path, sandbox):
+    # The orders fixture has no state a chain can start from: its graph slot is the llm method's under `both`.
+    model = both_methods_model()
+    ctx = context(tmp_path, model, sandbox, 'scenarios.method="both"', "scenarios.per_environment=2")
+    results = await scenarios(environment("orders"), ctx)
+    assert not [r for r in results if isinstance(r, Rejection) and r.reason == "no_chain"]
+    assert {r.subject_id.rsplit("-", 1)[1] for r in results if isinstance(r, Rejection)} <= {"0", "1"}
+    assert len([r for r in model.requests if schema_name(r) == "InitialState"]) >= 2  # both slots wrote a state
+    derive_report(ctx.stats)
+    methods = ctx.stats.report.to_json()["methods"]
+    assert methods["graph"]["fell_back_to_llm"] == 1 and methods["graph"]["slots"] == 1
+    assert methods["graph"]["verified"] == 0 and methods["llm"]["slots"] == 2
+
+
+async def test_a_graph_slot_with_no_chain_is_rejected_under_graph(tmp_path, sandbox):
+    ctx = context(tmp_path, verbaliser(), sandbox, 'scenarios.method="graph"', "scenarios.per_environment=1")
+    (rejection,) = await scenarios(environment("orders"), ctx)
+    assert rejection.reason == "no_chain"
+    assert ctx.stats.report.methods["graph"].fell_back_to_llm == 0

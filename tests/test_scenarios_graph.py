@@ -369,7 +369,6 @@ async def test_an_imported_class_the_strict_lint_refuses_gets_graph_scenarios(tm
         await scenarios(strict, context(tmp_path / "strict", verbaliser(), sandbox))
 
 
-
 async def test_a_graph_slot_with_no_chain_falls_back_to_the_llm_method_under_both(tmp_path, sandbox):
     # The orders fixture has no state a chain can start from: its graph slot is the llm method's under `both`.
     model = both_methods_model()

@@ -24,7 +24,8 @@ from typing import Any
 Ref = tuple[str, str]  # (collection, key) of one record
 USER_KEYS = ("name", "email", "phone", "number", "title", "code", "username", "full_name", "plate", "sku")
 DATE_WORDS = ("date", "time", "start", "end", "until", "deadline", "due", "when", "at")
-HOPS = 2  # the anchor, records one reference away, and records those reference
+PEOPLE = ("patient", "customer", "member", "user", "client", "holder", "student", "guest", "passenger",
+          "employee", "owner", "traveler", "traveller", "tenant", "subscriber", "person", "people", "account")
 
 
 @dataclass
@@ -91,9 +92,14 @@ def allowed(world: World, anchor: Ref) -> set[Ref]:
 
 
 def user_facing(world: World, collection: str) -> int:
-    """How many keys a user knows (a name, an email, a number) a collection's records carry (0: none)."""
+    """How many keys a user knows (a name, an email, a number) a collection's records carry (0: none), and 3 more
+    for a collection of people (patients, customers, members: the users whose goals the tasks are)."""
     records = [r for (name, _), r in world.records.items() if name == collection]
-    return sum(any(k in field.casefold() for k in USER_KEYS) for field in records[0]) if records else 0
+    if not records:
+        return 0
+    keys = sum(any(k in field.casefold() for k in USER_KEYS) for field in records[0])
+    people = any(word in collection.casefold() for word in PEOPLE)
+    return keys + (3 if keys and people else 0)
 
 
 def collection_of(world: World, parameter: str, schema: dict[str, Any]) -> str | None:

@@ -323,9 +323,9 @@ class _Sampler:
         """(source, value) options for one parameter, best first."""
         if "enum" in schema:
             return self._ranked(tool, parameter, [("schema", v) for v in schema["enum"]], rng)
-        if choices := described_choices(schema):
-            return self._ranked(tool, parameter, [("schema", v) for v in choices], rng)
         kind = _kind(schema)
+        if (choices := described_choices(schema)) and not (kind == "string" and is_date(parameter, schema)):
+            return self._ranked(tool, parameter, [("schema", v) for v in choices], rng)
         collection = collection_of(self.world, parameter, schema)
         fed = [(source, v) for source, v in self._from_results(tool, parameter, collection, calls) if _fits(v, kind)]
         if collection is not None:

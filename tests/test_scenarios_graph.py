@@ -137,6 +137,12 @@ def test_created_values_and_leaks():
     # Field names (also a result naming one: "due_date") and prose are no values; the scenario's date is the user's.
     assert created_values(chain, "2024-06-15T09:00:00") == ["L4"]
     assert created_values(chain, "2024-06-01T09:00:00") == ["2024-06-15", "L4"]
+    # a date the user picks for a call is theirs, though a result repeats it (by day too); one from a result is not
+    picked = call.model_copy(update={"arguments": {"book_id": "b1", "due": "2024-06-15T10:00"},
+                                     "sources": {"book_id": "state", "due": "now"}})  # fmt: skip
+    assert created_values(chain.model_copy(update={"calls": (picked,)}), "2024-06-01T09:00:00") == ["L4"]
+    fed = picked.model_copy(update={"sources": {"book_id": "state", "due": "result 1 due"}})
+    assert created_values(chain.model_copy(update={"calls": (fed,)}), "2024-06-01T09:00:00") == ["2024-06-15", "L4"]
     said = UserRequest(task="Lend me b1, loan l4 please", user_profile="", known_up_front="",
                        reveal_when_asked="use borrow_book", ending="", difficulty="easy")  # fmt: skip
     assert leaks(said, ["L4", "L44"], ["borrow_book", "lend"]) == [

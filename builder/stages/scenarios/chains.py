@@ -182,6 +182,9 @@ class _Sampler:
         """A record of a collection the goal takes an id of, user-facing collections first; the records the kept
         chains were about least often drawn first."""
         collections = self._collections(goal)
+        if not collections:  # a goal that names no record (a registration): the rest of the chain is one person's
+            people = sorted({c for c, _ in self.world.records}, key=lambda c: (-user_facing(self.world, c), c))
+            collections = people[:1] if people and user_facing(self.world, people[0]) else []
         if not collections:
             return None
         facing = [c for c in collections if user_facing(self.world, c)]
@@ -342,7 +345,7 @@ class _Sampler:
             return [("now", d) for d in dates]
         if fed:
             return fed
-        near = self._near_values(parameter, allowed)
+        near = self._near_values(tool, parameter, allowed)
         if near:
             unique = [v for i, v in enumerate(near) if v not in near[:i]]
             return self._ranked(tool, parameter, [("state", v) for v in unique if _fits(v, kind)], rng)
@@ -374,10 +377,14 @@ class _Sampler:
                     found.append((f"result {i + 1} {path}", value))
         return list(dict.fromkeys(found))
 
-    def _near_values(self, parameter: str, allowed: set[tuple[str, str]] | None) -> list[Any]:
-        """Values of fields named like `parameter` in the linked records (the anchor's first), then vocabulary
-        of that field; for a search text, the linked records' user-facing keys."""
+    def _near_values(self, tool: str, parameter: str, allowed: set[tuple[str, str]] | None) -> list[Any]:
+        """Values of fields named like `parameter` in the admitted records (of the collection the tool's name
+        names, when it names one: `find_patients(name)` takes a patient's name, not a dentist's), then vocabulary
+        of that field; for a search text, the admitted records' user-facing keys."""
         refs = sorted(allowed) if allowed is not None else []
+        about = _named_collection(tool, {c for c, _ in self.world.records})
+        if about is not None and any(c == about and parameter in self.world.records[(c, k)] for c, k in refs):
+            refs = [ref for ref in refs if ref[0] == about]
         values = [r[parameter] for ref in refs if parameter in (r := self.world.records[ref])]
         if not values and any(w in parameter for w in ("query", "search", "text", "term", "keyword")):
             values = [v for ref in refs for f, v in self.world.records[ref].items()
@@ -397,6 +404,13 @@ class _Sampler:
             return (0 if key in self.accepted else 1, self.refused[key])
 
         return sorted(shuffled, key=rank)
+
+
+def _named_collection(tool: str, collections: set[str]) -> str | None:
+    """The collection a tool's name names (`find_patients`, `get_patient` -> patients), the longest match."""
+    words = tool.casefold()
+    named = [c for c in collections if len(stem := c.casefold().removesuffix("s")) > 2 and stem in words]
+    return max(named, key=len, default=None)
 
 
 def _paths(value: Any, path: str) -> list[tuple[str, Any]]:

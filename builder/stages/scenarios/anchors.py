@@ -82,13 +82,30 @@ def linked(world: World, anchor: Ref) -> set[Ref]:
 
 
 def allowed(world: World, anchor: Ref) -> set[Ref]:
-    """The records a chain anchored at `anchor` may name: its linked records, and shared records no other record
-    of the anchor's kind owns (a catalogue book, a dentist's free slot), but never another record of the anchor's
-    collection nor a record that references one (another patient, another patient's appointment)."""
-    near = linked(world, anchor)
-    others = {ref for ref in world.records if ref[0] == anchor[0] and ref != anchor}
-    owned = {ref for other in others for ref in world.back.get(other, set())}
-    return near | (set(world.records) - others - owned)
+    """The records a chain anchored at `anchor` may name: its linked records, records whose references lead to the
+    anchor (a claim of the holder's policy), and shared records whose references lead to no record of the anchor's
+    kind (a catalogue, a clinic, a dentist's free slot); never another record of the anchor's collection nor a
+    record whose references lead to one and not to the anchor (another patient's appointment or claim)."""
+    kind = anchor[0]
+    admitted = linked(world, anchor)
+    for ref in world.records:
+        if ref[0] == kind:
+            continue
+        reached = _reached(world, ref)
+        mine = anchor in reached
+        if mine or not any(other[0] == kind for other in reached):
+            admitted.add(ref)
+    return admitted - {ref for ref in world.records if ref[0] == kind and ref != anchor}
+
+
+def _reached(world: World, start: Ref, depth: int = 4) -> set[Ref]:
+    """The records `start`'s references lead to, following references up to `depth` steps."""
+    seen: set[Ref] = set()
+    frontier = {start}
+    for _ in range(depth):
+        frontier = {far for ref in frontier for far in world.out.get(ref, set())} - seen - {start}
+        seen |= frontier
+    return seen
 
 
 def user_facing(world: World, collection: str) -> int:

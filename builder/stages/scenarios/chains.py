@@ -343,6 +343,9 @@ class _Sampler:
             touched = [self.world.records[ref] for value in _first(earlier) for ref in self.world.owner(value)]
             dates = date_values(parameter, schema, self.now, touched, _first(earlier), rng)
             return [("now", d) for d in dates]
+        about = _named_collection(tool, {c for c, _ in self.world.records})
+        if about is not None:  # `register_patient(name)` takes no medication's name a search returned
+            fed = [(source, v) for source, v in fed if not self._foreign(v, about)]
         if fed:
             return fed
         near = self._near_values(tool, parameter, allowed)
@@ -392,6 +395,11 @@ class _Sampler:
         field_values = [r[parameter] for r in self.world.records.values() if parameter in r]
         values += [v for v in field_values if isinstance(v, str) and v in self.world.vocabulary]
         return [v for v in values if not isinstance(v, dict)]
+
+    def _foreign(self, value: Any, collection: str) -> bool:
+        """Whether `value` is a field value of records of other collections only (not of `collection`'s)."""
+        holders = {c for (c, _), record in self.world.records.items() if value in record.values()}
+        return bool(holders) and collection not in holders
 
     def _ranked(self, tool: str, parameter: str, options: list[tuple[str, Any]],
                 rng: random.Random) -> list[tuple[str, Any]]:  # fmt: skip

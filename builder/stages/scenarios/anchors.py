@@ -24,8 +24,26 @@ from typing import Any
 Ref = tuple[str, str]  # (collection, key) of one record
 USER_KEYS = ("name", "email", "phone", "number", "title", "code", "username", "full_name", "plate", "sku")
 DATE_WORDS = ("date", "time", "start", "end", "until", "deadline", "due", "when", "at")
-PEOPLE = ("patient", "customer", "member", "user", "client", "holder", "student", "guest", "passenger",
-          "employee", "owner", "traveler", "traveller", "tenant", "subscriber", "person", "people", "account")
+PEOPLE = (
+    "patient",
+    "customer",
+    "member",
+    "user",
+    "client",
+    "holder",
+    "student",
+    "guest",
+    "passenger",
+    "employee",
+    "owner",
+    "traveler",
+    "traveller",
+    "tenant",
+    "subscriber",
+    "person",
+    "people",
+    "account",
+)
 
 
 @dataclass
@@ -91,14 +109,14 @@ def allowed(world: World, anchor: Ref) -> set[Ref]:
     for ref in world.records:
         if ref[0] == kind:
             continue
-        reached = _reached(world, ref)
-        mine = anchor in reached
-        if mine or not any(other[0] == kind for other in reached):
+        leads_to = reached(world, ref)
+        mine = anchor in leads_to
+        if mine or not any(other[0] == kind for other in leads_to):
             admitted.add(ref)
     return admitted - {ref for ref in world.records if ref[0] == kind and ref != anchor}
 
 
-def _reached(world: World, start: Ref, depth: int = 4) -> set[Ref]:
+def reached(world: World, start: Ref, depth: int = 4) -> set[Ref]:
     """The records `start`'s references lead to, following references up to `depth` steps."""
     seen: set[Ref] = set()
     frontier = {start}

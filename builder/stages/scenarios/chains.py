@@ -31,6 +31,7 @@ from builder.stages.scenarios.anchors import (
     described_choices,
     is_date,
     linked,
+    reached,
     user_facing,
     world_of,
 )
@@ -179,27 +180,28 @@ class _Sampler:
         return Plan(tools=tuple(tools), goal=goal, anchor=anchor)
 
     def _anchor(self, goal: str, rng: random.Random) -> tuple[str, str] | None:
-        """A record of a collection the goal takes an id of, user-facing collections first; the records the kept
-        chains were about least often drawn first."""
+        """The person (or else the most user-facing record) a record of the goal leads to: a record of a collection
+        the goal takes an id of is drawn, then among it, the records its references lead to and the records linked
+        to it, the one whose collection has the most keys a user knows (people first); the records the kept chains
+        were about least often drawn first."""
         collections = self._collections(goal)
         if not collections:  # a goal that names no record (a registration): the rest of the chain is one person's
             people = sorted({c for c, _ in self.world.records}, key=lambda c: (-user_facing(self.world, c), c))
             collections = people[:1] if people and user_facing(self.world, people[0]) else []
-        if not collections:
-            return None
-        facing = [c for c in collections if user_facing(self.world, c)]
-        collection = rng.choice(facing or collections)
-        # a user-facing record linked to a record of the goal's collection (the patient of an appointment)
-        keys = [(collection, key) for key in self.world.keys(collection)]
-        if not facing:
-            owners = {ref for key in keys for ref in linked(self.world, key) if user_facing(self.world, ref[0])}
-            # the record's people before its catalogue entries: the collection with the most keys a user knows
-            best = max((user_facing(self.world, c) for c, _ in owners), default=0)
-            keys = sorted(ref for ref in owners if user_facing(self.world, ref[0]) == best) or keys
+        keys = [(collection, key) for collection in dict.fromkeys(collections) for key in self.world.keys(collection)]
         if not keys:
             return None
-        fewest = min(self.anchors_used[key] for key in keys)
-        return rng.choice([key for key in keys if self.anchors_used[key] == fewest])
+        record = rng.choice(keys)
+        around = {record} | reached(self.world, record) | linked(self.world, record)
+        best = max(user_facing(self.world, c) for c, _ in around)
+        if best == 0:
+            return record
+        people = sorted({c for c, _ in around if user_facing(self.world, c) == best})
+        # any record of the best collection may anchor (the goal's record is then one of its own, or refused)
+        candidates = [(c, k) for c in people for k in self.world.keys(c)]
+        fewest = min(self.anchors_used[key] for key in candidates)
+        preferred = [key for key in candidates if key in around and self.anchors_used[key] == fewest]
+        return rng.choice(preferred or [key for key in candidates if self.anchors_used[key] == fewest])
 
     def _finders(self, collection: str, exclude: list[str]) -> list[str]:
         """Read tools that reach a record of `collection` by a key a user knows or by its id."""
@@ -351,7 +353,10 @@ class _Sampler:
         near = self._near_values(tool, parameter, allowed)
         if near:
             unique = [v for i, v in enumerate(near) if v not in near[:i]]
-            return self._ranked(tool, parameter, [("state", v) for v in unique if _fits(v, kind)], rng)
+            options = [("state", v) for v in unique if _fits(v, kind)]
+            if kind in ("integer", "number") and (constant := _constant(schema, rng)) is not None:
+                options.append(("constant", constant))  # a record's 0 may be what the tool refuses
+            return self._ranked(tool, parameter, options, rng)
         if allowed is None or kind != "string":
             pool = [v for v in state_values(parameter, schema, self.initial) if allowed is None or
                     coherent_value(self.world, v, allowed)]  # fmt: skip

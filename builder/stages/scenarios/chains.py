@@ -257,10 +257,6 @@ class _Sampler:
                 calls.append(ChainCall(name=name, arguments=arguments, sources=sources, result=result.result,
                                        changed=after != before))  # fmt: skip
                 before = after
-                if allowed is not None and any(ref in allowed for v in leaves(arguments) for ref in
-                                               self.world.owner(v)):  # fmt: skip
-                    # records a call on a linked record returns (a dentist's free slots) are the user's too
-                    allowed |= {ref for v in leaves(result.result) for ref in self.world.owner(v)}
         if before == self.initial:
             return None, "no_state_change"
         if allowed is not None and not all(

@@ -100,12 +100,51 @@ class EvaluationProvenance(Frozen):
     builder_version: str
 
 
+class ProbeOutcome(Frozen):
+    """One deterministic probe (`builder.stages.evaluate.probes`) as it ran on the environment's final code."""
+
+    rule: int | None = Field(description="The rule the call must be refused by (None: a valid call).")
+    state: int = Field(description="Index of the test state it ran on.")
+    state_change: dict[str, Any] | None = Field(
+        None, exclude_if=_none, description="What was changed in the test state before the call."
+    )
+    tool: str
+    arguments: dict[str, Any]
+    why: str | None = Field(None, exclude_if=_none, description="How the call breaks the rule, by its writer.")
+    status: Literal["refused", "confirmed", "broken", "wrong_probe", "unjudged", "invalid", "accepted"] = Field(
+        description="refused: the rule held; confirmed: not refused and the checker ruled it breaks the rule; "
+        "broken: it raised, hung or crashed; wrong_probe: not refused and the checker found no rule broken; "
+        "unjudged: the checker gave no usable verdict; invalid: the call or its state was unusable; accepted: a "
+        "valid call the environment accepted."
+    )
+    result: str | None = Field(None, description="The result as JSON, clipped (None: the call failed).")
+    error: str | None = Field(None, exclude_if=_none, description="The call's error, clipped.")
+    reason: str | None = Field(None, exclude_if=_none, description="The checker's reason, for an unrefused probe.")
+
+
+class RuleProbing(Frozen):
+    """Every rule of the environment tried with a call that must be refused (and the consistency gates' calls)."""
+
+    rules: tuple[str, ...] = Field(description="The numbered rules, in order (rule n is rules[n - 1]).")
+    probed: tuple[int, ...] = Field(description="Rules with at least one usable probe.")
+    unprobed: dict[str, str] = Field(description="Rules without a usable probe, by number: why.")
+    probes: tuple[ProbeOutcome, ...]
+    invalid: tuple[str, ...] = Field((), description="Probes or replies that could not be used, and why.")
+    repairs: int = Field(0, description="Repairs through the code stage the probes needed.")
+
+
 class Evaluation(Frozen):
     """The evidence behind an environment's acceptance: score, counts, coverage, every judged call."""
 
     score: float = Field(description="(pass + warning) / judged calls.")
     keep_score: float
     calls_required: int
+    settled_early: Literal["accept", "reject"] | None = Field(
+        None,
+        exclude_if=_none,
+        description="The verdict the sequential rule settled before `calls_required` calls were judged (absent: "
+        "all were judged, or the check gave up).",
+    )
     counts: EvaluationCounts
     tool_coverage: float = Field(description="Share of the tools with at least one judged call.")
     tools: dict[str, dict[str, int]] = Field(
@@ -117,6 +156,9 @@ class Evaluation(Frozen):
     invalid_replies: tuple[UnusableReply, ...] = ()
     usage: dict[str, int] = Field(description="Model requests and tokens the evaluation spent.")
     provenance: EvaluationProvenance
+    probes: RuleProbing | None = Field(
+        None, exclude_if=_none, description="The rule probes (None: probes off, no rules, or an older row)."
+    )
 
 
 # --------------------------------------------------------------------------------------------- code stage

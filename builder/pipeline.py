@@ -27,7 +27,9 @@ from builder.errors import ConfigError
 from builder.llm import CallRecord, ChatRequest, LLMClient, Reply, open_llm
 from builder.llm.base import ServerCall
 from builder.llm.connect import RL_AGENT_SERVER_LOG, SERVER_LOG, served_model_id
+from builder.llm.pool import EndpointPool
 from builder.llm.roles import rl_agent_config, user_model_config
+from builder.llm.server import read_prefix_cache_counters
 from builder.records import ChatMessage, Environment, EnvPlan, Scenario, SeedTask, Selection, Topic, Trajectory
 from builder.reports import EvaluateReport, RolloutReport, ScenariosReport, SelectReport
 from builder.run.executor import Interrupted, run_stages
@@ -46,7 +48,7 @@ from builder.stages.rollout import rollout, rollout_concurrency
 from builder.stages.scenarios import scenarios
 from builder.stages.scenarios.method_stats import derive_report as scenario_figures
 from builder.stages.select import select
-from builder.stats import StageStats
+from builder.stats import ServerStats, StageStats
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +59,7 @@ T = TypeVar("T", bound=BaseModel)
 # scenarios with the scenarios stage).
 SCENARIOS = ItemStage(
     "scenarios", scenarios, input=Environment, output=Scenario, persist="scenarios", derive=scenario_figures,
-    report=ScenariosReport,
+    report=ScenariosReport, needs=(EnvPlan, Topic),  # the topic's seed requests, which a task must not copy
 )  # fmt: skip
 ROLLOUT = ItemStage(
     "rollout", rollout, input=Scenario, output=Trajectory, concurrency=rollout_concurrency, persist="trajectories",
@@ -129,6 +131,8 @@ class LazyModel:
         self._client: LLMClient | None = None
         self._failure: BaseException | None = None
         self._stats: StageStats | None = None
+        self._counters: dict[str, tuple[int, int]] = {}  # per server URL: its prefix-cache counters last read
+        self._managed = not (llm.url or llm.urls)  # a vLLM server of the run's own, whose /metrics it reads
 
     def for_stage(self, stats: StageStats) -> LazyModel:
         self._stats = stats
@@ -163,6 +167,23 @@ class LazyModel:
 
     async def chat(self, request: ChatRequest) -> Reply:
         return await self._started().chat(request)
+
+    def read_server_counters(self) -> None:
+        """Put each server's own prefix-cache figures since the last reading (vLLM's /metrics) beside builder's
+        in the running stage's per-server stats; nothing for a model not started or a server without them."""
+        pool = getattr(self._client, "backend", None) if self._client is not None else None
+        if self._stats is None or not self._managed or not isinstance(pool, EndpointPool):
+            return
+        for endpoint in pool.endpoints:
+            counters = read_prefix_cache_counters(endpoint.url)
+            if counters is None:
+                continue
+            queries, hits = counters
+            before_queries, before_hits = self._counters.get(endpoint.url, (0, 0))
+            self._counters[endpoint.url] = counters
+            server = self._stats.servers.setdefault(endpoint.url, ServerStats())
+            server.cache_queries = (server.cache_queries or 0) + max(0, queries - before_queries)
+            server.cache_hits = (server.cache_hits or 0) + max(0, hits - before_hits)
 
     async def aclose(self) -> None:
         """Close the client's connections within the event loop that opened them (if the model was started)."""

@@ -25,9 +25,10 @@ from builder.usage import Usage
 
 # 2: ChatMessage.reasoning_content, Scenario.now; 3: the selections table (was .selected); 4: `Usage` by the one
 # ledger rule (cached_calls, failed_calls, regrowths; cache hits count no calls or tokens); 5: `Provenance.origin`
-# (imported), Scenario.method and .wording (tables without them read as "llm", "model"), Environment.graph;
-# 6: `Usage.retries`
-SCHEMA_VERSION = 6
+# (imported), Scenario.method and .wording (missing: "llm", "model"), Environment.graph; 6: `Usage.retries`;
+# 7: Scenario.answer_facts and .family, Trajectory.answer_stated (missing: (), "plain", None)
+SCHEMA_VERSION = 7
+Family = Literal["plain", "missing_info", "infeasible", "policy_trap", "error_recovery", "long_context"]
 
 
 def _decoded(value: Any) -> Any:
@@ -290,12 +291,9 @@ class Scenario(Record):
 
     env_id: str
     mode: Literal["non_conversational", "conversational"]
-    method: Literal["llm", "graph"] = Field(
-        "llm",
-        description="How it was made: llm (the model wrote state, task, checks and gold) or graph (a chain sampled "
-        "along the tool graph is the gold, its checks derived from its diff). Not part of the id.",
-    )
+    method: Literal["llm", "graph"] = Field("llm", description="How it was made (docs/scenarios.md §8); not in the id.")
     wording: Literal["model", "template"] = Field("model", description="Who worded the task: the model or a template.")
+    family: Family = Field("plain", description="The kind of task (docs/scenarios.md §9). Not part of the id.")
     initial_state: JSON
     now: str = Field(
         DEFAULT_NOW,
@@ -306,6 +304,7 @@ class Scenario(Record):
     user: UserScript | None = None
     checklist: tuple[str, ...]
     checks: tuple[str, ...] = Field(description="One `check(initial_state, final_state) -> bool` per item.")
+    answer_facts: tuple[str, ...] = Field((), description="Values the agent's answer must state (`envs.answer`).")
     gold_actions: tuple[Action, ...]
     difficulty: Literal["easy", "medium", "hard"]
     verification: Annotated[Verification, STORED_AS_JSON] = Field(
@@ -341,6 +340,7 @@ class Trajectory(Record):
     reward: float
     solved: bool
     checks_passed: tuple[bool, ...]
+    answer_stated: bool | None = Field(None, description="The answer stated the answer_facts (None: none).")
     end_reason: str = Field(
         description="Why the episode ended: agent_done, user_stop, max_turns, max_tool_calls, max_tokens, "
         "user_leak, user_error, llm_error, env_error."

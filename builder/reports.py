@@ -53,8 +53,29 @@ class FuzzRepairs(Report):
     failed: int = 0
 
 
+class RuleProbeCounts(Report):
+    """The rule probes over all environments: rules, probes by outcome, and the repairs they caused."""
+
+    rules: int = 0
+    probed: int = 0
+    unprobed: int = 0
+    no_rules: int = 0  # environments that state no rule: nothing to probe
+    probes: int = 0
+    refused: int = 0
+    wrong_probes: int = 0  # not refused, and the checker found no rule broken
+    unjudged: int = 0
+    invalid: int = 0
+    repair_rounds: int = 0
+    repaired: int = 0
+    rejected: int = 0
+
+
 class EvaluateReport(StageReport):
     fuzz_repairs: FuzzRepairs = FuzzRepairs()
+    rule_probes: RuleProbeCounts = RuleProbeCounts()
+    # Problems sent to repair or rejection by the probes (rule_not_enforced) and the consistency gates
+    # (empty_value_mixed, id_format), by code.
+    probe_problems: dict[str, int] = {}
     # Under the import contract (information, not problems): lint problems by code, and per imported environment
     # the private attributes left out of its state because they are not JSON.
     lint_problems: dict[str, int] = {}
@@ -85,8 +106,24 @@ class MethodFigures(Report):
     tool_coverage: Annotated[float | None, Derived()] = None
 
 
+class FamilyFigures(Report):
+    """One task family's slots: tried, verified, why the others were rejected, and what their model requests
+    cost (each slot's own requests, `builder.usage.tally`), with the yield and cost per verified slot derived."""
+
+    slots: int = 0
+    verified: int = 0
+    rejected: dict[str, int] = {}
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    yield_: Annotated[float | None, Derived()] = Field(None, alias="yield")
+    per_verified: Annotated[dict[str, float] | None, Derived()] = None
+
+
 class ScenariosReport(StageReport):
     verified_slots: int = 0
+    # Per task family (`builder.stages.scenarios.families`): slots, verified, rejections and cost.
+    families: dict[str, FamilyFigures] = {}
     # The reward audit of every verified slot (`builder.envs.audit`): case -> outcome (pass, fail, n/a) -> slots.
     audit: dict[str, dict[str, int]] = {}
 

@@ -40,6 +40,10 @@ class ServerStats:
     busy_s: float = 0.0
     prompt_chars: int = 0  # of the answered prompts, and of them the start the server had seen (`llm.prefix`)
     prefix_chars: int = 0
+    # The server's own prefix cache over the stage, from its /metrics (vLLM's prefix_cache_queries / _hits, in
+    # tokens); None when it reports none.
+    cache_queries: int | None = None
+    cache_hits: int | None = None
 
     def to_json(self, wall_s: float) -> dict:
         """The counters plus `mean_in_flight` (busy time over the stage's wall time, Little's law) and
@@ -47,6 +51,9 @@ class ServerStats:
         return {
             **asdict(self),
             "prefix_reuse": prefix_reuse([self]),
+            "server_prefix_hit_rate": round(self.cache_hits / self.cache_queries, 4)
+            if self.cache_queries and self.cache_hits is not None
+            else None,
             "busy_s": round(self.busy_s, 3),
             "mean_in_flight": round(self.busy_s / wall_s, 2) if wall_s else None,
             "completion_tok_s": round(self.completion_tokens / wall_s, 2) if wall_s else None,

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 from builder.frozen import Frozen
 
 
@@ -43,3 +47,32 @@ class Usage(Frozen):
     def tokens(self) -> int:
         """Prompt and completion tokens together."""
         return self.prompt_tokens + self.completion_tokens
+
+
+class Tally:
+    """The usage of the requests made inside one `tally()` block (mutable: each request adds to it)."""
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+
+
+_TALLIES: ContextVar[tuple[Tally, ...]] = ContextVar("usage_tallies", default=())
+
+
+@contextmanager
+def tally() -> Iterator[Tally]:
+    """Count the usage of every request an `LLMClient` makes inside this block, in this task and the asyncio
+    tasks it starts (they inherit the context): what one piece of work costs, e.g. one scenario slot, while the
+    client's `totals` and `on_call` keep the stage's ledger. Blocks nest; each counts its own."""
+    counted = Tally()
+    token = _TALLIES.set((*_TALLIES.get(), counted))
+    try:
+        yield counted
+    finally:
+        _TALLIES.reset(token)
+
+
+def add_to_tallies(usage: Usage) -> None:
+    """Add one request's usage to every open `tally()` block (the client calls it with each `CallRecord`)."""
+    for counted in _TALLIES.get():
+        counted.usage += usage

@@ -21,8 +21,9 @@ from builder.envs.guard import allowed_paths, guard_source
 from builder.envs.trainer import scenario_world
 from builder.publish.facts import task_count
 from builder.publish.publish import export_release
-from builder.reports import RolloutReport, ScenariosReport, SelectReport, SplitFigures
+from builder.reports import FamilyFigures, RolloutReport, ScenariosReport, SelectReport, SplitFigures
 from builder.sandbox.runtime import Sandbox
+from builder.stages.scenarios.family_stats import derive_families
 from builder.stats import StageStats, save_stats
 from tests.fixtures.scenarios import BANK_CHECKS, BANK_STATE
 
@@ -159,6 +160,21 @@ def test_the_reward_and_the_audit_are_in_the_card(tmp_path):
     assert "share of the scenario's checks" not in grpo and "the reward is the published reward" in grpo
 
 
+def test_the_card_has_a_row_per_task_family_with_how_it_was_made(tmp_path):
+    made = {"plain": FamilyFigures(slots=4, verified=3, calls=40, prompt_tokens=90000),
+            "infeasible": FamilyFigures(slots=2, verified=1, calls=12, prompt_tokens=20000,
+                                        rejected={"not_refused": 1})}  # fmt: skip
+    report = ScenariosReport(families=made)
+    derive_families(report)
+    _, card = release(tmp_path, stats=run_stats(scenarios=report))
+    families = section(card, "### Task families")
+    # The fixture store's scenarios are all plain (made before families): the made figures come from stats.
+    assert re.search(r"\| `plain` \| a fully specified multi-step request \| \d+ tasks?, \d+ rows? \| [\d.–]+ \| 4 \| "
+                     r"0\.75 \| 13\.3 \| 30000\.0 \|", families), families
+    infeasible = "| `infeasible` | the rules forbid the request: change nothing and say why | 0 tasks, 0 rows | – | 2 "
+    assert infeasible + "| 0.5 | 12.0 | 20000.0 |" in families
+
+
 # --------------------------------------------------------------------------------------- the card's code
 
 
@@ -255,3 +271,15 @@ def test_another_trainers_seed_and_reward_are_builders(tmp_path, monkeypatch, sa
         assert got == expected, guarded
         assert got["nothing"] == 0.0 and got["gold"] == 1.0 and got["half"] == 0.5 and got["undone"] == 0.0
         assert got["collateral"] == (0.0 if guarded else 1.0)
+
+    # With answer facts, the answer check counts beside the checks: as builder grades an answer.
+    scope["facts"] = ["acc-2", "300"]
+    sources = [*BANK_CHECKS, already, guard_source(allowed_paths(BANK_STATE, gold))]
+    checks = checks_from_scenario(sources)
+    scope["guard"] = [i == len(sources) - 1 for i in range(len(sources))]
+    before = [r.passed for r in run_checks(sandbox, checks, BANK_STATE, BANK_STATE).checks]
+    for final in (BANK_STATE, gold, half):
+        verdicts = [r.passed for r in run_checks(sandbox, checks, BANK_STATE, final).checks]
+        for answer in ("", "Moved 300.00 to ACC 2.", "Moved it."):
+            expected = published_reward(sandbox, checks, BANK_STATE, final, facts=scope["facts"], answer=answer)
+            assert scope["reward"](verdicts, before, expected.answered) == expected.reward

@@ -12,7 +12,13 @@ from builder.envs.checks import CheckSpec, checks_from_file, run_checks
 from builder.envs.commands import env_check, env_replay, env_schema
 from builder.envs.schema import EnvInterface
 from builder.envs.session import Session, SessionError, diff_states
-from builder.envs.trainer import LiveEnvironment, python_type, trl_environment_factories, trl_prompt_row
+from builder.envs.trainer import (
+    LiveEnvironment,
+    python_type,
+    trl_environment_factories,
+    trl_prompt_row,
+    trl_reward,
+)
 from builder.sandbox.runtime import Sandbox, SandboxUnavailable
 
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"
@@ -239,7 +245,7 @@ def test_trl_adapter(sandbox):
     assert env.reset(**{**SCENARIO, **row}) is None  # TRL passes every column of the row
     assert "insufficient funds" in env.transfer(source="acc-1", target="acc-2", amount=1000)
     env.transfer(source="acc-1", target="acc-2", amount=100, memo="rent")
-    assert env.get_reward() == 1.0
+    assert trl_reward([[{"role": "assistant", "content": "Moved 1.00."}]], [env]) == [1.0]
     import inspect
 
     signature = inspect.signature(cls.transfer)

@@ -85,9 +85,11 @@ async def test_the_limit_rises_while_throughput_rises_and_falls_back_when_it_dro
         reached = limit.current
         # The server degrades: beyond 4 in flight every request more costs throughput (say, preemption).
         server.rate = lambda n: 100.0 if n <= 4 else 100.0 * 4 / n
-        fell = await drive(pool, 240, offered=64)
+        fell = await drive(pool, 640, offered=64)
         await pool.aclose()
-    assert reached >= 16 and fell[-1] <= 4  # it came back down to the new best (2 does as well as 4 there)
+    # Past the knee the throughput held level and requests waited, so it went on to the ceiling (64); then it came
+    # back down, each step down confirmed by the larger limit measured again, to the new best (4 or fewer).
+    assert reached == 64 and fell[-1] <= 4 and limit.settled
 
 
 async def test_a_fixed_limit_stays_where_it_starts_over_http() -> None:
@@ -175,6 +177,9 @@ def test_stage_stats_count_failed_and_answered_attempts_per_server() -> None:
         "prefix_reuse": None,
         "mean_in_flight": None,  # no wall time yet
         "completion_tok_s": None,
+        "cache_queries": None,  # the server's own prefix-cache counters: none read here
+        "cache_hits": None,
+        "server_prefix_hit_rate": None,
     }
     assert StageStats.from_json(StageStats("old").to_json()).servers == {}  # stats.json before per-server figures
 

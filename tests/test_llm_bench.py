@@ -21,23 +21,27 @@ def test_bench_measures_both_phases(tmp_path: Path) -> None:
     with StubServer(respond, delay_s=0.02) as stub:
         config = LLMConfig(url=stub.url, max_concurrency=4)
         result = run_bench(config, tmp_path, requests=12, max_tokens=16, server_concurrency=8)
-    assert len(stub.requests) == 2 + 12 + 36 + 12  # warm-up, raw phase, pacing pass, client phase
+    # Warm-up, raw phase, the pacing pass in rounds of 12 until the limit reached the 8 offered, client phase.
+    assert result.pacing_requests in (12, 24, 36) and len(stub.requests) == 2 + 12 + result.pacing_requests + 12
     assert result.server_tok_s > 0 and result.client_tok_s > 0
     assert result.ratio == result.client_tok_s / result.server_tok_s
     # Figures, not a timing target (a loaded machine may take any time): ordered and finite.
     assert 0 <= result.overhead_p50_ms <= result.overhead_p99_ms < float("inf")
+    assert 0 <= result.slot_wait_p99_ms <= result.overhead_p99_ms  # the wait for a slot is part of the overhead
     assert (result.server_concurrency, result.start_concurrency) == (8, 4)
     # The stub answers in parallel, so more in flight pays: the limit climbed past the fixed 4 to the offered 8.
     assert result.client_concurrency >= 8
-    assert "ratio client/server" in result.to_text()
+    assert "ratio client/server" in result.to_text() and "waiting for a slot under the limit" in result.to_text()
 
 
 def test_bench_with_fixed_concurrency_keeps_the_client_at_its_limit(tmp_path: Path) -> None:
     with StubServer(respond, delay_s=0.02) as stub:
         config = LLMConfig(url=stub.url, max_concurrency=3, adaptive_concurrency=False)
-        result = run_bench(config, tmp_path, requests=12, max_tokens=16, server_concurrency=8, pacing_requests=0)
-    assert len(stub.requests) == 2 + 12 + 12  # no pacing pass
+        result = run_bench(config, tmp_path, requests=12, max_tokens=16, server_concurrency=8)
+    assert len(stub.requests) == 2 + 12 + 12 and result.pacing_requests == 0  # a fixed limit: no pacing pass
     assert (result.start_concurrency, result.client_concurrency) == (3, 3)
+    # 8 offered, 3 let through, 20 ms a reply: the last of the 12 waits three replies' time in the pool for a slot.
+    assert result.slot_wait_p99_ms >= 40 and "ABOVE TARGET" not in result.to_text()
 
 
 def test_bench_json_has_exactly_the_issue_keys(tmp_path: Path) -> None:
@@ -70,3 +74,12 @@ def test_bench_reports_the_kv_ceiling_and_the_machine_load(tmp_path: Path) -> No
     with StubServer(respond) as stub:
         plain = run_bench(LLMConfig(url=stub.url), tmp_path, requests=2, max_tokens=4, pacing_requests=0)
     assert plain.kv_ceiling is None and "not reported" in plain.to_text()
+
+
+def test_the_pacing_pass_goes_in_rounds_within_its_cap(tmp_path: Path) -> None:
+    with StubServer(respond, delay_s=0.01) as stub:
+        config = LLMConfig(url=stub.url, max_concurrency=1)
+        result = run_bench(config, tmp_path, requests=12, max_tokens=4, server_concurrency=12)
+    # From 1 in flight, up by half a window (8 answers or more) at a time towards the 12 offered: whole rounds of
+    # 12, at most 6, stopping once the limit reaches 12 or settles (this machine's timing decides which).
+    assert result.pacing_requests in range(12, 73, 12) and len(stub.requests) == 2 + 12 + result.pacing_requests + 12

@@ -238,3 +238,78 @@ def test_urls_are_set_from_the_command_line_and_do_not_change_the_config_hash() 
     config = load_config(None, ['llm.urls=["http://a:8000/v1", "http://b:8000/v1"]', "llm.max_in_flight_per_server=64"])
     assert config.llm.urls == ("http://a:8000/v1", "http://b:8000/v1")
     assert config_hash(config) == config_hash(load_config(None, []))  # where the servers are changes no output
+
+
+def for_env(index: int, env: str) -> ChatRequest:
+    return ask(index).model_copy(update={"affinity": env})
+
+
+async def test_the_requests_of_one_environment_go_to_one_server_while_it_takes_them() -> None:
+    backends = [Flaky(name) for name in "abc"]
+    pool = pool_of(*backends)
+    homes = {env: pool.home(env).url for env in ("env-1", "env-2", "env-3", "env-4", "env-5", "env-6")}
+    assert len(set(homes.values())) > 1  # environments are spread over the servers
+    for env, home in homes.items():
+        answers = {(await pool.chat(for_env(index, env))).content for index in range(6)}
+        assert answers == {home}  # every request of the environment, not only the least loaded server's turn
+    assert pool.home("env-1") is pool.home("env-1") and ask(1).cache_key("m") == for_env(1, "x").cache_key("m")
+
+
+async def test_an_environment_moves_to_the_least_loaded_server_when_its_home_is_down_or_full() -> None:
+    now = [0.0]
+    a, b = Flaky("a"), Flaky("b")
+    pool = pool_of(a, b, clock=lambda: now[0])
+    env = next(name for name in (f"env-{i}" for i in range(50)) if pool.home(name).url == "a")
+    a.alive = False
+    assert (await pool.chat(for_env(1, env))).content == "b"  # the home failed it: routed to the other
+    assert (await pool.chat(for_env(2, env))).content == "b"  # the home is out of rotation
+    a.alive, now[0] = True, 10.0
+    await pool.chat(ask(3))  # starts the probe
+    await asyncio.sleep(0)
+    assert (await pool.chat(for_env(4, env))).content == "a"  # back home once it is in rotation again
+    # Saturated: with the home's two slots taken, the request goes to the other server instead of waiting.
+    home = pool.endpoints[0]
+    home.in_flight = home.limit.current
+    assert (await pool.chat(for_env(5, env))).content == "b"
+    home.in_flight = 0
+    assert (await pool.chat(for_env(6, env))).content == "a"
+
+
+class FlatServer:
+    """A server in virtual time whose throughput is level from 16 in flight on (it batches 16, queues the rest):
+    each reply of 10 tokens moves `now` on by 10 / throughput. It records the most requests it held at once."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.in_flight = 0
+        self.peak = 0
+
+    async def chat(self, request: ChatRequest) -> Reply:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        await asyncio.sleep(0.001)  # the others sent meanwhile are in flight with it
+        self.now += 10 / (100.0 * min(self.in_flight, 16) / 16)
+        self.in_flight -= 1
+        return Reply(content="x", finish_reason="length", usage=TokenUsage(prompt_tokens=20, completion_tokens=10))
+
+
+async def test_requests_offered_above_a_level_servers_knee_stop_waiting_in_the_pool() -> None:
+    # The issue's bench: 64 offered to a server whose throughput is flat past 16. The limit used to go back to 16
+    # ("it did as well"), so 48 of every 64 waited in the pool for a slot, and that wait was the client's overhead.
+    server = FlatServer()
+    pool = EndpointPool([Endpoint(url="flat", backend=server, limit=InFlightLimit(16, clock=lambda: server.now))])
+
+    async def offer(count: int) -> None:
+        queue = list(range(count))
+
+        async def worker() -> None:
+            while queue:
+                await pool.chat(ask(queue.pop()))
+
+        await asyncio.gather(*(worker() for _ in range(64)))
+
+    await offer(192)  # the bench's pacing pass
+    assert pool.endpoints[0].limit.current >= 64
+    server.peak = 0
+    await offer(64)  # the measured phase: every request goes out at once, none waits in the pool
+    assert server.peak == 64 and pool._waiting == 0

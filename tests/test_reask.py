@@ -18,7 +18,6 @@ from builder.llm import (
     ScriptedModel,
     StageModel,
     text_reply,
-    tool_reply,
 )
 from builder.llm.connect import client_for
 from builder.llm.reask import NoUsableReply, Refusal, reask, reask_each
@@ -284,19 +283,22 @@ async def test_ask_json_gives_up_with_the_last_raw_reply():
 
 async def test_the_tester_is_re_asked_with_the_feedback_alone_as_fresh_samples():
     from builder.records import Environment
+    from builder.stages.evaluate.agents import TesterCalls
 
     env = Environment(
         provenance={"config_hash": "h"}, plan_id="p", name="desk", class_name="DeskEnv", description="A desk.",
         domain="office", code='"""A desk."""\n', tools=[], state_schema={},
     )  # fmt: skip
     tools = [{"type": "function", "function": {"name": "open_desk", "parameters": {"type": "object"}}}]
-    model = ScriptedModel.sequence([text_reply("I would open the desk."), tool_reply(("open_desk", {}))])
-    name, arguments, _ = await agents(model, retries=2).propose(env, tools, ("open_desk", "positive"), "facts")
-    assert (name, arguments) == ("open_desk", {})
+    reply = '{"calls": [{"call": 1, "tool": "open_desk", "arguments": {}}]}'
+    model = ScriptedModel.sequence([text_reply("I would open the desk."), text_reply(reply)])
+    tester = agents(model, retries=2)
+    proposed = await tester.ask_json(tester.tester_messages(env, tools, "facts"), TesterCalls, "tester")
+    assert [(c.tool, c.arguments) for c in proposed.calls] == [("open_desk", {})]
     first, second = model.requests
     assert [r.sample_index for r in model.requests] == [0, 1] and second.sampling.seed == SEED + 1
-    assert second.messages[:2] == first.messages and len(second.messages) == 3
-    assert "the reply called no tool" in second.messages[2].content
+    assert second.messages[:2] == first.messages and len(second.messages) == 4
+    assert "cannot be used" in second.messages[3].content
 
 
 # ------------------------------------------------------------------------------------------ the protocol

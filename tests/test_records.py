@@ -204,4 +204,4 @@ def test_provenance_is_carried(provenance):
     (back,) = from_frame(Environment, to_frame(Environment, [env]))
     assert back.provenance.config_hash == provenance.config_hash
     assert back.provenance.builder_version
-    assert back.schema_version == SCHEMA_VERSION == 6
+    assert back.schema_version == SCHEMA_VERSION == 7

@@ -122,7 +122,10 @@ async def test_model_wording_still_rejects_the_slot_whose_replies_were_refused(t
 
 async def test_template_wording_makes_no_model_call(tmp_path, sandbox):  # noqa: F811
     model = no_model()
-    env = evaluated(environment("orders"), [(STATES["orders"], NOW)])
+    # two customers' orders: chains stay on one customer's records, so one order would give near-duplicate tasks
+    other = ORDER | {"order_id": "ORD-2", "customer": "Bo Lindqvist", "item": "oolong", "quantity": 5}
+    state = {"orders": {"ORD-1": ORDER, "ORD-2": other}, "audit": []}
+    env = evaluated(environment("orders"), [(state, NOW)])
     ctx = context(tmp_path, model, sandbox, "scenarios.per_environment=2", 'scenarios.wording="template"',
                   "scenarios.min_gold_calls=1")  # fmt: skip
     results = await scenarios(env, ctx)

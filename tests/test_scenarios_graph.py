@@ -112,7 +112,8 @@ async def test_graph_method_words_verified_chains_into_scenarios(tmp_path, sandb
         assert plain.checklist[-2:] == ("nothing else in the state changes", GUARD_ITEM)
     # The gold is the chain the request showed, call for call.
     shown = [gold_of(request) for request in model.requests]
-    assert sorted(shown) == sorted([(a.name, a.arguments) for a in s.gold_actions] for s in results[::2])
+    golds = [[(a.name, a.arguments) for a in s.gold_actions] for s in results[::2]]
+    assert sorted(map(json.dumps, shown)) == sorted(map(json.dumps, golds))  # chains may share a first call
     assert model.requests[0].response_format["json_schema"]["name"] == "UserRequest"
     derive_report(ctx.stats)  # what the executor does once the stage's inputs are done
     graph = ctx.stats.report.to_json()["methods"]["graph"]

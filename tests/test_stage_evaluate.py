@@ -20,7 +20,6 @@ from builder.llm import (
     ResponseCache,
     ScriptedModel,
     text_reply,
-    tool_reply,
 )
 from builder.llm.connect import client_for
 from builder.records import Environment, EnvPlan, Rejection, Topic
@@ -41,6 +40,7 @@ from builder.views.code import attributes_used, class_header, method_source
 from builder.views.state import clip_json, state_output_type, state_text
 from tests.fixtures.ledger import attempt
 from tests.fixtures.run_tables import pipeline_stage
+from tests.fixtures.teacher import calls_judged, slots_asked
 
 FIXTURES = Path(__file__).parent / "fixtures" / "envs"
 FAST = SandboxConfig(call_timeout_s=1.0, kill_grace_s=0.5, memory_mb=256)
@@ -85,9 +85,23 @@ def environment(fixture: str, code: str | None = None, **fields) -> Environment:
 
 
 def kind(request: ChatRequest) -> str:
-    if request.tools:
-        return "tester"
-    return request.response_format["json_schema"]["name"] if request.response_format else ""
+    name = request.response_format["json_schema"]["name"] if request.response_format else ""
+    return {"TesterCalls": "tester", "CheckerVerdicts": "checker"}.get(name, name)
+
+
+def calls(per_slot):
+    """A tester reply filling every slot of the request with `per_slot(tool, case, request)` = (name, arguments)."""
+
+    def reply(request: ChatRequest) -> str:
+        made = [(n, *per_slot(tool, case, request)) for n, tool, case in slots_asked(request)]
+        return json.dumps({"calls": [{"call": n, "tool": name, "arguments": args} for n, name, args in made]})
+
+    return reply
+
+
+def verdicts(verdict: dict):
+    """A checker reply giving `verdict` to every call of the request."""
+    return lambda request: json.dumps({"verdicts": [{"call": n, **verdict} for n in calls_judged(request)]})
 
 
 def scripted(state=None, tester=None, checker=None) -> ScriptedModel:
@@ -102,9 +116,10 @@ def scripted(state=None, tester=None, checker=None) -> ScriptedModel:
         if role == "TestState":
             reply = pick(state, request, {"purpose": "two customers", "state": BANK_STATE})
         elif role == "tester":
-            reply = pick(tester, request, lambda r: tool_reply((r.tool_choice, GOOD_ARGS[r.tool_choice])))
+            reply = pick(tester, request, calls(lambda tool, case, r: (tool, GOOD_ARGS[tool])))
         else:
-            reply = pick(checker, request, PASS)
+            checker_reply = verdicts(checker) if isinstance(checker, dict) else checker
+            reply = pick(checker_reply, request, verdicts(PASS))
         return json.dumps(reply) if isinstance(reply, dict) else reply
 
     return ScriptedModel(answer)
@@ -158,12 +173,10 @@ async def test_good_environment_is_accepted_with_evidence(tmp_path, sandbox):
     assert stored["counts"]["pass"] == 12 and list(stored["test_states"][0]) == ["purpose", "now", "state"]
     # Tester requests force the scheduled tool; checker requests carry the method source and the diff.
     tester = [r for r in model.requests if kind(r) == "tester"]
-    assert {r.tool_choice for r in tester} == set(GOOD_ARGS)
-    checker = next(r for r in model.requests if kind(r) == "CheckerVerdict" and "`transfer`" in r.messages[1].content)
+    assert {slots_asked(r)[0][1] for r in tester} == set(GOOD_ARGS)
+    checker = next(r for r in model.requests if kind(r) == "checker" and "`transfer`" in r.messages[1].content)
     assert "def transfer(self" in checker.messages[1].content and "acc-7.balance" in checker.messages[1].content
-    refused = next(
-        r for r in model.requests if kind(r) == "CheckerVerdict" and "`freeze_account`" in r.messages[1].content
-    )
+    refused = next(r for r in model.requests if kind(r) == "checker" and "`freeze_account`" in r.messages[1].content)
     assert "reports failure and the state is unchanged" in refused.messages[1].content
     assert accepted.id == env.id and accepted.evaluation.score == 1.0
 
@@ -195,7 +208,7 @@ async def test_evidence_usage_is_the_ledger_of_the_stage_and_the_client(tmp_path
     budget, base, server_gone = config.evaluate.checker_max_tokens, scripted(), True
 
     def answer(request: ChatRequest):
-        if kind(request) == "CheckerVerdict":
+        if kind(request) == "checker":
             if server_gone:
                 return LLMRequestError("connection refused", retryable=True)
             if request.sampling.max_tokens <= budget:
@@ -310,13 +323,17 @@ async def test_warnings_count_as_not_failed(tmp_path, sandbox):
 
 
 async def test_unknown_tools_are_the_testers_error_not_counted_but_bounded(tmp_path, sandbox):
-    def sometimes_unknown(request):  # every scheduled slot is first answered with a hallucinated tool
-        if "unusable (unknown_tool)" not in request.messages[1].content:
-            return tool_reply(("delete_everything", {}))
-        return tool_reply((request.tool_choice, GOOD_ARGS[request.tool_choice]))
+    def sometimes_unknown(tool, case, request):  # every scheduled slot is first answered with a hallucinated tool
+        if "(unknown_tool)" not in request.messages[1].content:
+            return "delete_everything", {}
+        return tool, GOOD_ARGS[tool]
 
     ctx = context(
-        tmp_path, scripted(tester=sometimes_unknown), sandbox, "evaluate.calls=4", "evaluate.max_invalid_replies=2"
+        tmp_path,
+        scripted(tester=calls(sometimes_unknown)),
+        sandbox,
+        "evaluate.calls=4",
+        "evaluate.max_invalid_replies=2",
     )
     (accepted,) = await evaluate(environment("bank"), ctx)
     evidence = accepted.evaluation
@@ -324,7 +341,7 @@ async def test_unknown_tools_are_the_testers_error_not_counted_but_bounded(tmp_p
     assert evidence.counts.invalid_replies == 4  # one per scheduled slot, within 2 per state
     assert {item.kind for item in evidence.invalid_replies} == {"unknown_tool"}
 
-    model = scripted(tester=tool_reply(("delete_everything", {})))
+    model = scripted(tester=calls(lambda tool, case, request: ("delete_everything", {})))
     ctx = context(tmp_path, model, sandbox, "evaluate.max_invalid_replies=3")
     rejected = await rejection(environment("bank"), ctx)
     assert rejected.reason == "tester_invalid" and "unknown_tool=8" in rejected.detail
@@ -334,7 +351,11 @@ async def test_unknown_tools_are_the_testers_error_not_counted_but_bounded(tmp_p
 
 @pytest.mark.parametrize(
     ("reply", "code"),
-    [("I would call transfer.", "no_tool_call"), (tool_reply(("transfer", "{not json")), "bad_arguments")],
+    [
+        ("I would call transfer.", "tester_invalid"),
+        ('{"calls": [{"call": 1, "tool": "transfer", "arguments": "{not json"}]}', "tester_invalid"),
+        ('{"calls": [{"call": 7, "tool": "transfer", "arguments": {}}]}', "tester_invalid"),  # no such slot
+    ],
 )
 async def test_malformed_tester_output_ends_as_a_bounded_rejection(tmp_path, sandbox, reply, code):
     model = scripted(tester=reply)
@@ -344,12 +365,15 @@ async def test_malformed_tester_output_ends_as_a_bounded_rejection(tmp_path, san
     assert rejected.raw_output
     # 2 states x (1 + 1 invalid replies allowed) x (1 + 1 retries with the error fed back)
     assert sum(kind(r) == "tester" for r in model.requests) == 8
-    assert "unusable" in model.requests[-1].messages[-1].content
+    last = model.requests[-1].messages
+    assert "unusable" in last[1].content and "cannot be used" in last[-1].content
 
 
 async def test_arguments_off_the_schema_never_reach_the_environment(tmp_path, sandbox):
-    model = scripted(tester=tool_reply(("transfer", {"source": "acc-7", "target": "acc-8", "amount": "lots"})))
-    rejected = await rejection(environment("bank"), context(tmp_path, model, sandbox, "evaluate.max_invalid_replies=0"))
+    lots = {"source": "acc-7", "target": "acc-8", "amount": "lots"}
+    model = scripted(tester=calls(lambda tool, case, request: ("transfer", lots)))
+    overrides = ("evaluate.tester_tool_choice=required", "evaluate.max_invalid_replies=0")
+    rejected = await rejection(environment("bank"), context(tmp_path, model, sandbox, *overrides))
     assert rejected.reason == "tester_invalid" and "bad_arguments=2" in rejected.detail
 
 
@@ -358,7 +382,7 @@ async def test_malformed_checker_output_ends_as_a_bounded_rejection(tmp_path, sa
     ctx = context(tmp_path, model, sandbox, "evaluate.max_invalid_replies=1", "llm.structured_retries=1")
     rejected = await rejection(environment("bank"), ctx)
     assert rejected.reason == "checker_invalid" and rejected.raw_output.startswith('{"analysis": "hmm"')
-    assert sum(kind(r) == "CheckerVerdict" for r in model.requests) == 2 * 2 * 2
+    assert sum(kind(r) == "checker" for r in model.requests) == 2 * 2 * 2
 
 
 async def test_a_refused_request_and_one_failed_after_every_retry_reject_the_environment(tmp_path, sandbox):
@@ -410,12 +434,10 @@ async def test_crashes_the_tester_finds_are_failures_without_asking_the_checker(
         .replace("account = self.accounts.get(account_id)", "account = self.accounts[account_id]")
     )
 
-    def tester(request):
-        name = request.tool_choice
-        negative = "NEGATIVE case" in request.messages[1].content
-        return tool_reply((name, {"account_id": "acc-404"} if negative and name == "get_account" else GOOD_ARGS[name]))
+    def tester(name, case, request):
+        return name, {"account_id": "acc-404"} if case == "negative" and name == "get_account" else GOOD_ARGS[name]
 
-    model = scripted(tester=tester)
+    model = scripted(tester=calls(tester))
     (accepted,) = await evaluate(environment("bank", code), context(tmp_path, model, sandbox))
     evidence = accepted.evaluation
     (crash,) = [c for c in evidence.calls if c.verdict == "fail"]
@@ -427,14 +449,13 @@ async def test_crashes_the_tester_finds_are_failures_without_asking_the_checker(
     )
     assert "KeyError" in crash.reason
     assert evidence.score == round(11 / 12, 4) and evidence.counts.failed_by_runtime == 1
-    assert sum(kind(r) == "CheckerVerdict" for r in model.requests) == 11
+    assert sum(kind(r) == "checker" for r in model.requests) == 11
 
 
 async def test_required_tool_choice_lets_the_tester_pick_and_marks_unscheduled_calls(tmp_path, sandbox):
-    model = scripted(tester=tool_reply(("get_account", GOOD_ARGS["get_account"])))
+    model = scripted(tester=calls(lambda tool, case, request: ("get_account", GOOD_ARGS["get_account"])))
     ctx = context(tmp_path, model, sandbox, "evaluate.tester_tool_choice=required", "evaluate.calls=4")
     (accepted,) = await evaluate(environment("bank"), ctx)
-    assert {r.tool_choice for r in model.requests if kind(r) == "tester"} == {"required"}
     cases = [call.case for call in accepted.evaluation.calls]
     assert cases.count("unscheduled") == 3 and accepted.scores["tool_coverage"] == 0.25
 
@@ -511,9 +532,9 @@ async def test_topic_to_accepted_environment_through_plan_code_and_evaluate(tmp_
         if role == "TestState":
             return json.dumps({"purpose": "one member with an open loan", "state": LIBRARY_STATE})
         if role == "tester":
-            return tool_reply((request.tool_choice, LIBRARY_ARGS[request.tool_choice]))
-        if role == "CheckerVerdict":
-            return json.dumps(PASS)
+            return calls(lambda tool, case, r: (tool, LIBRARY_ARGS[tool]))(request)
+        if role == "checker":
+            return verdicts(PASS)(request)
         text = request.messages[1].content
         return code_pieces[next((n for n in LIBRARY_ARGS if f"Write the method {n}," in text), "__init__")]
 
@@ -562,9 +583,9 @@ def library_chain(tmp_path, sandbox, borrow_repairs, *overrides):
         if role == "TestState":
             return json.dumps({"purpose": "one member with an open loan", "state": LIBRARY_STATE})
         if role == "tester":
-            return tool_reply((request.tool_choice, args[request.tool_choice]))
-        if role == "CheckerVerdict":
-            return json.dumps(PASS)
+            return calls(lambda tool, case, r: (tool, args[tool]))(request)
+        if role == "checker":
+            return verdicts(PASS)(request)
         text = request.messages[1].content
         piece = next((n for n in LIBRARY_ARGS if f"Write the method {n}," in text), "__init__")
         if piece == "borrow_book" and len(request.messages) > 2:
@@ -617,7 +638,7 @@ async def test_a_tool_that_fails_the_probe_is_repaired_through_code_and_accepted
     assert stats["evaluate"].report.to_json()["fuzz_repairs"] == {"rounds": 1, "repaired": 1, "failed": 0}
     # The plan's rules reach the tester and the checker (through the module docstring).
     rule = "1. A member may have at most max_loans open loans."
-    assert all(rule in r.messages[1].content for r in model.requests if kind(r) in ("tester", "CheckerVerdict"))
+    assert all(rule in r.messages[1].content for r in model.requests if kind(r) in ("tester", "checker"))
 
 
 async def test_a_repair_that_keeps_failing_ends_as_the_old_rejection_after_the_bound(tmp_path, sandbox):
@@ -750,11 +771,13 @@ def ledger_state(payments: int = 3, **changes) -> dict:
     }
 
 
-def ledger_tester(request):
-    negative = "NEGATIVE case" in request.messages[1].content
-    if request.tool_choice == "get_payment":
-        return tool_reply(("get_payment", {"payment_id": "p404" if negative else "p1"}))
-    return tool_reply(("audit", {"include_idle": True}))
+def ledger_call(tool, case, request):
+    if tool == "get_payment":
+        return "get_payment", {"payment_id": "p404" if case == "negative" else "p1"}
+    return "audit", {"include_idle": True}
+
+
+ledger_tester = calls(ledger_call)
 
 
 def test_empty_and_null_references_are_no_references_but_a_dangling_id_is():
@@ -789,11 +812,11 @@ async def test_no_negative_case_for_a_tool_whose_only_parameter_is_an_optional_f
     tools = accepted.evaluation.tools
     assert (tools["audit"]["positive"], tools["audit"].get("negative", 0)) == (3, 0)
     assert (tools["get_payment"]["positive"], tools["get_payment"]["negative"]) == (2, 1)
-    audits = [r for r in model.requests if kind(r) == "tester" and r.tool_choice == "audit"]
-    assert len(audits) == 3 and not any("NEGATIVE" in r.messages[1].content.split("Your task")[1] for r in audits)
+    audits = [r for r in model.requests if kind(r) == "tester" and slots_asked(r)[0][1] == "audit"]
+    assert len(audits) == 3 and all(slots_asked(r)[0][2] == "positive" for r in audits)
     # The environment's rules (its module docstring) reach both agents.
     for request in model.requests:
-        if kind(request) in ("tester", "CheckerVerdict"):
+        if kind(request) in ("tester", "checker"):
             assert "2. Audits never change the state." in request.messages[1].content
 
 
@@ -840,7 +863,7 @@ async def test_a_large_state_reaches_the_tester_cut_at_record_boundaries_with_a_
     (note,) = notes
     assert note.startswith(f"… {hidden} more payments not shown: ids p{81 - hidden}, p{82 - hidden},")
     assert len(json.dumps(shown, separators=(",", ":"))) + len(note) < 1500
-    checker = next(r for r in model.requests if kind(r) == "CheckerVerdict")
+    checker = next(r for r in model.requests if kind(r) == "checker")
     before, notes = shown_state(checker.messages[1].content, "State before (attributes the method uses):\n")
     assert 0 < len(before["payments"]) < 80 and notes[0].startswith("… ")
 
@@ -898,7 +921,7 @@ async def test_a_test_states_now_is_the_clock_the_tester_and_checker_are_told(tm
     (accepted,) = await evaluate(environment("bank"), context(tmp_path, model, sandbox))
     assert [s.now for s in accepted.evaluation.test_states] == ["2025-10-06T09:00:00"] * 2
     told = "Now: 2025-10-06T09:00:00 (Monday) (the environment's clock reads this date-time)."
-    for role in ("tester", "CheckerVerdict"):
+    for role in ("tester", "checker"):
         requests = [r for r in model.requests if kind(r) == role]
         assert requests and all(told in r.messages[-1].content for r in requests), role
 

@@ -231,7 +231,7 @@ async def test_a_failed_model_start_is_not_retried_by_the_other_items(tmp_path, 
 
 def test_free_text_in_model_facing_schemas_is_bounded():
     """A constrained decoder closes a string at maxLength, so a looping small model still ends its JSON."""
-    from builder.stages.evaluate.agents import CheckerVerdict
+    from builder.stages.evaluate.agents import CheckerVerdicts, TesterCalls
     from builder.stages.mine import Judgement, TopicDraft
     from builder.stages.plan.rules import OperationsDraft, StateDraft
     from builder.stages.scenarios.requests import CheckCode, CheckCodes, GoldSolution, TaskDraft, checks_model
@@ -251,7 +251,8 @@ def test_free_text_in_model_facing_schemas_is_bounded():
     for model in (
         Judgement,
         TopicDraft,
-        CheckerVerdict,
+        CheckerVerdicts,
+        TesterCalls,
         StateDraft,
         OperationsDraft,
         TaskDraft,

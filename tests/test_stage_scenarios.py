@@ -155,7 +155,8 @@ def checklist_of(request: ChatRequest) -> list[str]:
 
 
 def context(tmp_path, model, sandbox, *overrides):
-    config = load_config(None, [f'store.path="{tmp_path / "store"}"', "scenarios.per_environment=1", *overrides])
+    plain = "scenarios.families={plain=1}"  # the families have their tests (tests/test_scenario_families.py)
+    config = load_config(None, [f'store.path="{tmp_path / "store"}"', "scenarios.per_environment=1", plain, *overrides])
     llm = client_for(config.llm, model, model_id="m")
     return StageContext(
         config,
@@ -398,7 +399,10 @@ async def test_stage_in_the_runner_counts_yield_cost_and_duplicates(tmp_path, sa
         BatchStage("environments", source, input=None, output=Environment),
         pipeline_stage("scenarios"),
     )
-    overrides = [f'store.path="{tmp_path / "store"}"', "scenarios.per_environment=2", 'scenarios.method="llm"']
+    overrides = [
+        f'store.path="{tmp_path / "store"}"', "scenarios.per_environment=2", 'scenarios.method="llm"',
+        "scenarios.families={plain=1}",
+    ]  # fmt: skip
     config = load_config(None, overrides)
     model = scripted()
     stats = await run_stages(
@@ -517,10 +521,10 @@ async def test_an_unexpected_error_costs_only_its_slot(tmp_path, sandbox, monkey
 
     build = stage._build
 
-    async def flaky(env, ctx, slot, example, start):
+    async def flaky(env, ctx, slot, example, start, *rest):
         if slot == 1:
             raise ValueError("bug in slot 1")
-        return await build(env, ctx, slot, example, start)
+        return await build(env, ctx, slot, example, start, *rest)
 
     monkeypatch.setattr(stage, "_build", flaky)
     ctx = context(tmp_path, scripted(), sandbox, "scenarios.per_environment=2", 'scenarios.method="llm"')
@@ -805,3 +809,18 @@ def test_a_large_state_is_shown_in_whole_records_never_cut_mid_json():
     parsed = json.loads(shown)  # the JSON part parses: whole records only
     assert 0 < len(parsed["accounts"]) < 400 and len(text) <= budget.state_chars
     assert f"{400 - len(parsed['accounts'])} more accounts not shown" in note
+
+
+async def test_a_task_that_asks_to_be_told_something_keeps_its_answer_facts(tmp_path, sandbox):
+    """The task writer names what the reply must state; the gate holds it to what the gold's calls return (the gold
+    is asked first to read it, then the task to name what the tools tell), and the kept scenario carries it."""
+    asks = {**TASK, "task": TASK["task"] + " Then tell me what acc-1 holds.", "answer_facts": ["7000"]}
+    wrong = {**asks, "answer_facts": ["70.00 dollars"]}  # not a value the tools return
+    without_read = [call for call in GOLD if call["name"] != "get_account"]
+    model = scripted(task=[wrong, asks], gold=(without_read, without_read, GOLD + [GOLD[1]]))
+    plain, talk = await scenarios(environment("bank"), context(tmp_path, model, sandbox))
+    assert plain.answer_facts == talk.answer_facts == ("7000",)
+    assert plain.verification.repairs == ("answer_not_read", "answer_not_read")
+    repair, retask = requests_of(model, "GoldSolution")[1], requests_of(model, "TaskDraft")[1]
+    assert "answer fact '70.00 dollars': no call of the solution returns it" in repair.messages[-1].content
+    assert "answer_facts must be values the tools return" in retask.messages[-1].content

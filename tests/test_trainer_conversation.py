@@ -10,7 +10,7 @@ import pytest
 
 from builder.config import SandboxConfig
 from builder.envs.conversation import ENDED, REFUSED, Conversation, SimulatedUser, scenario_from_row
-from builder.envs.trainer import trl_environment_factories, trl_prompt_row
+from builder.envs.trainer import trl_environment_factories, trl_prompt_row, trl_reward
 from builder.errors import BuilderError
 from builder.llm import LLMRequestError, ScriptedModel
 from builder.records import Action
@@ -73,7 +73,9 @@ def test_a_conversational_row_is_one_episode_that_the_user_ends(sandbox):
     assert env.transfer(source="acc-1", target="acc-2", amount=1) == REFUSED
     assert env.reply_to_user(message="Anything else?") == REFUSED
     assert env._live.state()["accounts"]["acc-2"]["balance"] == 100
-    assert env.get_reward() == 1.0
+    completion = [{"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "reply_to_user", "arguments": {"message": "Done."}}}]}]
+    assert trl_reward([completion], [env]) == [1.0]
     # The simulator saw the conversation role-inverted, without tool traffic: its last request ends with the
     # agent's confirmation as the "user" message.
     last = simulated.model.requests[-1].messages
@@ -89,7 +91,7 @@ def test_a_leaking_user_voids_the_episode(sandbox):
     env.reset(**TALK)
     assert env.reply_to_user(message="How can I help?") == ENDED
     assert env._conversation.end_reason == "user_leak" and "transfer" in env._conversation.detail
-    assert env.get_reward() is None  # TRL leaves a None reward out, as pass rates leave out user_leak
+    assert trl_reward([""], [env]) == [None]  # TRL leaves a None reward out, as pass rates leave out user_leak
     assert env.transfer(source="acc-1", target="acc-2", amount=100) == REFUSED
 
 
@@ -97,7 +99,7 @@ def test_a_failing_simulator_voids_the_episode_from_the_opening(sandbox):
     cls = trl_environment_factories([ENVIRONMENT], [TALK], sandbox, user=user(LLMRequestError("400: bad")))
     env = cls["bank-v0/conversational"]()
     assert env.reset(**TALK) == ""
-    assert env._conversation.end_reason == "user_error" and env.get_reward() is None
+    assert env._conversation.end_reason == "user_error" and trl_reward([""], [env]) == [None]
     assert env.reply_to_user(message="Hello?") == REFUSED
 
 

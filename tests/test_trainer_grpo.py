@@ -8,7 +8,7 @@ real local Hub), `GRPOConfig` gets CI budgets (one step of two groups of two rol
 runs under a scripted `generate`. Everything else is real: TRL renders the prompts with builder's ChatML+tools
 template, parses the tool calls back with its response template, runs them through the
 `trl_environment_factories` classes in builder's sandbox, asks the simulated user over HTTP through
-`reply_to_user`, scores with `get_reward()` and takes an optimizer step. The 135M model does not make tool
+`reply_to_user`, scores with `trl_reward` and takes an optimizer step. The 135M model does not make tool
 calls, so its `generate` is replaced, as TRL's own tests do, by one that writes scripted completions: per group,
 one rollout plays the gold actions and one lends the book with the wrong due date, so each group has a reward
 spread and the step a gradient.
@@ -174,7 +174,7 @@ def test_the_cards_grpo_code_takes_one_step_on_both_modes(release, tmp_path, mon
     # gold due date passes both checks, the wrong one only the copy count), in both modes.
     names = sorted({type(env).__name__ for env in trainer.environments})
     assert len(names) == 2 and names[1] == names[0] + "Conversational"
-    assert sorted((type(env).__name__, env.get_reward()) for env in trainer.environments) == [
+    assert sorted((type(env).__name__, env._live.reward()) for env in trainer.environments) == [
         (names[0], 0.5), (names[0], 1.0), (names[1], 0.5), (names[1], 1.0),
     ]  # fmt: skip
     dues = sorted(loan["due"] for env in trainer.environments for loan in env._live.state()["loans"].values()

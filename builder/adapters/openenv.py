@@ -6,8 +6,8 @@ message) with the tools; `step(ListToolsAction())` and `step(CallToolAction(tool
 are MCP tool calls with the published schemas; `step(MessageAction(content=...))` is the agent's plain-text
 turn. As in rollouts, a text turn ends a non-conversational episode, and in a conversational one it goes to
 the simulated user (`SimulatedUser`), whose answer comes back in the observation until the user ends the
-conversation. The observation that ends the episode has `done=True` and the checks' reward (None when the
-simulated user kept leaking or failed: the episode is void).
+conversation. The observation that ends the episode has `done=True` and the published reward, the agent's text
+turns being its answer (None when the simulated user kept leaking or failed: the episode is void).
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ class BuilderEnvironment(MCPEnvironment):
         self.live = LiveEnvironment(environment, None, sandbox)
         self._order = itertools.cycle(self.scenarios)
         self._conversation: Conversation | None = None
+        self._said: list[str] = []
         self._state = BuilderState()
         server = FastMCP(str(column(environment, "name", "env_id")))
         for tool in self.live.tools:
@@ -116,6 +117,7 @@ class BuilderEnvironment(MCPEnvironment):
         self.live.reset(scenario)
         self._state = BuilderState(episode_id=episode_id or uuid.uuid4().hex, scenario_id=scenario_id)
         self._conversation = None
+        self._said: list[str] = []  # the agent's text turns: its answer (`builder.envs.answer`)
         if scenario.get("mode") != "conversational":
             system, opening = agent_prompt("rollout_task", scenario, self.environment), str(column(scenario, "task"))
         else:  # the rollouts' conversational prompt: the agent talks to the user in plain text
@@ -138,6 +140,7 @@ class BuilderEnvironment(MCPEnvironment):
             return BuilderObservation(metadata={"error": f"unsupported action {type(action).__name__}"})
         if self._state.end_reason is not None:
             return self._end(self._state.end_reason)
+        self._said.append(action.content)
         if self._conversation is None:
             return self._end("agent_done")
         answer = self._conversation.reply(action.content)
@@ -148,7 +151,7 @@ class BuilderEnvironment(MCPEnvironment):
     def _end(self, reason: str | None) -> BuilderObservation:
         self._state.end_reason = reason
         void = self._conversation is not None and self._conversation.void
-        reward = None if void else self.live.reward()
+        reward = None if void else self.live.reward("\n".join(self._said))
         return BuilderObservation(done=True, reward=reward, metadata={"end_reason": reason})
 
     @property

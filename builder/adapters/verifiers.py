@@ -5,7 +5,7 @@ id, `revision`, `split`, default `rl`) as tasks whose prompt is the rollouts' sy
 rollout's tools are its environment's: verifiers starts a task-scoped tool server (`SandboxToolset`, an MCP
 server in its own process, `python -m builder.adapters.verifiers`) that plays the scenario in a builder sandbox
 session and pushes the environment's state into the rollout's `EpisodeState` after every call. The reward is the
-share of the scenario's checks that pass on that final state.
+published reward (`builder.envs.checks.published_reward`) of that final state and of what the agent said.
 
 Conversational scenarios are episodes too, as in the TRL path (`builder.envs.conversation`), when the taskset is
 given a user model (`--env.taskset.task.tools.user-model`, `...user-base-url`, `...user-api-key-var`; left out
@@ -37,6 +37,7 @@ from typing import Annotated, Any
 import verifiers.v1 as vf
 from pydantic import Field
 
+from builder.envs.answer import agent_answer
 from builder.envs.checks import checks_from_scenario, published_reward
 from builder.envs.conversation import REPLY_TOOL, Conversation, SimulatedUser, scenario_from_row
 from builder.envs.lint import Contract
@@ -67,6 +68,8 @@ class ScenarioData(vf.TaskData):
     contract: Contract = "strict"
     initial_state: dict[str, Any]
     checks: list[str]
+    answer_facts: list[str] = []
+    """What the agent's answer must state (`builder.envs.answer`; empty: the task asks for nothing)."""
     now: str
     scenario: dict[str, Any] | None = None
     """A conversational scenario's published row, for the simulated user (None: non-conversational)."""
@@ -189,16 +192,17 @@ class ScenarioTask(vf.Task[ScenarioData, EpisodeState, ScenarioTaskConfig]):
         if trace.state.user_end not in (None, "user_stop"):
             raise vf.TaskError(f"the simulated user failed ({trace.state.user_end}): the episode is void")
         final = trace.state.final_state
-        return await asyncio.to_thread(grade, self.data, self.data.initial_state if final is None else final)
+        answer = agent_answer(message.model_dump() for message in trace.assistant_messages)
+        return await asyncio.to_thread(grade, self.data, self.data.initial_state if final is None else final, answer)
 
 
-def grade(data: ScenarioData, final_state: dict[str, Any]) -> float:
+def grade(data: ScenarioData, final_state: dict[str, Any], answer: str = "") -> float:
     """The published reward (`builder.envs.checks.published_reward`) in a fresh sandbox at the scenario's
-    date-time and seed."""
+    date-time and seed, `answer` being what the agent said (`builder.envs.answer.agent_answer`)."""
     now, seed = scenario_world({"env_id": data.env_id, "now": data.now})
     with Sandbox() as sandbox:
         verdict = published_reward(sandbox, checks_from_scenario(data.checks), data.initial_state, final_state,
-                                   now=now, seed=seed)  # fmt: skip
+                                   now=now, seed=seed, facts=data.answer_facts, answer=answer)  # fmt: skip
     return verdict.reward
 
 
@@ -235,7 +239,8 @@ class BuilderTaskset(vf.Taskset[ScenarioTask, BuilderTasksetConfig]):
                 system_prompt=agent_prompt(prompt_name, row, environment), scenario_id=row["scenario_id"],
                 env_id=row["env_id"], code=environment_code(environment), contract=environment_contract(environment),
                 initial_state=state,
-                checks=list(column(row, "checks")), now=scenario_world(row)[0],
+                checks=list(column(row, "checks")), answer_facts=list(row.get("answer_facts") or []),
+                now=scenario_world(row)[0],
                 scenario=dict(row) if conversational else None,
             ), config.task)  # fmt: skip
         if left_out:

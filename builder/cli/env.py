@@ -51,13 +51,18 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "at the scenario's date-time and seed, and print the published reward (what rollouts, the trainer API and "
         "the adapters give the same calls): 1 when every check and the collateral guard pass, 0 for no progress "
         "or for any change outside what the task allows, else the share of the checks that were false on the "
-        "initial state and now pass. SCENARIO is a line of the scenarios.jsonl `python -m builder scenarios` "
-        "writes, or a row of a release's `scenarios` config. Exit 1 for a bad file, a tool ENV.py lacks, or a "
-        "scenario of another environment.",
+        "initial state and now pass (the answer check counted among them when the task asks to be told "
+        "something: give the agent's answer with --answer). SCENARIO is a line of the scenarios.jsonl `python -m "
+        "builder scenarios` writes, or a row of a release's `scenarios` config. Exit 1 for a bad file, a tool ENV.py "
+        "lacks, or a scenario of another environment.",
     )
     reward.add_argument("path", type=Path, metavar="ENV.py")
     reward.add_argument("--scenario", type=Path, required=True, metavar="SCENARIO.json")
     reward.add_argument("--calls", type=Path, required=True, metavar="CALLS.json")
+    reward.add_argument(
+        "--answer", default="", metavar="TEXT",
+        help="what the agent said (its final answer); graded against the scenario's answer_facts, if any",
+    )  # fmt: skip
     reward.add_argument("--json", action="store_true", help='print one JSON object: "reward" and each check\'s result')
     add_config_options(reward)
     _add_contract_option(reward)
@@ -116,7 +121,13 @@ def cmd_reward(args: argparse.Namespace) -> int:
 
     sandbox = config_of(args).sandbox
     return reward_report(
-        args.path, args.scenario, args.calls, as_json=args.json, config=sandbox, contract=args.contract
+        args.path,
+        args.scenario,
+        args.calls,
+        as_json=args.json,
+        config=sandbox,
+        contract=args.contract,
+        answer=args.answer,
     )
 
 

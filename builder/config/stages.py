@@ -91,9 +91,31 @@ class EvaluateConfig(Section):
         "invalid verdict) tolerated per test state before the check gives up; they never count against the env.",
     )
     tester_tool_choice: Literal["named", "required"] = Field(
-        "named", description="named: force the tool the harness scheduled this round; required: let the tester pick."
+        "named",
+        description="named: a call must be the tool its slot names (another is an unusable item, wrong_tool); "
+        "required: the tester may pick another tool (the call is judged as unscheduled).",
     )
     history_calls: int = Field(3, ge=0, description="Recent calls on the same state shown to the tester.")
+    calls_per_request: int = Field(
+        5,
+        ge=1,
+        le=20,
+        description="K: calls one tester request proposes (numbered slots of the schedule, run in order) and one "
+        "checker request judges (a verdict per call); the cpu profile sets 1.",
+    )
+    min_calls: int = Field(
+        30,
+        ge=1,
+        description="Judged calls before the sequential rule may settle the verdict early (with at least the "
+        "negative cases the schedule puts in that many); >= calls turns early verdicts off.",
+    )
+    stop_confidence: float = Field(
+        0.99,
+        gt=0.5,
+        lt=1,
+        description="One-sided confidence of the sequential rule: stop once the Wilson bound of the pass share is "
+        "entirely above or below keep_score (or the remaining calls cannot change the verdict).",
+    )
     fuzz_repairs: int = Field(
         2,
         ge=0,
@@ -101,12 +123,31 @@ class EvaluateConfig(Section):
         "goes back to the code stage: its method regenerated with the failing call and error fed back, the module "
         "reassembled and gated again; 0 rejects at once (gates_failed).",
     )
+    probes: bool = Field(
+        True,
+        description="Rule probes and consistency gates: one request per environment writes a call per rule that must "
+        "be refused on a test state, and one accepted call per state-changing tool; each runs in a fresh session "
+        "(docs/synthesis.md, evaluate). False skips them.",
+    )
+    probe_repairs: int = Field(
+        2,
+        ge=0,
+        description="Times an environment whose probe was not refused (and the checker confirmed the rule broken), "
+        "or whose written records are inconsistent, goes back to the code stage; then it is rejected "
+        "(rule_not_enforced, inconsistent_state). 0 rejects at once.",
+    )
+    probe_temperature: float = Field(0.3, ge=0, le=2, description="Sampling temperature of the probe request.")
+    probe_max_tokens: int = Field(4096, ge=64, description="Completion budget of the probe request.")
     state_temperature: float = Field(0.5, ge=0, le=2, description="Sampling temperature of test-state generation.")
     state_max_tokens: int = Field(4096, ge=64, description="Completion budget of one test state.")
     tester_temperature: float = Field(0.5, ge=0, le=2, description="Sampling temperature of the tester agent.")
-    tester_max_tokens: int = Field(1024, ge=16, description="Completion budget of one tester call.")
+    tester_max_tokens: int = Field(
+        1024, ge=16, description="Completion budget of one tester call (times K per request)."
+    )
     checker_temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature of the checker agent.")
-    checker_max_tokens: int = Field(1536, ge=32, description="Completion budget of one checker verdict.")
+    checker_max_tokens: int = Field(
+        1536, ge=32, description="Completion budget of one checker verdict (times K per request)."
+    )
 
 
 class ScenariosConfig(Section):
@@ -151,6 +192,30 @@ class ScenariosConfig(Section):
         "call), model_then_template (the template for a slot whose every model reply was refused). The llm "
         "method always needs the model.",
     )
+    families: dict[
+        Literal["plain", "missing_info", "infeasible", "policy_trap", "error_recovery", "long_context"], float
+    ] = Field(
+        default_factory=lambda: {
+            "plain": 3.0, "missing_info": 1.0, "infeasible": 1.0, "policy_trap": 1.0, "error_recovery": 1.0,
+            "long_context": 1.0,
+        },  # fmt: skip
+        description="Task families of the llm method's slots and their weights (docs/scenarios.md, Task "
+        "families): plain, missing_info (the user leaves out a value), infeasible (the rules forbid the request), "
+        "policy_trap (forbidden, with an allowed alternative), error_recovery (a stale detail makes the first "
+        "call fail), long_context (distractor records, reachable only by search). Slots are assigned in "
+        "proportion, heaviest first; graph-method slots are plain.",
+    )
+    long_context_records: int = Field(
+        1000,
+        ge=10,
+        description="Records a long_context scenario's initial state holds in all (distractors added to reach it).",
+    )
+
+    @model_validator(mode="after")
+    def _some_family(self) -> ScenariosConfig:
+        if not any(weight > 0 for weight in self.families.values()) or any(w < 0 for w in self.families.values()):
+            raise ValueError("scenarios.families needs weights >= 0, at least one of them > 0")
+        return self
 
 
 class RolloutConfig(Section):

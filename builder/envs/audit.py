@@ -11,6 +11,11 @@ tried on sequences whose right reward is known, all run in the sandbox at the sc
 - `spelling`: the gold with equivalent spellings of its values (an ISO date-time without its `:00` seconds; `""`
   for `null` and back where the tool's schema allows both). The reward must be 1, else `spelling_sensitive`.
 
+When the task asks to be told something (`answer_facts`), the agent's answer is graded too (`builder.envs.answer`):
+`nothing` says nothing; the other cases answer with every fact (`gold_answer`), and `spelling` says them as a
+person would (`natural_answer`: "March 14, 2025 at 9:20 AM", "1,250", "dual monitor"), a case of its own even
+when no call value has another spelling.
+
 A case that cannot be built for a scenario (no other record to touch, no independent pair, no value with another
 spelling, the environment refusing the variant call) is `n/a`, not a failure. A scenario without a gold sequence
 (imported from a dataset that has none) gets the `nothing` case only.
@@ -23,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from builder.envs.answer import gold_answer, natural_answer
 from builder.envs.checks import checks_from_scenario, published_reward
 from builder.envs.guard import changed_paths, covered
 from builder.envs.lint import Contract
@@ -63,13 +69,15 @@ class _Run:
 def audit_reward(
     sandbox: Sandbox, code: str, initial_state: dict[str, Any], checks: Sequence[str], gold: Sequence[Action],
     tools: Sequence[dict[str, Any]], *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
-    contract: Contract = "strict",
+    contract: Contract = "strict", facts: Sequence[str] = (),
 ) -> Audit:  # fmt: skip
     """Run every case on one scenario (see the module docstring)."""
     specs = checks_from_scenario(list(checks))
 
-    def reward(final: dict[str, Any]) -> float:
-        return published_reward(sandbox, specs, initial_state, final, now=now, seed=seed).reward
+    def reward(final: dict[str, Any], answer: str = "") -> float:
+        verdict = published_reward(sandbox, specs, initial_state, final, now=now, seed=seed, facts=facts,
+                                   answer=answer)  # fmt: skip
+        return verdict.reward
 
     def run(actions: Sequence[Action]) -> _Run:
         return _run(sandbox, code, initial_state, actions, now=now, seed=seed, contract=contract)
@@ -82,21 +90,24 @@ def audit_reward(
         if done.final is None:
             outcomes["gold"], rewards["gold"] = "fail", 0.0
         else:
-            rewards["gold"] = reward(done.final)
+            answer = gold_answer(facts)
+            rewards["gold"] = reward(done.final, answer)
             outcomes["gold"] = "pass" if rewards["gold"] == 1 else "fail"
             allowed = sorted({path for paths in done.paths for path in paths})
             variants = _collateral_variants(gold, done.paths, initial_state, allowed)
             damage = _first_run(run, variants, outside=(done, allowed))
             if damage is not None:
-                rewards["collateral"] = reward(damage)
+                rewards["collateral"] = reward(damage, answer)
                 outcomes["collateral"] = "pass" if rewards["collateral"] < 1 else "fail"
-            for case, variant in (
-                ("order", _order_variant(gold, done.paths, initial_state)),
-                ("spelling", _spelling_variant(gold, tools)),
+            spelled = _spelling_variant(gold, tools)
+            for case, variant, said in (
+                ("order", _order_variant(gold, done.paths, initial_state), answer),
+                ("spelling", spelled if spelled or not facts else list(gold), natural_answer(facts)),
             ):
                 final = _first_run(run, [variant] if variant is not None else [])
-                if final is not None:  # the same final state as the gold's gets the gold's reward
-                    rewards[case] = rewards["gold"] if final == done.final else reward(final)
+                if final is not None:  # the same final state and answer as the gold's get the gold's reward
+                    same = final == done.final and said == answer
+                    rewards[case] = rewards["gold"] if same else reward(final, said)
                     outcomes[case] = "pass" if rewards[case] == 1 else "fail"
     failed = next((case for case in CASES if outcomes[case] == "fail"), None)
     if failed is None:

@@ -8,11 +8,13 @@ Checks run at the episode's `now` (a check may compare dates with today) and see
 The published reward (`published_reward`, the one every path grades with: rollouts, the trainer API, the
 adapters, `python -m builder reward`), for a scenario's checks on (initial state, final state):
 
-- solved = every check passes, the collateral guard (`builder.envs.guard`) included, and there is a task check;
+- solved = every check passes, the collateral guard (`builder.envs.guard`) included, there is a task check, and
+  when the task asks to be told something (`answer_facts`), the agent's answer states every fact
+  (`builder.envs.answer`);
 - reward = 1.0 when solved; 0.0 when the guard fails or a check that already held on the initial state no
-  longer holds (collateral damage either way); else the share of the *counted* checks that pass, a counted
-  check being one that is false on the initial state. Doing nothing therefore scores exactly 0, and partial
-  credit never reaches 1.
+  longer holds (collateral damage either way); else the share of the *counted* items that pass, a counted item
+  being a check that is false on the initial state or the answer check (no answer was given before the
+  episode). Doing nothing therefore scores exactly 0, and partial credit never reaches 1.
 
 `run_checks` alone scores the plain share of checks passed (used by `env replay --checks` and the scenario
 verification, which look at each check, not at a reward).
@@ -22,10 +24,12 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from builder.envs.answer import missing_facts
 from builder.envs.guard import is_guard
 from builder.pyast import parse
 from builder.sandbox.runtime import Sandbox, Worker, WorkerFailure
@@ -54,8 +58,9 @@ class CheckResult(BaseModel):
 
 class Verdict(BaseModel):
     """All check results of one episode, the reward and the solved flag. With `published_reward`, `counted` says
-    which checks the partial credit counts (false on the initial state) and `guarded` whether the guard held
-    (None: the scenario has no guard)."""
+    which checks the partial credit counts (false on the initial state), `guarded` whether the guard held
+    (None: the scenario has no guard), `answered` whether the agent's answer stated every fact the task asks
+    for (None: it asks for none) and `unstated` the facts it left out."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -64,6 +69,8 @@ class Verdict(BaseModel):
     solved: bool
     counted: tuple[bool, ...] = ()
     guarded: bool | None = None
+    answered: bool | None = None
+    unstated: tuple[str, ...] = ()
 
 
 def checks_from_file(source: str) -> list[CheckSpec]:
@@ -94,10 +101,12 @@ def run_checks(
 
 def published_reward(
     sandbox: Sandbox, checks: list[CheckSpec], initial_state: dict[str, Any], final_state: dict[str, Any],
-    *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
+    *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED, facts: Sequence[str] = (), answer: str = "",
 ) -> Verdict:  # fmt: skip
     """The published reward of `final_state` (see the module docstring): every check on (initial, final), and the
-    task checks on (initial, initial) too, to know which of them the partial credit counts."""
+    task checks on (initial, initial) too, to know which of them the partial credit counts; with `facts` (the
+    scenario's `answer_facts`), whether `answer` (what the agent said, `builder.envs.answer.agent_answer`) states
+    them."""
     parse_now(now)
     guards = [is_guard(spec.source) for spec in checks]
     tasks = [spec for spec, guard in zip(checks, guards, strict=True) if not guard]
@@ -110,15 +119,22 @@ def published_reward(
     counted = tuple(False if guard else not next(held_before) for guard in guards)
     guarded = all(r.passed for r, guard in zip(final, guards, strict=True) if guard) if any(guards) else None
     broken = any(not r.passed for r, g, c in zip(final, guards, counted, strict=True) if not g and not c)
-    solved = bool(tasks) and all(result.passed for result in final)
+    unstated = tuple(missing_facts(answer, facts))
+    answered = not unstated if facts else None
+    solved = (bool(tasks) or bool(facts)) and all(result.passed for result in final) and answered is not False
+    passed = [r.passed for r, c in zip(final, counted, strict=True) if c]
+    if answered is not None:
+        passed.append(answered)
     if solved:
         reward = 1.0
-    elif guarded is False or broken or not any(counted):
+    elif guarded is False or broken or not passed:
         reward = 0.0
     else:
-        passed = [r.passed for r, c in zip(final, counted, strict=True) if c]
         reward = sum(passed) / len(passed)
-    return Verdict(checks=tuple(final), reward=reward, solved=solved, counted=counted, guarded=guarded)
+    return Verdict(
+        checks=tuple(final), reward=reward, solved=solved, counted=counted, guarded=guarded, answered=answered,
+        unstated=unstated,
+    )  # fmt: skip
 
 
 def _run_jobs(

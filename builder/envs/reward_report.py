@@ -30,9 +30,10 @@ from builder.sandbox.runtime import Sandbox
 
 def reward_report(
     path: Path, scenario_path: Path, calls_path: Path, *, as_json: bool = False, config: SandboxConfig | None = None,
-    contract: Contract = "strict", out: TextIO | None = None,
+    contract: Contract = "strict", out: TextIO | None = None, answer: str = "",
 ) -> int:  # fmt: skip
-    """Print the published reward of the calls on the scenario; exit 0 (whatever the reward).
+    """Print the published reward of the calls on the scenario, `answer` being what the agent said; exit 0
+    (whatever the reward).
 
     Raises:
         BuilderError: a file cannot be read or is not what it should be, the environment breaks its contract or
@@ -73,7 +74,9 @@ def reward_report(
         except SessionError as error:
             raise BuilderError(f"{path.name} does not run the scenario's state: {error}") from None
         guarded = with_guard(checks, allowed)
-        verdict = published_reward(sandbox, checks_from_scenario(guarded), initial, final, now=now, seed=seed)
+        facts = scenario["answer_facts"]
+        verdict = published_reward(sandbox, checks_from_scenario(guarded), initial, final, now=now, seed=seed,
+                                   facts=facts, answer=answer)  # fmt: skip
     items = [
         scenario["checklist"][i] if i < len(scenario["checklist"])
         else "(collateral guard derived from the gold)" if i >= len(checks) else f"check {i}"
@@ -95,6 +98,8 @@ def reward_report(
         ],  # fmt: skip
         "calls": [{"name": r.name, **({"result": r.result} if r.ok else {"error": r.error})} for r in results],
     }
+    if facts:
+        report["answer"] = {"facts": facts, "passed": verdict.answered, "unstated": list(verdict.unstated)}
     if as_json:
         print(json.dumps(report, indent=2, ensure_ascii=False), file=out)
         return 0
@@ -103,6 +108,9 @@ def reward_report(
         mark = "pass" if check["passed"] else "FAIL"
         error = f" ({check['error']})" if check["error"] else ""
         print(f"{mark:4}  [{kind}] {check['item']}{error}", file=out)
+    if facts:
+        unstated = f" (not stated: {'; '.join(verdict.unstated)})" if verdict.unstated else ""
+        print(f"{'pass' if verdict.answered else 'FAIL':4}  [answer] states {'; '.join(facts)}{unstated}", file=out)
     print(f"reward {verdict.reward:.3f} ({'solved' if verdict.solved else 'not solved'}) at {now}", file=out)
     return 0
 
@@ -122,7 +130,12 @@ def _read_scenario(path: Path) -> dict[str, Any]:
         ) from None
     if not isinstance(state, dict) or not checks:
         raise BuilderError(f"{path} is not a scenario: it needs an initial_state object and checks")
-    return {"row": row, "initial_state": state, "checks": checks, "checklist": checklist, "gold": gold}
+    facts = row.get("answer_facts") or []
+    facts = json.loads(facts) if isinstance(facts, str) else facts
+    if not isinstance(facts, list) or not all(isinstance(fact, str) for fact in facts):
+        raise BuilderError(f"{path} is not a scenario: answer_facts must be a list of strings")
+    return {"row": row, "initial_state": state, "checks": checks, "checklist": checklist, "gold": gold,
+            "answer_facts": facts}  # fmt: skip
 
 
 def _decoded(arguments: Any) -> Any:

@@ -1,9 +1,11 @@
 """Trainer-facing API: a live, sandboxed environment built from one published `environments` + `scenarios` row.
 
 `LiveEnvironment` is the plain API (reset, tools, call -> str, reward, solved, close). `trl_environment_factory`
-adapts it to TRL's `GRPOTrainer(environment_factory=...)`: a class whose public methods are the tools (real
-signatures, type hints and Google docstrings, so TRL derives the same schemas), `reset(**row)` picks the
-scenario named by the dataset row, and `get_reward()` scores the episode with the scenario's checks. A
+adapts it to TRL's `GRPOTrainer(environment_factory=..., reward_funcs=trl_reward)`: a class whose public methods
+are the tools (real signatures, type hints and Google docstrings, so TRL derives the same schemas), `reset(**row)`
+picks the scenario named by the dataset row, and `trl_reward` scores each episode with the published reward: the
+scenario's checks on the environment's state and, when the task asks to be told something, the completion's
+answer (`builder.envs.answer`; TRL hands reward functions the completion, not the environment's `get_reward`). A
 conversational scenario is one episode too: its class also has a `reply_to_user` tool, `reset` returns the
 simulated user's opening message and the tool returns the user's answers (`builder.envs.conversation`). The
 environment code never runs in the trainer's process; only schemas and JSON cross the boundary. Every episode
@@ -16,9 +18,10 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, Optional, Union
 
+from builder.envs.answer import agent_answer
 from builder.envs.checks import Verdict, checks_from_scenario, published_reward
 from builder.envs.conversation import REFUSED, REPLY_TOOL, Conversation, SimulatedUser, scenario_from_row
 from builder.envs.lint import Contract
@@ -90,7 +93,7 @@ class LiveEnvironment:
         self.scenario: Mapping[str, Any] = scenario or {}
         self._session: Session | None = None
         self._initial: dict[str, Any] = {}
-        self._verdict: Verdict | None = None
+        self._verdict: tuple[str, Verdict] | None = None
         self.now, self.seed = scenario_world(self.scenario)
 
     @property
@@ -131,22 +134,35 @@ class LiveEnvironment:
         assert self._session is not None
         return self._session.snapshot()
 
-    def verdict(self) -> Verdict:
-        """The published reward's verdict on (initial, current) state (`builder.envs.checks.published_reward`: the
-        scenario's checks with its collateral guard, in a fresh sandbox worker; cached until a call)."""
-        if self._verdict is None:
+    @property
+    def answer_facts(self) -> list[str]:
+        """What the agent's answer must state (the scenario's `answer_facts`; empty when it asks for nothing)."""
+        facts = self.scenario.get("answer_facts") or []
+        return list(json.loads(facts) if isinstance(facts, str) else facts)
+
+    def verdict(self, answer: str = "") -> Verdict:
+        """The published reward's verdict on (initial, current) state and on `answer`, what the agent said
+        (`builder.envs.checks.published_reward`: the scenario's checks with its collateral guard, in a fresh sandbox
+        worker, and its answer facts; cached until a call or another answer)."""
+        if self._verdict is None or self._verdict[0] != answer:
             checks = checks_from_scenario(list(column(self.scenario, "checks", "checks_json")))
             final = self.state()
-            self._verdict = published_reward(self.sandbox, checks, self._initial, final, now=self.now, seed=self.seed)
-        return self._verdict
+            verdict = published_reward(
+                self.sandbox, checks, self._initial, final, now=self.now, seed=self.seed, facts=self.answer_facts,
+                answer=answer,
+            )  # fmt: skip
+            self._verdict = (answer, verdict)
+        return self._verdict[1]
 
-    def reward(self) -> float:
-        """The published reward: 1 when solved, 0 for no progress or collateral damage, else partial credit."""
-        return self.verdict().reward
+    def reward(self, answer: str = "") -> float:
+        """The published reward: 1 when solved, 0 for no progress or collateral damage, else partial credit.
+        `answer` is what the agent said (`builder.envs.answer.agent_answer`); it matters when the task asks to be
+        told something."""
+        return self.verdict(answer).reward
 
-    def solved(self) -> bool:
-        """True when every check (the collateral guard included) passed."""
-        return self.verdict().solved
+    def solved(self, answer: str = "") -> bool:
+        """True when every check (the collateral guard included) passed and `answer` states the answer facts."""
+        return self.verdict(answer).solved
 
     def _close_session(self) -> None:
         if self._session is not None:
@@ -171,12 +187,12 @@ def trl_environment_factory(
 
     TRL calls `reset(**row)` with the dataset row's columns; the row names its scenario by `scenario_id`
     (or carries it whole in `scenario`), and its `now` column, when present, is the episode's date-time.
-    `get_reward()` returns the checks' reward. All instances share one sandbox (started on first use unless
-    given).
+    Pass `reward_funcs=trl_reward`, which scores each episode with the published reward. All instances share one
+    sandbox (started on first use unless given).
 
     With `user`, the class plays conversational scenarios: `reset` returns the simulated user's opening message
     (TRL appends it to the row's last, empty, user message), `reply_to_user(message)` returns the user's answer,
-    and once the user has ended the conversation every tool call is refused. `get_reward()` is None (TRL leaves
+    and once the user has ended the conversation every tool call is refused. `trl_reward` gives None (TRL leaves
     the rollout out of the reward) when the simulator failed or kept leaking, as rollouts void such episodes.
     """
     code = environment_code(environment)
@@ -205,10 +221,10 @@ def trl_environment_factory(
         self._conversation = Conversation(user, scenario_from_row(scenario), tool_names)
         return self._conversation.open() or ""
 
-    def get_reward(self: Any) -> float | None:
+    def _reward(self: Any, answer: str) -> float | None:
         if self._conversation is not None and self._conversation.void:
             return None
-        return self._live.reward()
+        return self._live.reward(answer)
 
     def reply_to_user(self, message: str) -> str:  # no annotation on self: TRL reads every hint as a parameter
         """Send a message to the user and wait for the answer.
@@ -223,7 +239,7 @@ def trl_environment_factory(
             return "Error: there is no user in this episode."
         return self._conversation.reply(message)
 
-    namespace: dict[str, Any] = {"__init__": __init__, "reset": reset, "get_reward": get_reward}
+    namespace: dict[str, Any] = {"__init__": __init__, "reset": reset, "_reward": _reward}
     defaults = tool_defaults(code)
     for tool in interface.tools:
         name = tool["function"]["name"]
@@ -236,6 +252,28 @@ def trl_environment_factory(
         name += "Conversational"
     namespace["__doc__"] = f"Sandboxed {interface.class_name} for TRL (generated by builder)."
     return type(name, (), namespace)
+
+
+def trl_reward(completions: Sequence[Any], environments: Sequence[Any] | None = None, **_: Any) -> list[float | None]:
+    """The reward function for `GRPOTrainer(reward_funcs=trl_reward, environment_factory=...)`: each completion's
+    published reward from its environment instance (a `trl_environment_factory` class), with what the agent said
+    in the completion as its answer (`builder.envs.answer.agent_answer`). None for a void episode, which TRL
+    leaves out of the reward.
+
+    Raises:
+        BuilderError: the trainer passed no environments (it was built without `environment_factory`).
+    """
+    if environments is None:
+        raise BuilderError("trl_reward needs GRPOTrainer(environment_factory=trl_environment_factories(...))")
+    return [env._reward(completion_answer(completion)) for completion, env in zip(completions, environments,
+                                                                                  strict=True)]  # fmt: skip
+
+
+def completion_answer(completion: Any) -> str:
+    """What the agent said in a TRL completion: the text itself, or its messages' text and `reply_to_user` calls."""
+    if isinstance(completion, str):
+        return completion
+    return agent_answer(message for message in completion if isinstance(message, Mapping))
 
 
 def trl_prompt_row(scenario: Mapping[str, Any], environment: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -36,6 +36,9 @@ class ChatRequest(_Frozen):
     `resampled` gives a request's further samples.
     `extra` holds server-specific body fields (e.g. vLLM's `ignore_eos`, `top_k`, `chat_template_kwargs`), sent
     as is. An assistant message's `reasoning_content` is never sent (see `openai_backend.request_body`).
+    `affinity` names what the request belongs to (an environment's id): a pool of servers sends the requests of
+    one affinity to one server while it can take them, so that server's prefix cache holds what they share
+    (`pool.EndpointPool`). It is never sent and is not part of the cache key: it cannot change the reply.
     """
 
     messages: tuple[ChatMessage, ...]
@@ -46,6 +49,7 @@ class ChatRequest(_Frozen):
     sampling: Sampling = Sampling()
     sample_index: int = Field(0, ge=0)
     extra: dict[str, Any] = Field(default_factory=dict)
+    affinity: str | None = None
 
     def wire_messages(self) -> list[dict[str, Any]]:
         """The messages as a server gets them. Reasoning (`reasoning_content`) stays out: Qwen3's template drops
@@ -70,7 +74,8 @@ class ChatRequest(_Frozen):
 
     def cache_key(self, model_id: str) -> str:
         """sha256 over the model identity and everything in the request that can change the reply."""
-        content = {"v": CACHE_KEY_VERSION, "model": model_id, "request": self.model_dump(mode="json")}
+        request = self.model_dump(mode="json", exclude={"affinity"})
+        content = {"v": CACHE_KEY_VERSION, "model": model_id, "request": request}
         canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(canonical.encode()).hexdigest()
 

@@ -4,9 +4,11 @@ In one run against one server it measures (a) the server's own best throughput w
 requests, and (b) the throughput through the full client path (cache off) at the same offered load, the
 server's requests in flight paced as in a run (`connect.server_limit`: starting at llm.max_concurrency, bounded
 by the KV cache the server reports; fixed with llm.adaptive_concurrency off), after an untimed pacing pass in
-which the limit finds the server's knee. It reports b/a, the adaptive client's throughput over the server's best
+which the limit finds its place: rounds of requests until the limit reaches the offered load or settles, as it
+would over the thousands of requests of a run. It reports b/a, the adaptive client's throughput over the server's best
 at the same offered load (target >= 0.95), the limit reached, and the time the client adds per request (p50,
-p99): wall time of `chat` minus the HTTP exchange, measured with transport hooks.
+p99; target p99 <= 1 s): wall time of `chat` minus the HTTP exchange, measured with transport hooks, and the part
+of it a request waited in the pool for a slot under the pacer's limit (p99).
 """
 
 from __future__ import annotations
@@ -44,11 +46,13 @@ class BenchResult(BaseModel):
     ratio: float
     overhead_p50_ms: float
     overhead_p99_ms: float
+    slot_wait_p99_ms: float = 0.0  # of the overhead, the wait in the pool for a slot under the in-flight limit
     requests: int
     max_tokens: int
     server_concurrency: int
     client_concurrency: int  # the client's in-flight limit at the end (where pacing took it)
     start_concurrency: int  # where it started (llm.max_concurrency)
+    pacing_requests: int = 0  # untimed requests sent before (b) for the limit to find its place
     kv_ceiling: int | None = None  # the most in flight the server's KV cache holds (None: it reports no size)
     load_average: tuple[float, float] = (0.0, 0.0)  # this machine's 1-minute load at the start and the end
 
@@ -57,14 +61,17 @@ class BenchResult(BaseModel):
 
     def to_text(self) -> str:
         verdict = "ok" if self.ratio >= TARGET_RATIO else f"BELOW TARGET {TARGET_RATIO}"
+        late = "ok" if self.overhead_p99_ms <= TARGET_OVERHEAD_P99_MS else f"ABOVE TARGET {TARGET_OVERHEAD_P99_MS} ms"
         return "\n".join(
             [
                 f"requests: {self.requests} x {self.max_tokens} tokens",
                 f"server (raw HTTP, {self.server_concurrency} in flight): {self.server_tok_s:.1f} tok/s",
                 f"client (full path, cache off, {self.server_concurrency} offered, in-flight limit "
-                f"{self.start_concurrency} -> {self.client_concurrency}): {self.client_tok_s:.1f} tok/s",
+                f"{self.start_concurrency} -> {self.client_concurrency} after {self.pacing_requests} pacing "
+                f"requests): {self.client_tok_s:.1f} tok/s",
                 f"ratio client/server: {self.ratio:.3f}  {verdict}",
-                f"client overhead per request: p50 {self.overhead_p50_ms:.2f} ms, p99 {self.overhead_p99_ms:.2f} ms",
+                f"client overhead per request: p50 {self.overhead_p50_ms:.2f} ms, p99 {self.overhead_p99_ms:.2f} ms"
+                f"  {late} (of it waiting for a slot under the limit: p99 {self.slot_wait_p99_ms:.2f} ms)",
                 f"KV-cache ceiling: {self.kv_ceiling if self.kv_ceiling is not None else 'not reported'} in flight",
                 f"machine load (1 min) at start / end: {self.load_average[0]:.2f} / {self.load_average[1]:.2f}",
             ]
@@ -72,6 +79,8 @@ class BenchResult(BaseModel):
 
 
 TARGET_RATIO = 0.95
+TARGET_OVERHEAD_P99_MS = 1000.0
+PACING_ROUNDS = 6  # rounds of `requests` the pacing pass may take at most
 SUMMARY_KEYS = ("server_tok_s", "client_tok_s", "ratio", "overhead_p50_ms", "overhead_p99_ms")
 
 
@@ -91,11 +100,13 @@ def run_bench(
         requests: Requests per phase; every one generates exactly `max_tokens` tokens (`ignore_eos`).
         server_concurrency: In-flight raw requests for phase (a), and the load offered to the client in (b);
             0 means max(64, 2 x llm.max_concurrency).
-        pacing_requests: Untimed requests through the client before (b), for its limit to climb; default 3 x
-            `requests` (from 16 to 64 in flight takes about 130 answers).
+        pacing_requests: Untimed requests through the client before (b) at most, for its limit to climb, sent in
+            rounds of `requests` until the limit reaches the offered load or settles; default 6 x `requests`
+            (from 16 to 64 in flight takes about 130 answers when every step is kept; on a loaded machine noise
+            undoes some, and each costs a window or two).
     """
     concurrency = min(requests, server_concurrency or max(64, 2 * config.max_concurrency))
-    pacing = 3 * requests if pacing_requests is None else pacing_requests
+    pacing = PACING_ROUNDS * requests if pacing_requests is None else pacing_requests
     with ExitStack() as stack:
         url = config.url or (config.urls[0] if config.urls else None)
         url = url or stack.enter_context(VLLMServer(config, Path(run_dir) / SERVER_LOG)).url
@@ -119,17 +130,21 @@ async def _measure(
         http_client_factory=_timed_http_client,
     )
     limit = server_limit(config, url)
-    pool = EndpointPool([Endpoint(url=url, backend=backend, limit=limit)])
+    pool = EndpointPool([Endpoint(url=url, backend=_Dispatched(backend), limit=limit)])
     # Every request generates exactly max_tokens (`ignore_eos`), so each ends at "length": never grow it. The
     # pool paces the server; the client's own bound must not.
     update = {"max_budget_growths": 0, "max_concurrency": pool.capacity}
     client = client_for(config.model_copy(update=update), pool, model_id=f"bench:{url}")
     start_limit = limit.current
-    if pacing:
-        pacing_bodies = [_body(config.served_model_name, requests + index, max_tokens) for index in range(pacing)]
-        await _pool([_request(body, max_tokens) for body in pacing_bodies], _completion_tokens(client), concurrency)
+    paced = 0
+    while paced < pacing and not (limit.fixed or limit.settled or limit.current >= concurrency):
+        count = min(requests, pacing - paced)
+        bodies_now = [_body(config.served_model_name, requests + paced + index, max_tokens) for index in range(count)]
+        await _pool([_request(body, max_tokens) for body in bodies_now], _completion_tokens(client), concurrency)
+        paced += count
     chat_requests = [_request(body, max_tokens) for body in bodies]
     overheads: list[float] = []
+    slot_waits: list[float] = []
 
     async def one(request: ChatRequest) -> int:
         exchange: dict[str, float] = {}
@@ -138,25 +153,48 @@ async def _measure(
         reply = await client.chat(request)
         total = time.perf_counter() - start
         overheads.append(total - (exchange["response"] - exchange["request"]))
+        slot_waits.append(exchange["dispatched"] - start)
         return reply.usage.completion_tokens
 
     client_tok_s = await _pool(chat_requests, one, concurrency)
     await client.aclose()
     overheads.sort()
+    slot_waits.sort()
     return BenchResult(
         server_tok_s=server_tok_s,
         client_tok_s=client_tok_s,
         ratio=client_tok_s / server_tok_s if server_tok_s else 0.0,
         overhead_p50_ms=statistics.median(overheads) * 1000,
-        overhead_p99_ms=overheads[min(len(overheads) - 1, int(0.99 * len(overheads)))] * 1000,
+        overhead_p99_ms=_p99(overheads) * 1000,
+        slot_wait_p99_ms=_p99(slot_waits) * 1000,
         requests=requests,
         max_tokens=max_tokens,
         server_concurrency=concurrency,
         client_concurrency=limit.current,
         start_concurrency=start_limit,
+        pacing_requests=paced,
         kv_ceiling=limit.ceiling if limit.kv_tokens is not None else None,
         load_average=(load_start, os.getloadavg()[0]),
     )
+
+
+def _p99(ordered: list[float]) -> float:
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+class _Dispatched:
+    """The backend, noting when the pool hands it a request (the end of the request's wait for a slot)."""
+
+    def __init__(self, backend: OpenAIChatModel) -> None:
+        self.backend = backend
+
+    async def chat(self, request: ChatRequest) -> Any:
+        if (exchange := _exchange.get()) is not None:
+            exchange["dispatched"] = time.perf_counter()
+        return await self.backend.chat(request)
+
+    def __getattr__(self, name: str) -> Any:  # count_prompt_tokens, healthy, aclose: the backend's own
+        return getattr(self.backend, name)
 
 
 def _completion_tokens(client: Any) -> Any:

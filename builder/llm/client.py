@@ -27,7 +27,7 @@ from builder.llm.reask import NoUsableReply, Refusal, reask
 from builder.llm.retry import RetryPolicy, with_retries
 from builder.llm.sanitize import clean_reply
 from builder.records import ChatMessage, Sampling
-from builder.usage import Usage
+from builder.usage import Usage, add_to_tallies
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +59,8 @@ class LLMClient:
     connections, unreadable bodies) and timeouts, never on `LLMRequestError` (`builder.llm.retry`), reasoning
     split off the content, lone surrogates and NUL characters cleaned out of the reply (`builder.llm.sanitize`),
     a cut reply asked again with a larger budget, and one `CallRecord` to `on_call` per request, also for cache
-    hits and failures. Usage follows the one ledger rule
-    of `usage.Usage`: `totals` sums every request, a reply's `cost` (a failure's `LLMError.cost`) those of
-    its call.
+    hits and failures. Usage follows the one ledger rule of `usage.Usage`: `totals` sums every request, a reply's
+    `cost` (a failure's `LLMError.cost`) those of its call, an open `usage.tally()` block those made inside it.
 
     Budgets: the prompt is measured (the backend's `count_prompt_tokens`, else a conservative estimate) and
     `max_tokens` is capped at `context_tokens - prompt - CONTEXT_MARGIN_TOKENS`, so no request is sent whose
@@ -364,6 +363,7 @@ class LLMClient:
 
     def _emit(self, record: CallRecord) -> None:
         self.totals += record.usage
+        add_to_tallies(record.usage)
         if self.on_call is not None:
             self.on_call(record)
 

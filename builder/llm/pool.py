@@ -2,7 +2,12 @@
 failures.
 
 Each request goes to the server with the fewest requests in flight for its limit (`pacing.InFlightLimit`), and
-waits when every server is at its limit. A server that fails a request (connection refused or reset, timeout,
+waits when every server is at its limit. A request with an `affinity` (the environment it belongs to) goes to
+that affinity's home server instead while the home is in rotation and below its limit (cache affinity: the
+requests of one environment share a long prefix, which only the server that saw it has in its prefix cache);
+when the home is out of rotation or saturated it goes to the least loaded as any other.
+
+A server that fails a request (connection refused or reset, timeout,
 5xx: a `TransientLLMError`) is taken out of rotation and the request is sent to another at once, so a server
 that dies mid-run loses none of its requests. A server out of rotation is probed (`GET …/v1/models`, which
 every OpenAI-compatible server answers) at most every `probe_interval_s` and comes back when it answers. Only
@@ -21,6 +26,7 @@ request's own fault and is raised as it is, without trying another server.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -100,6 +106,7 @@ class EndpointPool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Condition | None = None
         self._probes: set[asyncio.Task[None]] = set()
+        self._waiting = 0  # requests waiting in `_acquire` for a slot on any server
 
     @property
     def capacity(self) -> int:
@@ -115,7 +122,7 @@ class EndpointPool:
         """
         tried: set[Endpoint] = set()
         errors: list[TransientLLMError] = []
-        while (endpoint := await self._acquire(tried)) is not None:
+        while (endpoint := await self._acquire(tried, request.affinity)) is not None:
             tried.add(endpoint)
             start = self._clock()
             try:
@@ -175,8 +182,16 @@ class EndpointPool:
         """Per server: in rotation or not, its current in-flight limit, requests answered and failed, tokens."""
         return [endpoint.summary() for endpoint in self.endpoints]
 
-    async def _acquire(self, tried: set[Endpoint]) -> Endpoint | None:
-        """The least loaded server in rotation not yet tried, with a slot taken on it; None if there is none."""
+    def home(self, affinity: str) -> Endpoint:
+        """The server the requests of `affinity` go to while it takes them: a stable hash over every server of
+        the pool (in rotation or not), so an affinity keeps its server across a run and its resumption."""
+        digest = hashlib.blake2b(affinity.encode("utf-8"), digest_size=8).digest()
+        return self.endpoints[int.from_bytes(digest, "big") % len(self.endpoints)]
+
+    async def _acquire(self, tried: set[Endpoint], affinity: str | None = None) -> Endpoint | None:
+        """The server for a request with a slot taken on it, None if none is left in rotation untried: the home
+        of its `affinity` when that server is in rotation, untried and below its limit (its prefix cache holds
+        what the affinity's requests share), else the least loaded server in rotation not yet tried."""
         changed = self._condition()
         async with changed:
             while True:
@@ -185,12 +200,19 @@ class EndpointPool:
                 if not live:
                     return None
                 free = [endpoint for endpoint in live if endpoint.in_flight < endpoint.limit.current]
+                home = self.home(affinity) if affinity is not None else None
                 if free:
-                    chosen = min(free, key=Endpoint.load)  # ties go to the first listed
+                    chosen = home if home in free else min(free, key=Endpoint.load)  # ties go to the first listed
                     chosen.in_flight += 1
                     chosen.limit.started(chosen.in_flight)
                     return chosen
-                await changed.wait()
+                self._waiting += 1
+                for endpoint in live:
+                    endpoint.limit.waiting(self._waiting)  # demand above the limit: what a higher one lets through
+                try:
+                    await changed.wait()
+                finally:
+                    self._waiting -= 1
 
     async def _release(self, endpoint: Endpoint) -> None:
         changed = self._condition()

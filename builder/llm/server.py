@@ -129,6 +129,36 @@ def kv_cache_tokens(url: str) -> int | None:
     return None
 
 
+# vLLM's prefix cache counters (v1 engine, in tokens): the prompt tokens looked up in the cache and those found.
+# A prometheus counter is exposed with `_total` appended; one line per engine, summed.
+_PREFIX_COUNTER = re.compile(
+    r"^vllm:prefix_cache_(?P<kind>queries|hits)(?:_total)?(?:\{[^}]*\})?\s+(?P<value>\S+)$", re.MULTILINE
+)
+
+
+def prefix_cache_counters(metrics: str) -> tuple[int, int] | None:
+    """(prompt tokens queried, of them found in the prefix cache) since the server started, from the text of a
+    vLLM server's `/metrics`; None when it has no such counters (another server, or an older vLLM)."""
+    found = {"queries": 0.0, "hits": 0.0}
+    seen = False
+    for match in _PREFIX_COUNTER.finditer(metrics):
+        try:
+            found[match["kind"]] += float(match["value"])
+        except ValueError:
+            continue
+        seen = True
+    return (int(found["queries"]), int(found["hits"])) if seen else None
+
+
+def read_prefix_cache_counters(url: str) -> tuple[int, int] | None:
+    """`prefix_cache_counters` of the server at `url` (None when it cannot be reached or has none)."""
+    try:
+        answer = httpx.get(f"{server_root(url)}/metrics", timeout=5.0)
+    except httpx.HTTPError:
+        return None
+    return prefix_cache_counters(answer.text) if answer.status_code == 200 else None
+
+
 def _product(left: str | None, right: str | None) -> str | None:
     return str(int(left) * int(right)) if left and right and left.isdigit() and right.isdigit() else None
 

@@ -98,6 +98,7 @@ def _fill(template: Template, inputs: CardInputs, tag: str) -> str:
         rl_band=facts.band(inputs.config, inputs.stats, inputs.tables),
         decontamination=facts.decontamination(inputs.config, inputs.stats),
         audit=facts.audit(inputs.stats),
+        families=facts.families(inputs.stats, inputs.tables),
         tokens=_tokens(inputs.stats, inputs.tables),
         token_stats=_token_stats(inputs.tokens),
         sft_section=snippets.sft_section(repo, tag, inputs.tokens, present),

@@ -22,7 +22,7 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "description": "what the environment simulates",
         "domain": "domain label, e.g. `library`",
         "policy": "the rules the environment enforces, in plain language (numbered): what the agent's system prompt "
-        "shows under \"Policy\" in rollouts, the trainer API and the adapters (empty when the code states none)",
+        'shows under "Policy" in rollouts, the trainer API and the adapters (empty when the code states none)',
         "code": "the whole Python module (**untrusted code**: run it only in a sandbox)",
         "code_sha256": "sha256 of `code`, to check the code you run is the code published",
         "tools": "JSON: OpenAI function schemas of the tools (the public methods), sorted by name: what "
@@ -49,6 +49,8 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "environment's tool graph is the gold, the checks are derived from its state diff, the model wrote the task)",
         "wording": "who wrote what the user says (task, user script): `model`, or `template` (graph method: a fixed "
         "template from the chain's calls, under the same leak and sufficiency gates; `scenarios.wording`)",
+        "family": "the kind of task: `plain`, `missing_info`, `infeasible`, `policy_trap`, `error_recovery` or "
+        "`long_context` (the card's Task families)",
         "task": "what the user wants done",
         "initial_state": "JSON: attribute name → value, applied to a fresh environment instance",
         "now": "the scenario's current date-time, ISO 8601 local time without a zone: the sandbox's clock reads it "
@@ -57,6 +59,9 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "`ending`; null otherwise",
         "checklist": "the task as statements about the final state",
         "checks": "one Python `check(initial_state, final_state) -> bool` per checklist item (untrusted code)",
+        "answer_facts": "when the task asks to be told something: the values the agent's answer must state (each "
+        "returned by a gold call; matched regardless of case, punctuation, number and date format: "
+        "`builder.envs.answer`); empty otherwise",
         "gold_actions": "a tool-call sequence that solves the task: `name`, `arguments` (JSON)",
         "difficulty": "`easy`, `medium` or `hard`: from the measured `pass_rate` when at least 2 rollouts were graded "
         "(easy at 0.8 or above, hard below 0.4), else from the size of the gold sequence",

@@ -36,9 +36,9 @@ ENVIRONMENT_COLUMNS = (
     "state_schema", "num_scenarios", "scores", "evaluation", "graph", "plan_id", "schema_version", "provenance",
 )  # fmt: skip
 SCENARIO_COLUMNS = (
-    "scenario_id", "env_id", "mode", "method", "wording", "task", "initial_state", "now", "user", "checklist",
-    "checks", "gold_actions", "difficulty", "difficulty_source", "num_rollouts", "pass_rate", "verification",
-    "schema_version", "provenance",
+    "scenario_id", "env_id", "mode", "method", "wording", "family", "task", "initial_state", "now", "user", "checklist",
+    "checks", "answer_facts", "gold_actions", "difficulty", "difficulty_source", "num_rollouts", "pass_rate",
+    "verification", "schema_version", "provenance",
 )  # fmt: skip
 # The published difficulty, from a scenario's measured pass rate when it has MIN_RATED_ROLLOUTS graded rollouts:
 # easy at EASY_RATE or above, hard below HARD_RATE, else medium. Without them, the size of its gold sequence.

@@ -30,19 +30,26 @@ at the scenario's `now` and seed:
 
 - **solved** = every check passes, the collateral guard included (the last check of every scenario with a gold
   solution, checklist item "{GUARD_ITEM.removesuffix(".")}": it fails when any state path changed that the gold
-  solution does not change);
+  solution does not change), and, when the task asks to be told something, the agent's answer (everything it
+  said in text or through `reply_to_user`) states each of the scenario's `answer_facts` (values compared
+  regardless of case, punctuation, number and date format: `builder.envs.answer`);
 - **reward** = 1.0 when solved; **0.0** when the guard fails, when a check that already held on the initial
-  state no longer holds, or when no counted check passes; else the share of the **counted** checks that pass, a
-  counted check being one that is false on the initial state.
+  state no longer holds, or when no counted item passes; else the share of the **counted** items that pass, a
+  counted item being a check that is false on the initial state, or the answer check.
 
-So an agent that makes no call scores exactly 0, collateral damage scores 0, and partial credit stays below 1."""
+So an agent that makes no call scores exactly 0, collateral damage scores 0, and partial credit stays below 1.
+With TRL, pass `reward_funcs=trl_reward`: it hands each environment the completion's answer."""
 
 AUDIT_CASES = {
     "nothing": ("no call", "0"),
     "gold": ("the gold actions", "1"),
     "collateral": ("the gold plus a write to a record the task does not touch", "< 1"),
     "order": ("the gold with two independent calls swapped", "1"),
-    "spelling": ('the gold with equivalent spellings of its values (date-times without `:00`, `""`/`null`)', "1"),
+    "spelling": (
+        'the gold with equivalent spellings of its values (date-times without `:00`, `""`/`null`; an '
+        "answer's dates and numbers in words)",
+        "1",
+    ),
 }
 
 
@@ -216,6 +223,52 @@ def decontamination(config: BuildConfig, stats: dict[str, StageStats]) -> str:
         f"{report.get('environments_checked', 0)} environments and {report.get('scenarios_checked', 0)} "
         f"scenarios checked, {len(dropped_envs)} environments and {len(dropped)} scenarios dropped."
     )
+
+
+# ------------------------------------------------------------------------------------------------- families
+
+FAMILY_MEANING = {
+    "plain": "a fully specified multi-step request",
+    "missing_info": "the user leaves out a value: ask for it (conversational), or change nothing and say what is "
+    "missing (non-conversational)",
+    "infeasible": "the rules forbid the request: change nothing and say why",
+    "policy_trap": "the request is forbidden but an allowed alternative meets the need: do the alternative",
+    "error_recovery": "a stale detail makes the natural first call fail: find the right record",
+    "long_context": "hundreds of distractor records: find the task's records by search",
+}
+
+
+def families(stats: dict[str, StageStats], tables: dict[str, dict[str, pl.DataFrame]]) -> str:
+    """Per task family: tasks and rows published, the measured pass rate of its rows, and how its slots fared
+    when they were made (`stages.scenarios.report.families`)."""
+    every = pl.concat(list(tables["scenarios"].values()))
+    made = _report(stats, "scenarios").get("families") or {}
+    names = sorted(set(every["family"].to_list()) | set(made), key=lambda f: list(FAMILY_MEANING).index(f)
+                   if f in FAMILY_MEANING else len(FAMILY_MEANING))  # fmt: skip
+    if not names:
+        return "No scenarios."
+    lines = [
+        "Each scenario is of one family (the `family` column; docs/scenarios.md, Task families). Pass rate: the "
+        "mean of the rows' `pass_rate` where rollouts measured it. Made: slots tried, their yield, and the model "
+        "calls and prompt tokens per verified slot of that family.",
+        "",
+        "| family | what it teaches | tasks, rows | pass rate | slots | yield | calls / verified "
+        "| prompt tokens / verified |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        rows = every.filter(pl.col("family") == name)
+        rates = rows.filter(pl.col("pass_rate").is_not_null())["pass_rate"]
+        rate = f"{rates.mean():.2f}" if len(rates) else "–"
+        figures = made.get(name, {})
+        per = figures.get("per_verified") or {}
+        cells = [
+            f"`{name}`", FAMILY_MEANING.get(name, ""), _tasks_rows(task_count(rows), rows.height), rate,
+            figures.get("slots", "–"), figures.get("yield") if figures.get("yield") is not None else "–",
+            per.get("calls", "–"), per.get("prompt_tokens", "–"),
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------------- audit

@@ -47,7 +47,7 @@ from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 from trl.chat_template_utils import qwen3_template
 from builder.envs.conversation import SimulatedUser
-from builder.envs.trainer import trl_environment_factories, trl_prompt_row
+from builder.envs.trainer import trl_environment_factories, trl_prompt_row, trl_reward
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 environments = load_dataset("$repo", "environments", split="$split", revision="$tag")
@@ -67,7 +67,7 @@ args = GRPOConfig(
     bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
 )
 trainer = GRPOTrainer(
-    model=MODEL, processing_class=tokenizer, args=args, train_dataset=rl,
+    model=MODEL, processing_class=tokenizer, args=args, train_dataset=rl, reward_funcs=trl_reward,
     environment_factory=trl_environment_factories(environments, rl, user=user),
 )
 trainer.train()"""
@@ -96,18 +96,20 @@ prompt = [{"role": "user", "content": row["task"]}]  # conversational rows: a si
 now = row["now"]
 seed = int.from_bytes(hashlib.sha256(f"{row['env_id']}\\x1f{now}".encode()).digest()[:8], "big") >> 1
 guard = [check.startswith("$guard_mark") for check in row["checks"]]  # the collateral guard, the last check
+facts = row["answer_facts"]  # values the agent's answer must state, when the task asks to be told something
 
 
-def reward(on_final: list[bool], on_initial: list[bool]) -> float:
-    \"\"\"The published reward from each check's verdict on (initial, final state) and on (initial, initial).\"\"\"
+def reward(on_final: list[bool], on_initial: list[bool], answered: bool = False) -> float:
+    \"\"\"The published reward from each check's verdict on (initial, final state) and on (initial, initial), and
+    whether the agent's answer stated every fact (builder.envs.answer matches them regardless of format).\"\"\"
     tasks = [i for i, is_guard in enumerate(guard) if not is_guard]
-    counted = [i for i in tasks if not on_initial[i]]
-    if tasks and all(on_final):
+    counted = [on_final[i] for i in tasks if not on_initial[i]] + ([answered] if facts else [])
+    if (tasks or facts) and all(on_final) and (answered or not facts):
         return 1.0
     broken = any(on_initial[i] and not on_final[i] for i in tasks)  # held before, undone: collateral damage
     if broken or not all(on_final[i] for i, is_guard in enumerate(guard) if is_guard) or not counted:
         return 0.0
-    return sum(on_final[i] for i in counted) / len(counted)
+    return sum(counted) / len(counted)
 
 
 print(row["scenario_id"], "at", now, "seed", seed)"""

@@ -31,6 +31,7 @@ class Grade:
     checks_passed: tuple[bool, ...]
     check_errors: tuple[str, ...]
     collateral: tuple[str, ...]
+    answer_stated: bool | None = None
 
 
 def gold_paths(
@@ -67,11 +68,14 @@ def grade(
     *,
     now: str = DEFAULT_NOW,
     seed: int = DEFAULT_SEED,
+    facts: Sequence[str] = (),
+    answer: str = "",
 ) -> Grade:
     """The published reward of `final_state` under the scenario's checks with their guard (`with_guard`), at the
-    scenario's `now` and seed."""
+    scenario's `now` and seed, and of `answer` (what the agent said) for the scenario's answer `facts`."""
     specs = checks_from_scenario(with_guard(checks, allowed_paths))
-    verdict = published_reward(sandbox, specs, initial_state, final_state, now=now, seed=seed)
+    verdict = published_reward(sandbox, specs, initial_state, final_state, now=now, seed=seed, facts=facts,
+                               answer=answer)  # fmt: skip
     passed = tuple(result.passed for result in verdict.checks)
     outside = collateral(initial_state, final_state, list(allowed_paths)) if allowed_paths is not None else []
     return Grade(
@@ -81,4 +85,5 @@ def grade(
         checks_passed=passed,
         check_errors=tuple(result.error for result in verdict.checks if result.error),
         collateral=tuple(outside),
+        answer_stated=verdict.answered,
     )

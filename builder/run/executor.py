@@ -127,6 +127,10 @@ async def run_stages(
                     await asyncio.to_thread(_persist, stage, folder, config)
                 finally:
                     stats.wall_s += time.monotonic() - started
+                    # The managed server's own prefix-cache counters beside builder's figure (`LazyModel`).
+                    for model in (ctx.llm, ctx.rl_agent):
+                        if (read := getattr(model, "read_server_counters", None)) is not None:
+                            await asyncio.to_thread(read)
                     _count_outputs(stage, folder, stats)
                     save_stats(folder.stats_path, all_stats, _run_totals(all_stats, config, digest))
                 logger.info(

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from builder.config import BuildConfig, LLMConfig, RolloutConfig
+from builder.envs.answer import agent_answer
 from builder.envs.lint import ContractError
 from builder.envs.session import Session, SessionError
 from builder.errors import ConfigError, ItemError, OperatorError, RunError
@@ -192,7 +193,11 @@ def derive_report(stats: StageStats) -> None:
 
 
 async def _isolated(
-    ctx: StageContext, scenario: Scenario, env: Environment, allowed: tuple[str, ...] | None, index: int,
+    ctx: StageContext,
+    scenario: Scenario,
+    env: Environment,
+    allowed: tuple[str, ...] | None,
+    index: int,
     agent: Player,
 ) -> Trajectory:
     """`_sample`, whose failure (a sandbox session that broke, say) is that sample's: a void trajectory with the
@@ -254,7 +259,8 @@ async def _sample(
     if final is not None:
         verdict = await ctx.blocking(
             grade, ctx.sandbox, scenario.checks, scenario.initial_state, final, allowed,
-            now=scenario.now, seed=scenario.seed,
+            now=scenario.now, seed=scenario.seed, facts=scenario.answer_facts,
+            answer=agent_answer(message.model_dump() for message in episode.messages),
         )  # fmt: skip
     return _trajectory(ctx, scenario, env, episode, verdict, sampling, index, version, agent.model.model_id)
 
@@ -296,6 +302,7 @@ def _trajectory(
         reward=verdict.reward if verdict else 0.0,
         solved=verdict.solved if verdict else False,
         checks_passed=verdict.checks_passed if verdict else (),
+        answer_stated=verdict.answer_stated if verdict else None,
         end_reason=episode.end_reason,
         usage=episode.agent_usage + episode.user_usage,
         num_turns=episode.num_turns,

@@ -43,7 +43,8 @@ from unittest.mock import patch as _patch
 from tests.test_trainer_grpo import scripted_generate as _scripted_generate
 with _patch.object(trainer.model, "generate", side_effect=_scripted_generate(tokenizer)):
     trainer.train()
-_episodes = [{"class": type(env).__name__, "reward": env.get_reward(),
+_episodes = [{"class": type(env).__name__,
+              "reward": None if getattr(env._conversation, "void", False) else env._live.reward(),
               "end": getattr(env._conversation, "end_reason", None)} for env in trainer.environments]
 print("REPORT " + _json.dumps({"steps": trainer.state.global_step, "modes": sorted(rl["mode"]),
                                "episodes": _episodes, "logs": trainer.state.log_history[0]}))

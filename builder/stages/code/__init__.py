@@ -242,11 +242,13 @@ def state_request(plan: EnvPlan) -> str:
 
 def method_request(plan: EnvPlan, op: OperationPlan) -> str:
     """The user message of one method: the class context, the operation, and its exact header to start from."""
+    # The class context first and the operation's own lines after it: every method request of a plan starts
+    # alike, so a model server's prefix cache computes the context once.
     lines = _context(plan)
     others = [other.name for other in plan.operations if other.name != op.name]
-    lines.append(f"Other tools (written separately): {', '.join(others)}")
     kind = "a query (it must not change the state)" if op.kind == "query" else "a state change"
     lines.append(f"\nWrite the method {op.name}, {kind}: {op.description}")
+    lines.append(f"Other tools (written separately): {', '.join(others)}")
     if op.reads or op.writes:
         lines.append(f"It reads: {', '.join(op.reads) or 'nothing'}; it writes: {', '.join(op.writes) or 'nothing'}.")
     if op.enforces:

@@ -7,23 +7,30 @@
 2. Test states: `evaluate.test_states` initial states as structured output, each validated against the state
    schema, its references checked (an empty value is no reference) and loaded in a sandbox session (failures
    fed back, bounded).
-3. Dual-agent check: for each test state its own session; the harness schedules which tool to test and whether with
+3. Rule probes and consistency gates (`probes.py`, `evaluate.probes`): a call per numbered rule that must be
+   refused on a test state, each run in a fresh session; an unrefused one the checker confirms, or records written
+   inconsistently (`None` next to `""` for one field, new ids unlike the seeded ones), go back to the code stage,
+   at most `evaluate.probe_repairs` times.
+4. Dual-agent check: for each test state its own session; the harness schedules which tool to test and whether with
    a positive or a negative case (the tools in turn, cases alternating so half the judged calls are negative; a
-   tool no argument of which can be wrong gets positive cases only), the tester agent picks the arguments through a
-   forced tool call, the call runs in the session, and the checker agent rules pass / warning / fail from the
-   rules, the method source, the arguments, the result and the state before, after and diffed. Calls that crash,
-   hang or return non-JSON are failures without asking the checker. Unknown tools and arguments off the schema are
-   the tester's error: not counted, bounded by `max_invalid_replies` per state. States in prompts are whole records
-   (`state_text`); a prompt too long for the model's context is retried with fewer records.
-4. Score = (pass + warning) / judged calls over `evaluate.calls` calls; accepted at `keep_score` or above and
-   upserted into the store by the runner; the per-call verdicts are the evidence (`Environment.evaluation`).
-5. An accepted environment gets its tool dependency graph (`Environment.graph`, `builder.envs.graph`), extracted
+   tool no argument of which can be wrong gets positive cases only), the tester agent fills `calls_per_request`
+   numbered slots at once (structured output: a tool and its arguments per slot), the calls run in turn in the
+   session, and one checker request rules pass / warning / fail per call from the rules, each method's source,
+   the arguments, the result and the state before, after and diffed. States run their batches in rounds; after
+   each round the sequential rule (`sequential.py`) may settle the verdict before N calls are judged. Calls that
+   crash, hang or return non-JSON are failures without asking the checker. Unknown tools and arguments off the
+   schema are the tester's error: not counted, bounded by `max_invalid_replies` per state. States in prompts are
+   whole records (`state_text`); a prompt too long for the model's context is retried with fewer records.
+5. Score = (pass + warning) / judged calls over `evaluate.calls` calls (fewer when settled early); accepted at
+   `keep_score` or above and upserted into the store by the runner; the per-call verdicts are the evidence
+   (`Environment.evaluation`).
+6. An accepted environment gets its tool dependency graph (`Environment.graph`, `builder.envs.graph`), extracted
    from its first test state: here the sandbox is open and the state is one the check just exercised, so the
    graph is computed once per environment, export publishes it as stored and the scenarios stage's graph method
    starts from it when its chains start from that state.
 
-Rejection reasons: gates_failed, no_valid_test_state, tester_invalid, checker_invalid, low_score, llm_request,
-prompt_too_long, session_failed.
+Rejection reasons: gates_failed, no_valid_test_state, rule_not_enforced, inconsistent_state, tester_invalid,
+checker_invalid, low_score, llm_request, prompt_too_long, session_failed.
 """
 
 from __future__ import annotations
@@ -65,13 +72,14 @@ from builder.stages.evaluate.exercise import (
     exercise_all,
 )
 from builder.stages.evaluate.gates import passing_gates
+from builder.stages.evaluate.probes import enforce_rules
 from builder.views.budget import PromptBudget, prompt_budgets
 from builder.views.code import class_header
 from builder.views.state import state_output_type
 
 logger = logging.getLogger(__name__)
 
-PROMPTS = ("evaluate_state", "evaluate_tester", "evaluate_checker")
+PROMPTS = ("evaluate_state", "evaluate_tester", "evaluate_checker", "evaluate_probe")
 
 
 async def evaluate(
@@ -85,15 +93,23 @@ async def evaluate(
     rejected). `gate_state`: the state the gates probe the tools on (None: the default state). `judge=False`
     accepts on the gates alone (an import without the dual-agent check).
     """
+    candidate = env
     env, interface, default_state = await passing_gates(env, ctx, contract, repair, gate_state)
     if not judge:
         return [env.model_copy(update={"status": "accepted"})]
-    agents = Agents(ctx.llm, ctx.config.evaluate, retries=ctx.config.llm.structured_retries, seed=ctx.config.run.seed)
+    agents = Agents(
+        ctx.llm, ctx.config.evaluate, retries=ctx.config.llm.structured_retries, seed=ctx.config.run.seed,
+        affinity=env.id,
+    )  # fmt: skip
     try:
         states, failures = await make_test_states(env, interface, default_state, ctx, agents)
         if not states:
             detail = "; ".join(f"state {i + 1}: {f.detail}" for i, f in failures)[:DETAIL_CHARS]
             raise Rejected(ctx.reject(env, "no_valid_test_state", detail, raw_output=failures[-1][1].raw))
+        env, interface, probing = await enforce_rules(
+            env, interface, default_state, states, ctx, agents, contract=contract, repair=repair,
+            gate_state=gate_state, subject=candidate,
+        )  # fmt: skip
         runs = await exercise_all(env, interface, states, ctx, agents)
     except PromptTooLongError as error:
         raise Rejected(ctx.reject(env, "prompt_too_long", str(error)[:DETAIL_CHARS])) from None
@@ -101,13 +117,13 @@ async def evaluate(
         raise Rejected(ctx.reject(env, "llm_request", str(error)[:DETAIL_CHARS])) from None
     except SessionError as error:  # a session broke beyond replay (its state could no longer be read or restored)
         raise Rejected(ctx.reject(env, "session_failed", f"{error.kind}: {error}"[:DETAIL_CHARS])) from None
-    evidence = summarize(env, interface, states, failures, runs, ctx, agents)
+    evidence = summarize(env, interface, states, failures, runs, ctx, agents).model_copy(update={"probes": probing})
     counts = evidence.counts
     logger.info(
         "evaluate: %s (%s) scored %.2f over %d judged calls, %d unusable replies, %d model calls",
         env.id, env.name, evidence.score, counts.judged, counts.invalid_replies, agents.usage.calls,
     )  # fmt: skip
-    incomplete = [run for run in runs if len(run.judged) < run.quota]
+    incomplete = [run for run in runs if len(run.judged) < run.quota and run.settled is None]
     if incomplete:
         raise _gave_up(env, ctx, incomplete, evidence)
     if evidence.score < ctx.config.evaluate.keep_score:
@@ -205,6 +221,7 @@ def summarize(
         score=round(score, 4),
         keep_score=config.keep_score,
         calls_required=config.calls,
+        settled_early=runs[0].settled if runs else None,
         counts=EvaluationCounts(
             judged=len(calls),
             pass_=verdicts["pass"],

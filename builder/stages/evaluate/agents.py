@@ -28,6 +28,7 @@ from builder.views.code import environment_text
 from builder.views.state import state_text
 
 T = TypeVar("T", bound=BaseModel)
+MAX_BATCH = 20  # the most calls one tester or checker request may carry (evaluate.calls_per_request's bound)
 CaseType = Literal["positive", "negative"]
 
 # Situations the test states are asked to set up, in turn, so that several states do not all look alike.
@@ -38,15 +39,46 @@ STATE_FOCUS = (
 )
 
 
-class CheckerVerdict(BaseModel):
-    """The checker's ruling on one tool call (analysis first, so the verdict follows from it)."""
+class CallVerdict(BaseModel):
+    """The checker's ruling on one tool call of a batch (analysis first, so the verdict follows from it)."""
 
     # Length caps are part of the schema, so a constrained decoder closes the strings (see stages/mine.py).
+    call: int = Field(description="The number of the call judged, as the request numbers them.")
     analysis: str = Field(
         description="Brief: what the method should do with these arguments and what it did.", max_length=800
     )
     verdict: Literal["pass", "warning", "fail"]
     reason: str = Field(description="One sentence justifying the verdict.", max_length=400)
+
+
+class CheckerVerdict(BaseModel):
+    """The checker's ruling on a single call (the rule probes' confirmations, `probes.py`)."""
+
+    analysis: str = Field(
+        description="Brief: what the method should do with these arguments and what it did.", max_length=800
+    )
+    verdict: Literal["pass", "warning", "fail"]
+    reason: str = Field(description="One sentence justifying the verdict.", max_length=400)
+
+
+class CheckerVerdicts(BaseModel):
+    """The checker's rulings on the calls of one batch, one per call."""
+
+    verdicts: list[CallVerdict] = Field(max_length=MAX_BATCH)
+
+
+class ProposedCall(BaseModel):
+    """One call the tester proposes for a numbered slot of the batch."""
+
+    call: int = Field(description="The number of the slot this call fills, as the request numbers them.")
+    tool: str = Field(max_length=200)
+    arguments: dict[str, Any] = Field(description="The tool's arguments, as its parameter schema requires.")
+
+
+class TesterCalls(BaseModel):
+    """The tester's calls for the slots of one batch, in the order they run."""
+
+    calls: list[ProposedCall] = Field(max_length=MAX_BATCH)
 
 
 class InvalidReply(Exception):  # noqa: N818 - a verdict about a reply, not a program error
@@ -66,28 +98,36 @@ class Agents:
     retries: int
     seed: int
     usage: Usage = Usage()
+    affinity: str | None = None  # the environment's id: its requests go to one server of a pool (cache affinity)
 
-    def sampling(self, role: Literal["state", "tester", "checker"]) -> Sampling:
+    def sampling(self, role: Literal["state", "tester", "checker", "probe"], calls: int = 1) -> Sampling:
+        """The role's sampling; a tester or checker request of a batch of `calls` gets the per-call budget each."""
         temperature = getattr(self.config, f"{role}_temperature")
-        return Sampling(temperature=temperature, max_tokens=getattr(self.config, f"{role}_max_tokens"), seed=self.seed)
+        max_tokens = getattr(self.config, f"{role}_max_tokens") * calls
+        return Sampling(temperature=temperature, max_tokens=max_tokens, seed=self.seed)
 
     async def ask_json(
         self,
         messages: Sequence[ChatMessage],
         output_type: type[T],
-        role: Literal["state", "checker"],
+        role: Literal["state", "tester", "checker", "probe"],
         *,
+        calls: int = 1,
         sample_index: int = 0,
         accept: Callable[[T], Awaitable[str | None]] | None = None,
+        schema: dict[str, Any] | None = None,
     ) -> T:
         """Structured output validated by `output_type` and then by `accept` (an error message or None).
+
+        `schema`: a tighter JSON schema the server constrains the reply to (None: `output_type`'s own), e.g. the
+        tester's slots each with its tool's parameters; the reply is still validated by `output_type`.
 
         Up to `retries` re-asks (`reask`), each showing the prompt, the latest reply and its error, each a fresh
         sample of `sample_index`. Raises InvalidReply (`<role>_invalid`).
         """
         first = ChatRequest(
-            messages=tuple(messages), response_format=response_format(output_type), sampling=self.sampling(role),
-            sample_index=sample_index,
+            messages=tuple(messages), response_format=_format(output_type, schema), sampling=self.sampling(role, calls),
+            sample_index=sample_index, affinity=self.affinity,
         )  # fmt: skip
 
         async def ask_once(conversation: list[ChatMessage], sample: int) -> T | Refusal:
@@ -138,55 +178,57 @@ class Agents:
 
     # ----------------------------------------------------------------------------------------------- tester
 
-    async def propose(
-        self, env: Environment, tools: Sequence[dict[str, Any]], slot: tuple[str, CaseType], facts: str
-    ) -> tuple[str, dict[str, Any], str]:
-        """The tester's call for this round as (tool name, arguments, raw reply), forced to call a tool.
-
-        Raises InvalidReply (`no_tool_call`, `bad_arguments`) after the bounded retries; an unknown tool name
-        is returned as is, since only the session knows it is unknown (and it is the tester's error, counted by
-        the caller).
-        """
-        tool, case = slot
-        goal = _CASE_GOALS[case]
-        task = f"Your task this round: call `{tool}` with a {case.upper()} case: {goal}"
-        asked = [
-            ChatMessage(role="system", content=prompt("evaluate_tester")),
-            ChatMessage(
-                role="user",
-                content=f"Environment `{env.class_name}`: {environment_text(env.description, env.code)}\n\n"
-                f"{facts}\n\n{task}",
-            ),
-        ]
-        choice = tool if self.config.tester_tool_choice == "named" else "required"
-        first = ChatRequest(
-            messages=tuple(asked), tools=tuple(tools), tool_choice=choice, parallel_tool_calls=False,
-            sampling=self.sampling("tester"),
-        )  # fmt: skip
-
-        async def ask_once(conversation: list[ChatMessage], sample: int) -> tuple[str, dict[str, Any], str] | Refusal:
-            reply = await self._chat(first.resampled(sample, conversation))
-            raw = _raw_text(reply)
-            kind, detail = "no_tool_call", "the reply called no tool"
-            if reply.tool_calls:
-                call = reply.tool_calls[0].function
-                try:
-                    arguments = json.loads(call.arguments) if call.arguments.strip() else {}
-                except json.JSONDecodeError as error:
-                    kind, detail = "bad_arguments", f"the arguments are not valid JSON ({error})"
-                else:
-                    if isinstance(arguments, dict):
-                        return call.name, arguments, raw
-                    kind, detail = "bad_arguments", "the arguments must be a JSON object"
-            # The call is not shown back: a tool call without its result would break the chat template.
-            return Refusal(kind, detail, f"Your last reply was unusable: {detail}. {task}", raw=raw)
-
-        return await self._reasked(asked, ask_once)
+    def tester_messages(self, env: Environment, tools: Sequence[dict[str, Any]], facts: str) -> list[ChatMessage]:
+        """The tester's request: instructions, the environment and its tools' schemas (the stable prefix), then
+        the facts of the round (state, recent calls, the numbered slots to fill)."""
+        schemas = json.dumps([tool["function"] for tool in tools], ensure_ascii=False)
+        user = (
+            f"Environment `{env.class_name}`: {environment_text(env.description, env.code)}\n\n"
+            f"Tools (JSON schemas):\n{schemas}\n\n{facts}"
+        )
+        return [ChatMessage(role="system", content=prompt("evaluate_tester")), ChatMessage(role="user", content=user)]
 
     # ---------------------------------------------------------------------------------------------- checker
 
     def checker_messages(self, facts: str) -> list[ChatMessage]:
         return [ChatMessage(role="system", content=prompt("evaluate_checker")), ChatMessage(role="user", content=facts)]
+
+
+def _format(output_type: type[BaseModel], schema: dict[str, Any] | None) -> dict[str, Any]:
+    asked = response_format(output_type)
+    if schema is not None:
+        asked["json_schema"]["schema"] = schema
+    return asked
+
+
+def tester_schema(tools: Sequence[dict[str, Any]], slots: Sequence[tuple[str, CaseType]], named: bool) -> dict:
+    """The JSON schema of a tester reply for these slots: each item a slot's number, a tool and arguments fit for
+    that tool's parameters (with `named`, only the slot's tool), so a constrained decoder writes no parameter the
+    tool lacks, as the forced tool call of a single-call request did."""
+    parameters = {tool["function"]["name"]: tool["function"]["parameters"] for tool in tools}
+    items = [
+        {
+            "type": "object",
+            "properties": {
+                "call": {"type": "integer", "enum": [number]},
+                "tool": {"type": "string", "enum": [name]},
+                "arguments": parameters[name],
+            },
+            "required": ["call", "tool", "arguments"],
+            "additionalProperties": False,
+        }
+        for number, (scheduled, _case) in enumerate(slots, 1)
+        for name in ([scheduled] if named else parameters)
+        if name in parameters
+    ]
+    calls = {"type": "array", "items": {"anyOf": items}, "minItems": 1, "maxItems": len(slots)}
+    return {"type": "object", "properties": {"calls": calls}, "required": ["calls"], "additionalProperties": False}
+
+
+def slot_text(number: int, slot: tuple[str, CaseType]) -> str:
+    """One numbered slot of a tester batch: the tool the harness scheduled and the case it asks for."""
+    tool, case = slot
+    return f"{number}. `{tool}` with a {case.upper()} case: {_CASE_GOALS[case]}"
 
 
 _CASE_GOALS: dict[CaseType, str] = {
@@ -195,8 +237,3 @@ _CASE_GOALS: dict[CaseType, str] = {
     "negative": "arguments the tool should refuse: an id that does not exist, an out-of-range or empty value, or "
     "a request that breaks one of the rules. Keep the parameter names and types valid.",
 }
-
-
-def _raw_text(reply: Reply) -> str:
-    calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in reply.tool_calls]
-    return json.dumps({"content": reply.content, "tool_calls": calls}, ensure_ascii=False)

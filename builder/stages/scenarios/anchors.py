@@ -24,6 +24,7 @@ from typing import Any
 Ref = tuple[str, str]  # (collection, key) of one record
 USER_KEYS = ("name", "email", "phone", "number", "title", "code", "username", "full_name", "plate", "sku")
 DATE_WORDS = ("date", "time", "start", "end", "until", "deadline", "due", "when", "at")
+KEY_WORDS = ("id", "symbol", "ticker", "code", "sku", "ref")  # a parameter named so takes a record's key
 PEOPLE = (
     "patient",
     "customer",
@@ -148,7 +149,10 @@ def collection_of(world: World, parameter: str, schema: dict[str, Any]) -> str |
         key_field = world.key_field.get(collection, "").casefold()
         if key_field and (name == key_field or name.endswith("_" + key_field)):
             return collection
-    if not (name.endswith("_id") or name == "id"):
+    for collection in collections:  # `stocks` names the collection itself (a list of its keys)
+        if name == collection.casefold():
+            return collection
+    if not (name.endswith("_id") or name == "id" or name.rsplit("_", 1)[-1] in KEY_WORDS):
         return None
     words = f"{parameter} {schema.get('description', '')}".casefold()
     for collection in collections:

@@ -187,11 +187,13 @@ class _Sampler:
         collections = self._collections(goal)
         if not collections:  # a goal that names no record (a registration): the rest of the chain is one person's
             people = sorted({c for c, _ in self.world.records}, key=lambda c: (-user_facing(self.world, c), c))
-            collections = people[:1] if people and user_facing(self.world, people[0]) else []
+            # the most user-facing collection, or with none, any record (an order stands for its customer)
+            collections = people[:1] if people and user_facing(self.world, people[0]) else people
         keys = [(collection, key) for collection in dict.fromkeys(collections) for key in self.world.keys(collection)]
         if not keys:
             return None
-        record = rng.choice(keys)
+        fewest = min(self.anchors_used[key] for key in keys)
+        record = rng.choice([key for key in keys if self.anchors_used[key] == fewest])
         around = {record} | reached(self.world, record) | linked(self.world, record)
         best = max(user_facing(self.world, c) for c, _ in around)
         if best == 0:
@@ -308,7 +310,11 @@ class _Sampler:
             arguments: dict[str, Any] = {}
             sources: dict[str, str] = {}
             for parameter, pool in pools.items():
-                source, value = _fresh(pool[: depth + 1] if depth < TRIES else pool, arguments, rng)
+                # the best option no other argument of the call took (a transfer between two accounts), more
+                # options for each further set
+                taken = [repr(v) for v in arguments.values()]
+                fresh = [option for option in pool if repr(option[1]) not in taken] or pool
+                source, value = rng.choice(fresh[: depth + 1] if depth < TRIES else fresh)
                 arguments[parameter], sources[parameter] = value, source
             if all(arguments != seen for seen, _ in sets):
                 sets.append((arguments, sources))
@@ -327,8 +333,11 @@ class _Sampler:
         kind = _kind(schema)
         if (choices := described_choices(schema)) and not (kind == "string" and is_date(parameter, schema)):
             return self._ranked(tool, parameter, [("schema", v) for v in choices], rng)
-        collection = collection_of(self.world, parameter, schema)
+        collection = collection_of(self.world, parameter, schema) or self._fed_collection(tool, parameter)
         fed = [(source, v) for source, v in self._from_results(tool, parameter, collection, calls) if _fits(v, kind)]
+        if collection is not None and kind == "array":  # `add_to_watchlist(stocks)`: a list of one admitted key
+            keys = [key for c, key in (allowed if allowed is not None else self.world.records) if c == collection]
+            return self._ranked(tool, parameter, [("state", [k]) for k in sorted(keys)], rng)
         if collection is not None:
             keys = [key for c, key in (allowed if allowed is not None else self.world.records) if c == collection]
             if allowed is None:
@@ -344,6 +353,8 @@ class _Sampler:
         about = _named_collection(tool, {c for c, _ in self.world.records})
         if about is not None:  # `register_patient(name)` takes no medication's name a search returned
             fed = [(source, v) for source, v in fed if not self._foreign(v, about)]
+        if self._plain_field(parameter):
+            fed = [(source, v) for source, v in fed if not self.world.owner(v)]  # a name field takes no record key
         if fed:
             return fed
         near = self._near_values(tool, parameter, allowed)
@@ -353,9 +364,11 @@ class _Sampler:
             if kind in ("integer", "number") and (constant := _constant(schema, rng)) is not None:
                 options.append(("constant", constant))  # a record's 0 may be what the tool refuses
             return self._ranked(tool, parameter, options, rng)
-        if allowed is None or kind != "string":
+        if kind is not None or allowed is None:  # what the state holds: keys its description names, like fields
             pool = [v for v in state_values(parameter, schema, self.initial) if allowed is None or
                     coherent_value(self.world, v, allowed)]  # fmt: skip
+            if self._plain_field(parameter):
+                pool = [v for v in pool if not self.world.owner(v)]
             if pool:
                 return [("state", v) for v in pool]
         constant = _constant(schema, rng)
@@ -397,6 +410,19 @@ class _Sampler:
         values += [v for v in field_values if isinstance(v, str) and v in self.world.vocabulary]
         return [v for v in values if not isinstance(v, dict)]
 
+    def _plain_field(self, parameter: str) -> bool:
+        """Whether records hold a field of this name with values that are no record's key (`customer: "Ada
+        Palmer"`): the parameter then takes such values, never an id."""
+        return any(parameter in r and not self.world.owner(r[parameter]) for r in self.world.records.values())
+
+    def _fed_collection(self, tool: str, parameter: str) -> str | None:
+        """The collection whose keys the graph's data edges into a parameter carry (`transfer(target)` is fed
+        account ids), for a parameter whose name does not say it."""
+        if self._plain_field(parameter):
+            return None
+        owners = {ref[0] for edge in self.graph.feeding(tool, parameter) for ref in self.world.owner(edge.example)}
+        return owners.pop() if len(owners) == 1 else None
+
     def _foreign(self, value: Any, collection: str) -> bool:
         """Whether `value` is a field value of records of other collections only (not of `collection`'s)."""
         holders = {c for (c, _), record in self.world.records.items() if value in record.values()}
@@ -404,13 +430,15 @@ class _Sampler:
 
     def _ranked(self, tool: str, parameter: str, options: list[tuple[str, Any]],
                 rng: random.Random) -> list[tuple[str, Any]]:  # fmt: skip
-        """Options in a random order, those the tool accepted before first and those it refused last."""
+        """Options in a random order, those the tool refused (and never accepted) last."""
         shuffled = list(options)
         rng.shuffle(shuffled)
 
-        def rank(option: tuple[str, Any]) -> tuple[int, int]:
+        def rank(option: tuple[str, Any]) -> int:
             key = (tool, parameter, repr(option[1]))
-            return (0 if key in self.accepted else 1, self.refused[key])
+            # only refusals reorder: a value refused and never accepted goes last; accepted values keep no
+            # precedence over untried ones, so the chains do not all settle on the first record that worked
+            return 1 if self.refused[key] and key not in self.accepted else 0
 
         return sorted(shuffled, key=rank)
 

@@ -13,7 +13,8 @@ from typing import Any, Literal
 from builder.envs.guard import GUARD_ITEM, allowed_paths, guard_source
 from builder.envs.session import diff_states
 from builder.evidence import Verification
-from builder.records import Action, Environment, Provenance, Scenario, UserScript
+from builder.limits import DETAIL_CHARS
+from builder.records import Action, Environment, Provenance, Rejection, Scenario, UserScript
 from builder.run.stage import StageContext
 from builder.stages.scenarios.verify import Evidence
 
@@ -59,10 +60,16 @@ def scenario_records(
     state_repairs: int,
     repairs: Sequence[str],
     wording: Literal["model", "template"] = "model",
+    answer_facts: Sequence[str] = (),
+    family: str = "plain",
+    withheld_as: str | None = None,
 ) -> list[Scenario]:
-    """The slot's scenario in every mode of `scenarios.modes` (they share a `scenario_group`)."""
+    """The slot's scenario in every mode of `scenarios.modes` (they share a `scenario_group`). A missing_info
+    slot's non-conversational scenario is graded apart (`withheld_as`): the request lacks a value, so nothing may
+    change (its guard allows no path), there is no gold, and the answer must name what is missing."""
     task = " ".join(words.task.split())
     guard = guard_source(allowed_paths(state, evidence.final_state or state))
+    nothing = guard_source([])
     group = hashlib.sha256(json.dumps([env.id, state, task], sort_keys=True).encode()).hexdigest()[:16]
     verification = Verification(
         scenario_group=group,
@@ -83,6 +90,15 @@ def scenario_records(
         reveal_when_asked=words.reveal_when_asked,
         ending=words.ending,
     )
+    def graded(mode: str) -> dict[str, Any]:
+        if withheld_as is not None and mode == "non_conversational":
+            return {"checklist": (GUARD_ITEM,), "checks": (nothing,), "answer_facts": (withheld_as,),
+                    "gold_actions": ()}  # fmt: skip
+        return {
+            "checklist": (*checklist, GUARD_ITEM), "checks": (*checks, guard), "answer_facts": tuple(answer_facts),
+            "gold_actions": tuple(gold),
+        }  # fmt: skip
+
     return [
         Scenario(
             provenance=provenance,
@@ -90,15 +106,28 @@ def scenario_records(
             mode=mode,
             method=method,
             wording=wording,
+            family=family,
             initial_state=state,
             now=now,
             task=task,
             user=user if mode == "conversational" else None,
-            checklist=(*checklist, GUARD_ITEM),
-            checks=(*checks, guard),
-            gold_actions=tuple(gold),
             difficulty=difficulty(evidence),
             verification=verification,
+            **graded(mode),
         )
         for mode in ctx.config.scenarios.modes
     ]
+
+
+def reject_slot(
+    ctx: StageContext, env: Environment, slot: int, reason: str, detail: str, raw_output: str | None = None
+) -> Rejection:
+    """A failed slot as the stage's rejection, subject `<env id>/scenario-<slot>` (slots do not collide)."""
+    return Rejection(
+        provenance=ctx.provenance([env]),
+        stage=ctx.stage,
+        subject_id=f"{env.id}/scenario-{slot}",
+        reason=reason,
+        detail=detail[:DETAIL_CHARS],
+        raw_output=raw_output,
+    )

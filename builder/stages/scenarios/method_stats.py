@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from builder.records import Environment, Rejection, Scenario
 from builder.reports import MethodFigures, ScenariosReport
 from builder.run.stage import StageContext
+from builder.stages.scenarios.family_stats import derive_families
 from builder.stats import StageStats
 from builder.usage import Usage
 
@@ -83,6 +84,7 @@ def derive_report(stats: StageStats) -> None:
             setattr(methods["llm"], name, max(0, getattr(stats.usage, name) - getattr(spent_by_graph, name)))
     for entry in methods.values():
         _derive(entry)
+    derive_families(report)
 
 
 def _derive(entry: MethodFigures) -> None:

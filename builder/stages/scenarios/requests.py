@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -49,6 +49,7 @@ class TaskDraft(BaseModel):
     reveal_when_asked: str = Field(max_length=600)
     ending: str = Field(max_length=300)
     checklist: list[Annotated[str, Field(max_length=300)]] = Field(min_length=1, max_length=6)
+    answer_facts: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=6)
 
 
 class GoldAction(BaseModel):
@@ -87,6 +88,7 @@ class Draft:
     task: TaskDraft
     task_messages: list[ChatMessage]
     now: str  # the scenario's date-time, chosen with the state
+    gold_note: str = ""  # what the gold writer is told of the task's family (`families.gold_note`)
     checks: list[str] = field(default_factory=list)
     check_messages: list[ChatMessage] = field(default_factory=list)
     gold: list[Action] = field(default_factory=list)
@@ -165,30 +167,27 @@ async def _initial_state(
     return await shrinking(ctx, "scenario_state", prompt_budgets(ctx.config.llm.max_state_chars), at)
 
 
-async def _task(env: Environment, ctx: StageContext, state: dict[str, Any], now: str, feedback: str = "") -> Draft:
-    """A task draft; with `feedback` (why the previous task was refused and what to do), its replacement."""
+async def _task(
+    env: Environment, ctx: StageContext, state: dict[str, Any], now: str, feedback: str = "",
+    *, output_type: type[TaskDraft] = TaskDraft, note: str = "",
+) -> Draft:  # fmt: skip
+    """A task draft; with `feedback` (why the previous task was refused and what to do), its replacement. `note`
+    says which family of task to write (`families.family_note`), `output_type` is that family's draft."""
 
     def request(budget: PromptBudget) -> list[ChatMessage]:
         user = (
             f"{interface_text(env, budget)}\n\n## Now\n{now_text(now)}\n\n## Current state\n{state_text(state, budget)}"
         )
+        if note:
+            user += f"\n\n## The kind of task\n{note}"
         if feedback:
             user += f"\n\n## A previous task for this state was refused\n{feedback}"
         return system_user(prompt("scenario_task"), user)
 
     draft, messages = await _ask_fitting(
-        ctx, env, "scenario_task", request, TaskDraft, sampling=_sampling(ctx), invalid_reason="task_invalid"
+        ctx, env, "scenario_task", request, output_type, sampling=_sampling(ctx), invalid_reason="task_invalid"
     )
     return Draft(draft, messages, now)
-
-
-def _user_texts(draft: TaskDraft, modes: Sequence[str]) -> dict[str, str]:
-    """What the user says in each mode: every value the gold needs must be in it (the sufficiency gate)."""
-    said = {
-        "non_conversational": draft.task,
-        "conversational": f"{draft.known_up_front}\n{draft.reveal_when_asked}",
-    }
-    return {mode: said[mode] for mode in modes}
 
 
 async def _checks(
@@ -202,13 +201,16 @@ async def _checks(
 
     def request(budget: PromptBudget) -> list[ChatMessage]:
         methods = writer_sources(env.code, [action.name for action in draft.gold], budget)
-        user = (
-            f"# Environment {env.name} ({env.domain})\n{env.description}\n\n## State schema\n"
-            f"{json.dumps(schema)}\n\n## Initial state (the records the task involves; others exist)\n"
-            f"{state_text(involved, budget)}\n\n## Now\n{now_text(draft.now)}\n\n"
-        )
+        # What the environment's scenarios share first (the schema, then the methods, which repeat between
+        # tasks), the scenario's own records and task after: a model server's prefix cache reuses the start.
+        user = f"# Environment {env.name} ({env.domain})\n{env.description}\n\n"
+        user += f"## State schema\n{json.dumps(schema)}\n\n"
         if methods:
             user += f"## Methods the solution calls that change the state\n```python\n{methods}\n```\n\n"
+        user += (
+            f"## Initial state (the records the task involves; others exist)\n{state_text(involved, budget)}\n\n"
+            f"## Now\n{now_text(draft.now)}\n\n"
+        )
         items = "\n".join(f"{number}. {item}" for number, item in enumerate(checklist, 1))
         user += f"## Task\n{draft.task.task}\n\n## Checklist ({len(checklist)} items)\n{items}"
         return system_user(prompt("scenario_check"), user)
@@ -251,6 +253,8 @@ async def _gold(
                 f"## Current state\n{state_text(state, budget)}\n\n"
                 f"## Task\n{draft.task.task}"
             )
+            if draft.gold_note:
+                user += f"\n\n## Note\n{draft.gold_note}"
             return system_user(prompt("scenario_gold"), user)
 
         reply, messages = await _ask_fitting(
@@ -269,4 +273,7 @@ async def _gold(
 async def _fill(env: Environment, ctx: StageContext, state: dict[str, Any], draft: Draft) -> None:
     """Generate the gold sequence of `draft`, then its checks (they are shown what the gold calls)."""
     draft.gold, draft.gold_messages = await _gold(env, ctx, state, draft)
-    draft.checks, draft.check_messages = await _checks(env, ctx, state, draft)
+    if draft.task.checklist:  # an infeasible task has none: nothing may change (the guard) and the answer says why
+        draft.checks, draft.check_messages = await _checks(env, ctx, state, draft)
+    else:
+        draft.checks, draft.check_messages = [], []

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from builder.envs.answer import is_number, states
 from builder.envs.checks import CheckResult, checks_from_scenario, run_checks
 from builder.envs.lint import Contract, lint
 from builder.envs.probe import generate_arguments
@@ -200,6 +201,10 @@ def verify(
     now: str = DEFAULT_NOW,
     seed: int = DEFAULT_SEED,
     contract: Contract = "strict",
+    facts: Sequence[str] = (),
+    refused: Action | None = None,
+    expect_change: bool = True,
+    withheld: tuple[str, str] | None = None,
 ) -> Evidence:
     """Run every gate in order and stop at the first that fails (its reason code and the evidence so far). Every
     session and check run is at the scenario's `now` with its `seed`.
@@ -208,10 +213,17 @@ def verify(
     argument must come from each of them, an earlier gold result or the `tools` schemas
     (`builder.stages.scenarios.sufficiency`). `actions` may hold references to earlier results
     (`builder.stages.scenarios.references`); they are resolved as the gold runs (`run_gold`), every later gate
-    runs the resolved calls, and the evidence's `actions` are those.
+    runs the resolved calls, and the evidence's `actions` are those. `facts` are what the task asks to be told
+    (`answer_facts`): each must be in what a gold call returned and not already in what the user says.
+    Task families (`builder.stages.scenarios.families`): `refused` is a call the environment must refuse (or
+    answer with an error) on the initial state; with `expect_change` False the gold must change nothing (and
+    the checks may be none); `withheld` is (value, text): a value the gold needs that `text` (what the user says
+    in the mode that leaves it out) must not give.
 
     Reason codes: check_broken (lint, raises, non-bool, timeout), gold_call_failed (a call failed or was
-    refused, or a reference names a later or failed call or a path its call did not return), task_underspecified,
+    refused, or a reference names a later or failed call or a path its call did not return), answer_not_read
+    (an answer fact no gold call returns, or one the user already says), not_refused (the refused call was
+    not), state_changed (a gold that must change nothing did), nothing_withheld, task_underspecified,
     too_few_calls, no_state_change, gold_nondeterministic, already_solved, gold_fails_checks,
     negative_control_failed.
     """
@@ -238,6 +250,16 @@ def verify(
     ) + tuple(problem[:600] for problem in run.problems)
     if failed:
         return Evidence(reason="gold_call_failed", detail=" | ".join(failed), gold_problems=failed, **seen)
+    unread = answer_problems(facts, [result for result, _ in outcomes], texts or {})
+    if unread:
+        return Evidence(reason="answer_not_read", detail=" | ".join(unread)[:DETAIL_CHARS], gold_problems=unread,
+                        **seen)  # fmt: skip
+    if refused is not None and (accepted := _accepts(sandbox, code, initial_state, refused, now, seed, contract)):
+        return Evidence(reason="not_refused", detail=accepted, gold_problems=(accepted,), **seen)
+    if not expect_change and changing:
+        calls = ", ".join(f"call {i + 1} {actions[i].name}" for i in changing)
+        detail = f"{calls} changed the state; the rules forbid this request, so nothing may change"
+        return Evidence(reason="state_changed", detail=detail, gold_problems=(detail,), **seen)
     # Checked on the actual results, before the other gates: its repair is a new task, which replaces the rest.
     # On the calls as written: a reference is grounded by construction (it resolved against an earlier result).
     results = [result.result for result, _ in outcomes]
@@ -247,6 +269,16 @@ def verify(
         for mode, text in (texts or {}).items()
         if (problems := unsupported_arguments(written, results, text, tools, now, defaults))
     }
+    if withheld is not None:
+        value, text = withheld
+        lacking = unsupported_arguments(written, results, text, tools, now, defaults)
+        if not any(_same_value(problem.rsplit(" = ", 1)[-1].strip("'\""), value) for problem in lacking):
+            detail = (
+                f"withheld {value!r}: the request gives it or lets the assistant find it"
+                if any(_same_value(v, value) for action in written for v in action.arguments.values())
+                else f"withheld {value!r}: no call of the solution uses it, so nothing the calls need is missing"
+            )
+            return Evidence(reason="nothing_withheld", detail=detail, gold_problems=(detail,), **seen)
     if underspecified:
         detail = " | ".join(f"{mode}: {'; '.join(problems)}" for mode, problems in underspecified.items())
         return Evidence(
@@ -255,7 +287,7 @@ def verify(
     if len(actions) < min_gold_calls:
         detail = f"the gold sequence has {len(actions)} calls; the task must need at least {min_gold_calls}"
         return Evidence(reason="too_few_calls", detail=detail, gold_problems=(detail,), **seen)
-    if not changing:
+    if not changing and expect_change:
         detail = "no gold call changed the state; the task must require at least one change"
         return Evidence(reason="no_state_change", detail=detail, gold_problems=(detail,), **seen)
     # The stored gold must reproduce: rollouts and the negative control replay it in fresh sessions.
@@ -277,7 +309,7 @@ def verify(
     errors = _check_errors(on_initial, "initial") | _check_errors(on_final, "final")
     if errors:
         return Evidence(reason="check_broken", detail=_join(errors), check_problems=errors, **seen)
-    if all(r.passed for r in on_initial):
+    if specs and all(r.passed for r in on_initial):
         detail = "every check already passes on the initial state: the task asks for nothing that is not done"
         return Evidence(reason="already_solved", detail=detail, **seen)
     false = {i: "returned False on the state after the gold sequence" for i, r in enumerate(on_final) if not r.passed}
@@ -303,6 +335,41 @@ def verify(
         detail = "; ".join(f"without call {a.removed + 1} ({a.name}) every check still passes" for a in unnoticed)
         return Evidence(reason="negative_control_failed", detail=detail, gold_problems=(detail,), **seen)
     return Evidence(**seen)
+
+
+def _accepts(
+    sandbox: Sandbox, code: str, state: dict[str, Any], call: Action, now: str, seed: int, contract: Contract
+) -> str | None:
+    """Why `call` is not refused on `state` (None: it is refused, or answered with a domain error)."""
+    try:
+        with Session(sandbox, code, state, now=now, seed=seed, contract=contract) as session:
+            result = session.call(call.name, call.arguments)
+    except SessionError as error:
+        return f"the state does not load: {error}"[:600]
+    if result.ok and result.refused or not result.ok and result.error_kind not in CRASH_KINDS:
+        return None
+    said = json.dumps(result.result, ensure_ascii=False) if result.ok else result.error
+    how = "accepted it" if result.ok else "crashed on it"
+    return f"refused_call {call.name}({json.dumps(call.arguments, ensure_ascii=False)}): the environment {how}: {said}"[
+        :600
+    ]
+
+
+def _same_value(argument: Any, value: str) -> bool:
+    return str(argument).strip().casefold() == value.strip().casefold()
+
+
+def answer_problems(facts: Sequence[str], results: Sequence[ToolResult], texts: Mapping[str, str]) -> tuple[str, ...]:
+    """Why answer facts cannot be graded: a fact no successful gold call returned (the agent could not know it), or
+    one the user already says in some mode (stating it proves nothing)."""
+    returned = "\n".join(json.dumps(r.result, ensure_ascii=False) for r in results if r.ok and not r.refused)
+    problems = [f"answer fact {fact!r}: no call of the solution returns it" for fact in facts
+                if not states(returned, fact)]  # fmt: skip
+    problems += [
+        f"answer fact {fact!r}: the user already says it ({mode}); the answer must state what the tools tell"
+        for fact in facts for mode, text in texts.items() if not is_number(fact) and states(text, fact)
+    ]  # fmt: skip
+    return tuple(problems)
 
 
 def _join(problems: dict[int, str]) -> str:

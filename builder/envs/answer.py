@@ -1,0 +1,195 @@
+"""The answer check: when a task asks to be told something, the agent's answer must state the values the gold
+solution's reads returned (a scenario's `answer_facts`).
+
+The answer is everything the agent said in plain text during the episode (`agent_answer`): its assistant
+messages' text and, in a conversational episode played through a tool, what it sent with `reply_to_user`. A fact
+is stated when it appears in that text under these rules (`states`), so a trainer's reward does not depend on
+how the agent formats a value:
+
+- case, accents and punctuation do not matter: text is compared as a sequence of letter/digit words, and a
+  fact's words must appear in order, next to each other ("dual_monitor" is stated by "dual monitor", "D-522" by
+  "d 522" or "D-522"); digit words compare as numbers ("09" is "9");
+- a number is stated by the same number in any notation ("1250", "1,250.00", "$1,250");
+- a date (ISO `2025-03-14`) is stated in ISO form, as day and month names in either order ("March 14", "14th of
+  Mar 2025"; a year given next to it must be the fact's) or numerically (3/14/2025, 14.03.2025); a date-time
+  also needs its time when that is not midnight ("09:20", "9:20 am", "9 AM" for 09:00; seconds are ignored).
+
+The check is deterministic string matching on data, not code: it runs in the calling process.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import date, datetime
+from typing import Any
+
+from builder.envs.conversation import REPLY_TOOL
+
+MONTHS = (
+    "january", "february", "march", "april", "may", "june", "july", "august", "september", "october", "november",
+    "december",
+)  # fmt: skip
+_WORD = re.compile(r"[0-9a-z]+")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+_PLAIN_NUMBER = re.compile(r"[-+]?(?:[$€£]\s*)?\d[\d,]*(?:\.\d+)?%?")
+_ISO_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:\.\d+)?)?)?$")
+
+
+def fold(text: str) -> str:
+    """Casefolded, accents removed (NFKD without combining marks)."""
+    decomposed = unicodedata.normalize("NFKD", text)
+    return "".join(char for char in decomposed if not unicodedata.combining(char)).casefold()
+
+
+def words(text: str) -> list[str]:
+    """The letter/digit words of `text`, folded; digit words without leading zeros."""
+    return [word.lstrip("0") or "0" if word.isdigit() else word for word in _WORD.findall(fold(text))]
+
+
+def states(answer: str, fact: str) -> bool:
+    """Whether `answer` states `fact` (the rules in the module docstring)."""
+    fact = fact.strip()
+    if not fact:
+        return True
+    if (number := _as_number(fact)) is not None:
+        return number in _numbers(answer)
+    said = words(answer)
+    if _contains(said, words(fact)):
+        return True
+    if (moment := _as_moment(fact)) is not None:
+        return _states_moment(answer, said, *moment)
+    return False
+
+
+def missing_facts(answer: str, facts: Iterable[str]) -> list[str]:
+    """The facts `answer` does not state, in order."""
+    return [fact for fact in facts if not states(answer, fact)]
+
+
+def agent_answer(messages: Iterable[Mapping[str, Any]]) -> str:
+    """What the agent said in an episode's OpenAI-format messages: every assistant message's text and every
+    `reply_to_user` message, one per line."""
+    said: list[str] = []
+    for message in messages:
+        if message.get("role") != "assistant":
+            continue
+        if isinstance(message.get("content"), str) and message["content"].strip():
+            said.append(message["content"].strip())
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", call) if isinstance(call, Mapping) else {}
+            if function.get("name") == REPLY_TOOL:
+                said.append(_reply_text(function.get("arguments")))
+    return "\n".join(text for text in said if text)
+
+
+def gold_answer(facts: Sequence[str]) -> str:
+    """An answer stating every fact, as the reward audit's gold agent says it."""
+    return "Done. " + "; ".join(facts) if facts else ""
+
+
+def natural_answer(facts: Sequence[str]) -> str:
+    """An answer stating every fact as a person would write it: dates and times in words, numbers with
+    thousands separators, identifiers with spaces for underscores."""
+    return "Done. " + "; ".join(natural(fact) for fact in facts) if facts else ""
+
+
+def natural(fact: str) -> str:
+    """One fact as a person would write it (`natural_answer`)."""
+    if (number := _as_number(fact)) is not None:
+        return f"{number:,.2f}".rstrip("0").rstrip(".") if number != int(number) else f"{int(number):,}"
+    if (moment := _as_moment(fact)) is not None:
+        day, time = moment
+        said = f"{MONTHS[day.month - 1].capitalize()} {day.day}, {day.year}"
+        if time is not None:
+            hour, minute = time
+            said += f" at {hour % 12 or 12}:{minute:02d} {'AM' if hour < 12 else 'PM'}"
+        return said
+    return fact.replace("_", " ")
+
+
+def _reply_text(arguments: Any) -> str:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return arguments
+    return str(arguments.get("message", "")) if isinstance(arguments, Mapping) else ""
+
+
+def _contains(said: Sequence[str], wanted: Sequence[str]) -> bool:
+    if not wanted:
+        return False
+    width = len(wanted)
+    return any(list(said[start : start + width]) == list(wanted) for start in range(len(said) - width + 1))
+
+
+def is_number(fact: str) -> bool:
+    """Whether the fact is a number (compared by value: "1250" is stated by "1,250.00")."""
+    return _as_number(fact) is not None
+
+
+def _as_number(fact: str) -> float | None:
+    if not _PLAIN_NUMBER.fullmatch(fact.strip()):
+        return None
+    return _to_float(re.sub(r"[^\d.\-]", "", fact))
+
+
+def _numbers(answer: str) -> set[float]:
+    found = (_to_float(match.replace(",", "")) for match in _NUMBER.findall(answer))
+    return {number for number in found if number is not None}
+
+
+def _to_float(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _as_moment(fact: str) -> tuple[date, tuple[int, int] | None] | None:
+    """The date of an ISO date or date-time fact, and its (hour, minute) when that is not midnight."""
+    match = _ISO_DATE.match(fact.strip())
+    if match is None:
+        return None
+    year, month, day, hour, minute = (int(part) if part else None for part in match.groups()[:5])
+    try:
+        when = datetime(year, month, day, hour or 0, minute or 0)  # type: ignore[arg-type]
+    except ValueError:
+        return None
+    time = (when.hour, when.minute) if (when.hour, when.minute) != (0, 0) else None
+    return when.date(), time
+
+
+def _states_moment(answer: str, said: Sequence[str], day: date, time: tuple[int, int] | None) -> bool:
+    return _states_date(answer, said, day) and (time is None or _states_time(said, *time))
+
+
+def _states_date(answer: str, said: Sequence[str], day: date) -> bool:
+    y, m, d = str(day.year), str(day.month), str(day.day)
+    if any(_contains(said, order) for order in ([y, m, d], [m, d, y], [d, m, y])):
+        return True
+    names = {MONTHS[day.month - 1], MONTHS[day.month - 1][:3], MONTHS[day.month - 1][:4]}
+    text = fold(answer)
+    month = "|".join(sorted(names, key=len, reverse=True))
+    patterns = (
+        rf"\b(?:{month})\.?\s+0?{d}(?:st|nd|rd|th)?\b(?:,?\s+(\d{{4}}))?",
+        rf"\b0?{d}(?:st|nd|rd|th)?\s+(?:of\s+)?(?:{month})\b\.?(?:,?\s+(\d{{4}}))?",
+    )
+    for pattern in patterns:
+        for match in re.finditer(pattern, text):
+            if match.group(1) in (None, y):
+                return True
+    return False
+
+
+def _states_time(said: Sequence[str], hour: int, minute: int) -> bool:
+    twelve, mm = str(hour % 12 or 12), str(minute)
+    forms = [[str(hour), mm]]
+    for suffix in (["am"], ["a", "m"]) if hour < 12 else (["pm"], ["p", "m"]):
+        forms += [[twelve, mm, *suffix], [twelve, f"{minute:02d}{suffix[0]}", *suffix[1:]]]
+        if minute == 0:
+            forms += [[twelve, *suffix], [twelve + suffix[0], *suffix[1:]]]
+    return any(_contains(said, form) for form in forms)

@@ -1,0 +1,146 @@
+"""The facts the tester and the checker are shown: the prompts' user messages, laid out for the prefix cache
+(what repeats from one request to the next first, what varies after it)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from builder.envs.session import ToolResult
+from builder.evidence import JudgedCall
+from builder.records import Environment
+from builder.stages.evaluate.agents import CaseType, slot_text
+from builder.stages.evaluate.sequential import Decision
+from builder.views.budget import PromptBudget
+from builder.views.code import attributes_used, class_header, environment_text, method_source, now_text
+from builder.views.state import clip_json, state_text, state_view
+
+CASE_TEXT = {
+    "positive": "a POSITIVE case (input a correct implementation accepts)",
+    "negative": "a NEGATIVE case (input a correct implementation refuses with an error value)",
+    "unscheduled": "a case the tester chose itself (decide from the arguments whether the input is valid)",
+}
+
+
+@dataclass(frozen=True)
+class TestState:
+    index: int
+    purpose: str
+    state: dict[str, Any]
+    now: str  # the sandbox clock of every session on this state, chosen with it
+
+
+@dataclass
+class StateRun:
+    """What happened on one test state: judged calls and the replies that could not be used."""
+
+    quota: int
+    judged: list[JudgedCall] = field(default_factory=list)
+    invalid: list[dict[str, Any]] = field(default_factory=list)
+    settled: Decision | None = None  # the verdict the sequential rule reached before `quota` calls were judged
+
+    def gave_up(self, max_invalid: int) -> bool:
+        return len(self.invalid) > max_invalid
+
+
+@dataclass
+class Ran:
+    """A call of a batch that reached the environment and awaits the checker."""
+
+    number: int
+    call: dict[str, Any]
+    result: ToolResult
+    before: dict[str, Any]
+    after: dict[str, Any]
+    changes: list[dict[str, Any]]
+
+
+def _tester_facts(
+    state: TestState, run: StateRun, current: dict[str, Any], history_calls: int, budget: PromptBudget,
+    slots: list[tuple[str, CaseType]], feedback: str = "",
+) -> str:  # fmt: skip
+    done = len(run.judged)
+    recent = run.judged[-history_calls:] if history_calls else []
+    lines = [f"- {c.tool}({json.dumps(c.arguments)}) -> {c.result or c.error}" for c in recent]
+    history = "\n".join(lines) or "- none yet"
+    # After unusable tester items the request must differ (or a cached reply would repeat the mistake), and the
+    # tester should learn what was wrong (`feedback`). A checker's failure is not the tester's business.
+    note = f"\n\nYour previous reply was partly unusable: {feedback}" if feedback else ""
+    asked = "\n".join(slot_text(number, slot) for number, slot in enumerate(slots, 1))
+    # The calls' numbers come after the state: the state and the calls before repeat from one round to the next
+    # (a model server's prefix cache reuses them), the numbers never do.
+    return (
+        f"Test state {state.index + 1}, as first set up: {state.purpose}\n"
+        f"Now: {now_text(state.now)}.\n\n"
+        f"Current state (JSON):\n{state_text(current, budget)}\n\n"
+        f"Recent calls on this state:\n{history}\n\n"
+        f"Calls {done + 1} to {done + len(slots)} of {run.quota} on this state; the current state above includes "
+        f"the calls made since. Fill these {len(slots)} slots, one call each, numbered as here; they run in this "
+        f"order, each on the state the calls before it left:\n{asked}{note}"
+    )
+
+
+def _batch_facts(env: Environment, ran: list[Ran], budget: PromptBudget, now: str) -> str:
+    """The environment, its state definition and clock once (the stable prefix), then each call of the batch
+    with what a single call's check shows: the method's source (once per tool), the state before (the attributes
+    the method uses), the case, arguments, result, state after and the changes. A state view identical to one an
+    earlier call of the batch showed is named, not repeated (`views`: its text -> where it was shown)."""
+    sections = []
+    shown: set[str] = set()
+    views: dict[str, str] = {}
+    for item in ran:
+        name = item.call["tool"]
+        source = (
+            f"Method source of `{name}`: as for an earlier call of this batch.\n\n" if name in shown else
+            f"Method source of `{name}`:\n```python\n{method_source(env.code, name)}\n```\n\n"
+        )  # fmt: skip
+        shown.add(name)
+        sections.append(f"## Call {item.number}\n\n{source}{_call_facts(env, item, budget, views)}")
+    calls = "\n\n".join(sections)
+    return (
+        f"Environment `{env.class_name}`: {environment_text(env.description, env.code)}\n\n"
+        f"State definition:\n```python\n{class_header(env.code)}\n```\n\n"
+        f"Now: {now_text(now)}.\n\n"
+        f"{len(ran)} call(s) ran in this order, each on the state the one before it left. Give one verdict per "
+        f"call, with its number.\n\n{calls}"
+    )
+
+
+def _checker_facts(
+    env: Environment, call: dict[str, Any], result: ToolResult, before: dict[str, Any], after: dict[str, Any],
+    changes: list[dict[str, Any]], budget: PromptBudget, now: str,
+) -> str:  # fmt: skip
+    """The facts of one call on its own, as a batch of one (the rule probes' confirmations ask about one call)."""
+    return _batch_facts(env, [Ran(1, call, result, before, after, changes)], budget, now)
+
+
+def _call_facts(env: Environment, item: Ran, budget: PromptBudget, views: dict[str, str]) -> str:
+    limit = budget.state_chars
+    name, changes = item.call["tool"], item.changes
+    used = attributes_used(env.code, name)
+    before = state_text(state_view(item.before, used), budget)
+    after = state_text(state_view(item.after, used), budget) if changes else "(identical to the state before)"
+    before_shown = f"identical to the {views[before]}" if before in views else before
+    views.setdefault(before, f"state before call {item.number}")
+    if changes:
+        views.setdefault(after, f"state after call {item.number}")
+    return (
+        f"State before (attributes the method uses):\n{before_shown}\n\n"
+        f"Tool under test: `{name}`, {CASE_TEXT[item.call['case']]}.\n"
+        f"Arguments: {json.dumps(item.call['arguments'], ensure_ascii=False)}\n"
+        f"Result: {clip_json(item.result.result, limit)}\n\n"
+        f"State after:\n{after}"
+        f"\n\nChanges: {clip_json(changes, limit) if changes else 'none: the state did not change'}"
+        f"{_outcome_note(item.result, changes)}"
+    )
+
+
+def _outcome_note(result: ToolResult, changes: list[dict[str, Any]]) -> str:
+    """A fact small models miss: a result that reports failure while the state changed (or the reverse)."""
+    success = result.result.get("success") if isinstance(result.result, dict) else None
+    if success is False and changes:
+        return "\nNote: the result reports failure, yet the state changed."
+    if success is False:
+        return "\nNote: the result reports failure and the state is unchanged."
+    return ""

@@ -1,0 +1,190 @@
+"""The answer check (`builder.envs.answer`): a task that asks to be told something is graded over what the agent
+said, with values matched regardless of format; the published reward counts it the same through every path; the
+audit and the scenario gate (`answer_not_read`) hold it to the gold's reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from builder.cli import main
+from builder.config import SandboxConfig
+from builder.envs.answer import agent_answer, natural_answer, states
+from builder.envs.audit import audit_reward
+from builder.envs.checks import checks_from_scenario, published_reward
+from builder.envs.schema import inspect_source
+from builder.envs.session import Session
+from builder.envs.trainer import LiveEnvironment, trl_environment_factories, trl_reward
+from builder.records import Action
+from builder.rollout.reward import gold_paths, grade, with_guard
+from builder.sandbox.runtime import Sandbox
+from builder.stages.scenarios.verify import verify
+from tests.fixtures.scenarios import BANK_CHECKS, BANK_STATE, bank_scenario, environment
+
+pytestmark = pytest.mark.usefixtures("restore_logging")
+
+BANK = Path(__file__).parent / "fixtures" / "envs" / "bank.py"
+# "Move 300 cents from acc-1 to acc-2 and tell me acc-2's balance": the gold reads it after the transfer.
+GOLD = (
+    Action(name="transfer", arguments={"source": "acc-1", "target": "acc-2", "amount": 300}),
+    Action(name="get_account", arguments={"account_id": "acc-2"}),
+)
+TASK = "Move 300 cents from my checking account acc-1 to my savings account acc-2, then tell me acc-2's balance."
+FACTS = ("800",)
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(SandboxConfig(call_timeout_s=5.0, kill_grace_s=1.0, memory_mb=256)) as runtime:
+        yield runtime
+
+
+@pytest.mark.parametrize(
+    ("answer", "fact", "stated"),
+    [
+        ("Your booking is on March 14, 2025 at 9:20 AM.", "2025-03-14T09:20:00", True),
+        ("Booked: 2025-03-14 09:20", "2025-03-14T09:20", True),
+        ("Booked for the 14th of March at 09:20.", "2025-03-14T09:20:00", True),
+        ("At 3pm on 3/14/2025.", "2025-03-14T15:00:00", True),
+        ("Booked for March 15 at 09:20.", "2025-03-14T09:20:00", False),  # another day
+        ("Booked for March 14 at 10:20.", "2025-03-14T09:20:00", False),  # another time
+        ("Due March 14, 2024.", "2025-03-14", False),  # another year next to it
+        ("The total is $1,250.00.", "1250", True),
+        ("The total is 1250.5.", "1250", False),  # numbers compare by value, not by digits
+        ("Tags: dual monitor, standing desk.", "dual_monitor", True),
+        ("Desk D-522 is free.", "D-522", True),
+        ("Riders: María López and Tom.", "Maria Lopez", True),
+        ("Riders: Maria and Tom Lopez.", "Maria Lopez", False),  # words must be adjacent, in order
+        ("The lot is QUARANTINED.", "quarantined", True),
+        ("", "quarantined", False),
+    ],
+)
+def test_a_fact_is_stated_whatever_its_format(answer, fact, stated):
+    assert states(answer, fact) is stated
+
+
+def test_the_answer_is_what_the_agent_said_in_text_or_to_the_user():
+    messages = [
+        {"role": "user", "content": "What is the balance of acc-2? It is 999, I think."},  # the user's words: not it
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "1", "type": "function", "function": {"name": "get_account", "arguments": '{"account_id": "a"}'}}]},
+        {"role": "tool", "content": '{"balance": 800}'},  # what the tool said: not it either
+        {"role": "assistant", "content": None, "tool_calls": [  # TRL's completions hold arguments as objects
+            {"type": "function", "function": {"name": "reply_to_user", "arguments": {"message": "It holds 8.00."}}}]},
+        {"role": "assistant", "content": "Anything else?", "tool_calls": [  # verifiers' calls name the tool at the top
+            {"id": "2", "name": "reply_to_user", "arguments": '{"message": "Balance: 800 cents."}'}]},
+    ]  # fmt: skip
+    assert agent_answer(messages) == "It holds 8.00.\nAnything else?\nBalance: 800 cents."
+
+
+def test_the_answer_counts_beside_the_checks_in_the_published_reward(sandbox):
+    checks = checks_from_scenario(with_guard(BANK_CHECKS, gold_paths(sandbox, BANK.read_text(), BANK_STATE, GOLD)))
+    done = run(sandbox, GOLD)
+
+    def reward(final, answer):
+        return published_reward(sandbox, checks, BANK_STATE, final, facts=FACTS, answer=answer)
+
+    assert reward(BANK_STATE, "").reward == 0.0  # nothing done, nothing said
+    assert reward(done, "acc-2 now holds 800 cents.").solved
+    unsaid = reward(done, "Done.")
+    assert (unsaid.reward, unsaid.solved, unsaid.answered, unsaid.unstated) == (2 / 3, False, False, ("800",))
+    assert reward(BANK_STATE, "It holds 800.").reward == 1 / 3  # a right answer alone is partial credit
+    # A task that only asks (no check but the guard): the answer decides.
+    only_guard = checks[-1:]
+    assert published_reward(sandbox, only_guard, BANK_STATE, BANK_STATE, facts=FACTS, answer="800").reward == 1.0
+    assert published_reward(sandbox, only_guard, BANK_STATE, BANK_STATE, facts=FACTS, answer="").reward == 0.0
+
+
+def test_the_same_episode_gets_the_same_reward_through_every_path(sandbox, tmp_path, capsys):
+    """Rollout grading, the trainer API, TRL's reward function, OpenEnv, verifiers and the CLI, with and without
+    the answer."""
+    from builder.adapters.openenv import BuilderEnvironment, MessageAction
+    from builder.adapters.verifiers import ScenarioData
+    from builder.adapters.verifiers import grade as verifiers_grade
+
+    env = environment("bank")
+    checks = with_guard(BANK_CHECKS, gold_paths(sandbox, env.code, BANK_STATE, GOLD))
+    scenario = bank_scenario().model_copy(
+        update={"task": TASK, "checks": tuple(checks), "answer_facts": FACTS, "gold_actions": GOLD}
+    )
+    row = json.loads(scenario.model_dump_json()) | {"scenario_id": scenario.id}
+    for calls, answer, expected, stated in (
+        (GOLD, "Done: acc-2 holds 800 cents now.", 1.0, True), (GOLD, "Done.", 2 / 3, False), ([], "", 0.0, False),
+        (GOLD[:1], "Moved; it should be 8.00 dollars, i.e. 800.", 1.0, True),
+    ):  # fmt: skip
+        final = run(sandbox, calls)
+        rollout = grade(sandbox, checks, BANK_STATE, final, None, now=scenario.now, seed=scenario.seed,
+                        facts=FACTS, answer=answer).reward  # fmt: skip
+
+        live = LiveEnvironment(env.model_dump(), row, sandbox)
+        live.reset()
+        for call in calls:
+            live.call(call.name, call.arguments)
+        trainer = live.reward(answer)
+        live.close()
+
+        trl_env = trl_environment_factories([env.model_dump() | {"env_id": env.id}], [row], sandbox)[env.id]()
+        trl_env.reset(scenario_id=scenario.id)
+        for call in calls:
+            getattr(trl_env, call.name)(**call.arguments)
+        completion = [{"role": "assistant", "content": answer}]
+        (trl,) = trl_reward([completion], [trl_env])
+
+        openenv = BuilderEnvironment(env.model_dump() | {"env_id": env.id}, [row], sandbox)
+        openenv.reset(scenario_id=scenario.id)
+        for call in calls:
+            openenv.live.call(call.name, call.arguments)
+        ended = openenv.step(MessageAction(content=answer))
+        assert ended.done
+
+        data = ScenarioData(
+            scenario_id=scenario.id, env_id=env.id, code=env.code, initial_state=BANK_STATE, checks=checks,
+            answer_facts=list(FACTS), now=scenario.now,
+        )  # fmt: skip
+        verifiers = verifiers_grade(data, final, answer)
+
+        (tmp_path / "s.json").write_text(scenario.model_dump_json())
+        (tmp_path / "c.json").write_text(json.dumps([call.model_dump() for call in calls]))
+        capsys.readouterr()
+        code = main(["reward", str(BANK), "--scenario", str(tmp_path / "s.json"), "--calls", str(tmp_path / "c.json"),
+                     "--answer", answer, "--json", "--profile", "none"])  # fmt: skip
+        cli = json.loads(capsys.readouterr().out)
+        assert code == 0 and cli["answer"]["passed"] is stated
+        got = (rollout, trainer, trl, ended.reward, verifiers, cli["reward"])
+        assert got == (expected,) * 6, (calls, answer, got)
+
+
+def test_the_audit_grades_the_gold_with_its_answer_said_plainly_and_in_words(sandbox):
+    tools = inspect_source(BANK.read_text()).tools
+    guarded = with_guard(BANK_CHECKS, gold_paths(sandbox, BANK.read_text(), BANK_STATE, GOLD))
+    audit = audit_reward(sandbox, BANK.read_text(), BANK_STATE, guarded, GOLD, tools, facts=("800", "acc-2"))
+    assert audit.reason is None, audit
+    assert audit.outcomes["spelling"] == "pass" and audit.rewards["spelling"] == 1.0  # said as "800", "acc 2"
+    assert natural_answer(["2025-03-14T09:20:00", "1250", "dual_monitor"]) == (
+        "Done. March 14, 2025 at 9:20 AM; 1,250; dual monitor"
+    )
+
+
+def test_a_fact_no_gold_call_returns_or_the_user_says_is_refused(sandbox):
+    code = BANK.read_text()
+    texts = {"non_conversational": TASK}
+
+    def reason(facts, actions=GOLD):
+        evidence = verify(sandbox, code, BANK_STATE, actions, list(BANK_CHECKS), texts=texts, facts=facts)
+        return evidence.reason, evidence.gold_problems
+
+    assert reason(FACTS)[0] is None
+    unread, problems = reason(FACTS, GOLD[:1])  # the transfer alone never shows the balance
+    assert unread == "answer_not_read" and "'800'" in problems[0] and "no call of the solution" in problems[0]
+    said, problems = reason(("acc-2",))  # the user names the account: stating it proves nothing
+    assert said == "answer_not_read" and "the user already says it" in problems[0]
+    assert reason(("999",))[0] == "answer_not_read"  # a value the environment never returned
+
+
+def run(sandbox, calls) -> dict:
+    with Session(sandbox, BANK.read_text(), BANK_STATE) as session:
+        for call in calls:
+            session.call(call.name, call.arguments)
+        return session.snapshot()

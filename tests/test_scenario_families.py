@@ -1,0 +1,218 @@
+"""Task families (`builder.stages.scenarios.families`): each family's generation path with a scripted model on the
+bank fixture, its gates (not_refused, state_changed, nothing_withheld), its checks per mode, the reward audit of
+what it keeps, and its figures in the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from builder.envs.audit import audit_reward
+from builder.envs.guard import GUARD_ITEM, is_guard
+from builder.llm import ChatRequest, ScriptedModel
+from builder.records import Rejection, Scenario
+from builder.sandbox.runtime import Sandbox
+from builder.stages.scenarios import scenarios
+from builder.stages.scenarios.families import FAMILIES, slot_families
+from builder.stages.scenarios.family_stats import derive_families
+from tests.test_stage_scenarios import BANK_STATE, CHECKS, FAST, GOLD, NOW, TASK, context, environment, schema_name
+
+pytestmark = pytest.mark.usefixtures("restore_logging")
+
+MOVED_IN, MOVED_OUT, FROZEN = TASK["checklist"]
+CHECK_FOR = CHECKS | {
+    "Has acc-2's balance increased by 500 cents?": "def check(initial_state, final_state):\n"
+    "    return final_state['accounts']['acc-2']['balance'] == initial_state['accounts']['acc-2']['balance'] + 500\n",
+}
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(FAST) as runtime:
+        yield runtime
+
+
+def model(tasks: list[dict], golds: list[list[dict]]) -> ScriptedModel:
+    """Answers the stage's requests: the state, then `tasks` and `golds` in turn (the last one repeats), and
+    each checklist item's check from CHECK_FOR."""
+    queues = {"task": list(tasks), "gold": list(golds)}
+
+    def next_of(kind: str):
+        queue = queues[kind]
+        return queue.pop(0) if len(queue) > 1 else queue[0]
+
+    def answer(request: ChatRequest) -> str:
+        name = schema_name(request)
+        if name == "InitialState":
+            return json.dumps({"now": NOW, "state": BANK_STATE})
+        if name.endswith("Draft"):
+            return json.dumps(next_of("task"))
+        if name == "GoldSolution":
+            return json.dumps({"actions": next_of("gold")})
+        if name == "CheckCodes":
+            section = request.messages[1].content.rsplit("## Checklist (", 1)[1].split("\n", 1)[1]
+            return json.dumps({"checks": [CHECK_FOR[line.split(". ", 1)[1]] for line in section.splitlines()]})
+        raise AssertionError(f"unexpected request {name!r}")
+
+    return ScriptedModel(answer)
+
+
+async def one_slot(tmp_path, sandbox, family: str, tasks, golds, *overrides):
+    scripted = model(tasks, golds)
+    ctx = context(tmp_path, scripted, sandbox, f"scenarios.families={{{family}=1}}", *overrides)
+    made = await scenarios(environment("bank"), ctx)
+    return made, scripted, ctx
+
+
+def audit(sandbox, scenario: Scenario) -> dict[str, str]:
+    env = environment("bank")
+    return audit_reward(
+        sandbox, env.code, scenario.initial_state, scenario.checks, scenario.gold_actions, env.tools,
+        now=scenario.now, seed=scenario.seed, facts=scenario.answer_facts,
+    ).outcomes  # fmt: skip
+
+
+def test_slots_get_families_in_proportion_heaviest_first():
+    weights = {"plain": 3, "missing_info": 1, "infeasible": 1, "policy_trap": 1, "error_recovery": 1, "long_context": 1}
+    eight = slot_families(8, weights)
+    assert eight[0] == "plain" and eight.count("plain") == 3 and set(eight) == set(FAMILIES)
+    assert slot_families(3, {"plain": 1, "infeasible": 0}) == ["plain"] * 3
+    assert slot_families(4, {"infeasible": 1, "policy_trap": 1}) == ["infeasible", "policy_trap"] * 2
+
+
+# "Move 30.00 from acc-1 to acc-2": the user leaves the amount out of the request.
+MISSING = {
+    **TASK, "task": "I'm Ada Lovelace, customer c1. Move some money from my checking account acc-1 to my savings "
+    "account acc-2, then freeze the savings account.",
+    "known_up_front": "Wants to move money to savings and freeze the savings account.",
+    "reveal_when_asked": "Accounts acc-1 (checking) and acc-2 (savings); customer id c1; the amount is 30.00.",
+    "withheld": "3000", "withheld_as": "the amount",
+}  # fmt: skip
+
+
+async def test_missing_info_asks_in_conversation_and_changes_nothing_without_it(tmp_path, sandbox):
+    (plain, talk), scripted, ctx = await one_slot(tmp_path, sandbox, "missing_info", [MISSING], [GOLD])
+    assert plain.family == talk.family == "missing_info" and plain.task == talk.task
+    # Without the amount nothing can be done: no change (a guard that allows none), and the answer names it.
+    assert plain.gold_actions == () and plain.checklist == (GUARD_ITEM,) and len(plain.checks) == 1
+    assert is_guard(plain.checks[0]) and plain.answer_facts == ("the amount",)
+    # In a conversation the user gives it when asked: the task's own checks and gold.
+    assert talk.checklist[:-1] == tuple(TASK["checklist"]) and len(talk.gold_actions) == len(GOLD)
+    assert "the amount is 30.00" in talk.user.reveal_when_asked
+    assert audit(sandbox, plain)["nothing"] == "pass" and audit(sandbox, talk)["gold"] == "pass"
+    note = scripted.requests[1].messages[1].content
+    assert "## The kind of task" in note and "missing information" in note
+    gold_request = next(r for r in scripted.requests if schema_name(r) == "GoldSolution")
+    assert "When asked, the user also says: Accounts acc-1" in gold_request.messages[1].content
+    figures = ctx.stats.report.families["missing_info"]
+    assert (figures.slots, figures.verified) == (1, 1) and figures.calls == len(scripted.requests)
+    derive_families(ctx.stats.report)
+    assert figures.yield_ == 1.0 and figures.per_verified["calls"] == len(scripted.requests)
+
+
+async def test_a_request_that_gives_the_value_is_not_missing_anything(tmp_path, sandbox):
+    stated = {**MISSING, "task": TASK["task"]}  # says 30.00 after all: then a new task is asked for
+    (plain, _), scripted, _ = await one_slot(tmp_path, sandbox, "missing_info", [stated, MISSING], [GOLD])
+    assert plain.verification.repairs == ("nothing_withheld",)
+    retask = [r for r in scripted.requests if schema_name(r) == "MissingInfoDraft"][1]
+    assert "withheld '3000': the request gives it or lets the assistant find it" in retask.messages[-1].content
+
+
+# acc-2 holds 500 cents: moving 600.00 out of it is refused (insufficient funds).
+INFEASIBLE = {
+    **TASK, "task": "I'm Ada Lovelace, customer c1. Move 600.00 from my savings account acc-2 to my checking acc-1.",
+    "checklist": [], "answer_facts": ["500"],
+    "refused_call": {"name": "transfer", "arguments": {"source": "acc-2", "target": "acc-1", "amount": 60000}},
+}  # fmt: skip
+LOOKUPS = [{"name": "list_accounts", "arguments": {"owner": "c1"}},
+           {"name": "get_account", "arguments": {"account_id": "acc-2"}}]  # fmt: skip
+
+
+async def test_infeasible_changes_nothing_and_the_answer_says_why(tmp_path, sandbox):
+    writes = [*LOOKUPS, {"name": "transfer", "arguments": {"source": "acc-2", "target": "acc-1", "amount": 500}}]
+    (plain, talk), scripted, _ = await one_slot(tmp_path, sandbox, "infeasible", [INFEASIBLE], [writes, LOOKUPS])
+    assert plain.verification.repairs == ("state_changed",)  # the gold moved what it could: told to change nothing
+    assert plain.family == "infeasible" and plain.checklist == talk.checklist == (GUARD_ITEM,)
+    assert plain.answer_facts == ("500",) and [a.name for a in plain.gold_actions] == ["list_accounts", "get_account"]
+    outcomes = audit(sandbox, plain)
+    assert outcomes["nothing"] == "pass" and outcomes["gold"] == "pass"  # nothing said: 0; the reason said: 1
+    repair = [r for r in scripted.requests if schema_name(r) == "GoldSolution"][1]
+    assert "changed the state; the rules forbid this request" in repair.messages[-1].content
+    first_gold = [r for r in scripted.requests if schema_name(r) == "GoldSolution"][0]
+    assert "The rules forbid this request (transfer(" in first_gold.messages[1].content
+
+
+async def test_a_refused_call_the_environment_accepts_is_a_new_task_then_a_rejection(tmp_path, sandbox):
+    allowed = {**INFEASIBLE, "refused_call": {"name": "get_account", "arguments": {"account_id": "acc-2"}}}
+    (rejection,), _, ctx = await one_slot(tmp_path, sandbox, "infeasible", [allowed], [LOOKUPS],
+                                          "scenarios.repair_attempts=1")  # fmt: skip
+    assert isinstance(rejection, Rejection) and rejection.reason == "not_refused"
+    assert "refused_call get_account" in rejection.detail and "accepted it" in rejection.detail
+    assert ctx.stats.report.families["infeasible"].rejected == {"not_refused": 1}
+
+
+async def test_a_policy_trap_does_the_alternative(tmp_path, sandbox):
+    trap = {
+        **TASK, "task": "I'm Ada Lovelace, customer c1. Move 600.00 from my savings account acc-2 to my checking "
+        "account acc-1; if that is not possible, move 5.00 from acc-1 to acc-2 instead.",
+        "checklist": ["Has acc-2's balance increased by 500 cents?"],
+        "refused_call": {"name": "transfer", "arguments": {"source": "acc-2", "target": "acc-1", "amount": 60000}},
+    }  # fmt: skip
+    gold = [*LOOKUPS, {"name": "transfer", "arguments": {"source": "acc-1", "target": "acc-2", "amount": 500}}]
+    (plain, _), _, _ = await one_slot(tmp_path, sandbox, "policy_trap", [trap], [gold])
+    assert plain.family == "policy_trap" and plain.gold_actions[-1].arguments["amount"] == 500
+    assert all(outcome in ("pass", "n/a") for outcome in audit(sandbox, plain).values())
+
+
+async def test_error_recovery_finds_the_right_record_after_the_stale_one_fails(tmp_path, sandbox):
+    stale = {
+        **TASK, "task": "I'm Ada Lovelace, customer c1. Freeze my savings account acc-9; it is my only savings "
+        "account.",
+        "checklist": [FROZEN],
+        "refused_call": {"name": "freeze_account", "arguments": {"account_id": "acc-9"}},
+    }  # fmt: skip
+    gold = [{"name": "list_accounts", "arguments": {"owner": "c1", "kind": "savings"}},
+            {"name": "get_account", "arguments": {"account_id": "acc-2"}},
+            {"name": "freeze_account", "arguments": {"account_id": "acc-2"}}]  # fmt: skip
+    (plain, _), _, _ = await one_slot(tmp_path, sandbox, "error_recovery", [stale], [gold])
+    assert plain.family == "error_recovery" and plain.gold_actions[-1].arguments == {"account_id": "acc-2"}
+
+
+async def test_a_family_draft_without_its_fields_is_invalid(tmp_path, sandbox):
+    (rejection,), _, _ = await one_slot(tmp_path, sandbox, "policy_trap", [TASK], [GOLD])  # no refused_call
+    assert isinstance(rejection, Rejection) and rejection.reason == "task_invalid"
+    assert "refused_call" in rejection.detail
+
+
+async def test_long_context_plays_the_task_on_a_state_grown_with_distractors(tmp_path, sandbox):
+    (plain, _), _, _ = await one_slot(tmp_path, sandbox, "long_context", [TASK], [GOLD],
+                                      "scenarios.long_context_records=300")  # fmt: skip
+    accounts, customers = plain.initial_state["accounts"], plain.initial_state["customers"]
+    assert plain.family == "long_context" and 250 <= len(accounts) + len(customers) <= 300
+    assert all(accounts[key] == value for key, value in BANK_STATE["accounts"].items())  # the originals, intact
+    # No distractor names the task's records or values: Ada (c1) still owns exactly acc-1 and acc-2.
+    assert sorted(key for key, account in accounts.items() if account["owner"] == "c1") == ["acc-1", "acc-2"]
+    assert not any(customer["name"] == "Ada Lovelace" for key, customer in customers.items() if key != "c1")
+    assert all(outcome in ("pass", "n/a") for outcome in audit(sandbox, plain).values())
+
+
+async def test_a_task_that_copies_its_seed_is_written_again(tmp_path, sandbox, monkeypatch):
+    import builder.stages.scenarios as stage
+
+    monkeypatch.setattr(stage, "seed_requests", lambda ctx, env: (TASK["task"],))
+    other = {**TASK, "task": "Shift 30.00 into savings acc-2 from checking acc-1 and lock acc-2 afterwards; my "
+             "customer id is c1."}  # fmt: skip
+    (plain, _), scripted, _ = await one_slot(tmp_path, sandbox, "plain", [TASK, other], [GOLD])
+    assert plain.verification.repairs == ("copies_seed",) and plain.task == other["task"]
+    retask = [r for r in scripted.requests if schema_name(r) == "TaskDraft"][1]
+    assert "repeats the seed request" in retask.messages[-1].content
+
+
+async def test_near_duplicate_tasks_of_one_environment_keep_the_first(tmp_path, sandbox):
+    reworded = {**TASK, "task": TASK["task"].replace("Move", "Please move")}
+    made, _, _ = await one_slot(tmp_path, sandbox, "plain", [TASK, reworded], [GOLD], "scenarios.per_environment=2",
+                                'scenarios.method="llm"')  # fmt: skip
+    kept = [record for record in made if isinstance(record, Scenario)]
+    (rejection,) = [record for record in made if isinstance(record, Rejection)]
+    assert len(kept) == 2 and rejection.reason == "duplicate" and "near-duplicate" in rejection.detail

@@ -114,8 +114,8 @@ def sample_chains(
             chain, reason = sampler.execute(sandbox, code, plan, rng, env_seed, contract)
         except SessionError:
             chain, reason = None, "load_failed"
-        if chain is not None and any(c.actions == chain.actions for c in kept):
-            chain, reason = None, "duplicate"
+        if chain is not None and any(_changes(c) == _changes(chain) for c in kept):
+            chain, reason = None, "duplicate"  # the same changes with other look-ups: the same task for the user
         if chain is None:
             dropped[reason] += 1
             sampler.failed[plan.goal] += 1
@@ -143,6 +143,8 @@ class _Sampler:
         self.graph, self.schemas, self.initial, self.world, self.now = graph, schemas, initial, world, now
         self.used: Counter[str] = Counter()
         self.anchors_used: Counter[tuple[str, str]] = Counter()
+        # (collection, collection) pairs whose records reference one another's (time_slots -> doctors)
+        self.kind_links = {(ref[0], target[0]) for ref, targets in world.out.items() for target in targets}
         self.failed: Counter[str] = Counter()  # goal tool -> attempts it failed (drawn less often next time)
         # (tool, parameter, value) -> times refused / accepted: a refused call says the record does not fit
         self.refused: Counter[tuple[str, str, str]] = Counter()
@@ -306,7 +308,7 @@ class _Sampler:
             parameter = rng.choice(sorted(offered))
             pools[parameter] = offered[parameter]  # a search with no criterion is refused or returns everything
         sets: list[tuple[dict[str, Any], dict[str, str]]] = []
-        for depth in range(TRIES * 2):
+        for depth in range(TRIES * 4):
             arguments: dict[str, Any] = {}
             sources: dict[str, str] = {}
             for parameter, pool in pools.items():
@@ -318,9 +320,22 @@ class _Sampler:
                 arguments[parameter], sources[parameter] = value, source
             if all(arguments != seen for seen, _ in sets):
                 sets.append((arguments, sources))
-            if len(sets) >= TRIES:
+            if len(sets) >= 2 * TRIES:
                 break
-        return sets
+        # sets whose records agree first: a slot of the doctor the call names, not another doctor's
+        sets.sort(key=lambda option: not self._consistent(option[0]))
+        return sets[:TRIES]
+
+    def _consistent(self, arguments: dict[str, Any]) -> bool:
+        """Whether the records a call names agree: when records of one's collection reference records of the
+        other's (slots reference doctors), the one named references the other named."""
+        named = [ref for value in arguments.values() for ref in self.world.owner(value)]
+        for first in named:
+            for second in named:
+                kinds_link = (first[0], second[0]) in self.kind_links
+                if first != second and kinds_link and second not in self.world.out.get(first, set()):
+                    return False
+        return True
 
     def _options(
         self, tool: str, parameter: str, schema: dict[str, Any], calls: list[ChainCall],
@@ -365,8 +380,8 @@ class _Sampler:
                 options.append(("constant", constant))  # a record's 0 may be what the tool refuses
             return self._ranked(tool, parameter, options, rng)
         if kind is not None or allowed is None:  # what the state holds: keys its description names, like fields
-            pool = [v for v in state_values(parameter, schema, self.initial) if allowed is None or
-                    coherent_value(self.world, v, allowed)]  # fmt: skip
+            pool = [v for v in state_values(parameter, schema, self.initial) if _fits(v, kind) and
+                    (allowed is None or coherent_value(self.world, v, allowed))]  # fmt: skip
             if self._plain_field(parameter):
                 pool = [v for v in pool if not self.world.owner(v)]
             if pool:
@@ -448,6 +463,11 @@ def _named_collection(tool: str, collections: set[str]) -> str | None:
     words = tool.casefold()
     named = [c for c in collections if len(stem := c.casefold().removesuffix("s")) > 2 and stem in words]
     return max(named, key=len, default=None)
+
+
+def _changes(chain: Chain) -> list[tuple[str, str]]:
+    """The chain's state-changing calls (what the user asks for), as comparable text."""
+    return [(call.name, repr(sorted(call.arguments.items()))) for call in chain.calls if call.changed]
 
 
 def _paths(value: Any, path: str) -> list[tuple[str, Any]]:

@@ -91,6 +91,8 @@ class MethodFigures(Report):
     slots: int = 0
     verified: int = 0
     template_worded: int = 0
+    fell_back_to_llm: int = 0  # graph slots with no chain the llm method made instead (`scenarios.method = both`)
+    fell_back_verified: int = 0  # of those, verified by the llm method
     gold_calls: int = 0
     tools_covered: int = 0
     tools_offered: int = 0

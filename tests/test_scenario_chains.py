@@ -193,3 +193,100 @@ def test_a_chain_whose_changes_cancel_fails_the_negative_control(sandbox):
     _, evidence = verify_chain(sandbox, BANK, Chain(calls=calls, initial_state=state, final_state=final))
     assert evidence.reason == "negative_control_failed"
     assert "call 1 (freeze_account)" in evidence.detail
+
+
+CLINIC = '''"""A clinic: patients, their visits (scheduled or done) and follow-up notes."""
+
+import datetime
+
+
+class Clinic:
+    """State: patients and visits."""
+
+    def __init__(self):
+        self.patients = {}
+        self.visits = {}
+
+    def find_patient(self, name: str) -> dict:
+        """Find a patient by name.
+
+        Args:
+            name: The patient's full name.
+        """
+        for pid, patient in self.patients.items():
+            if patient["name"] == name:
+                return {"success": True, "patient_id": pid}
+        return {"success": False, "error": "no such patient"}
+
+    def reschedule_visit(self, visit_id: str, start: str, end: str) -> dict:
+        """Move a scheduled visit.
+
+        Args:
+            visit_id: The visit to move.
+            start: New start, YYYY-MM-DDTHH:MM.
+            end: New end, YYYY-MM-DDTHH:MM.
+        """
+        visit = self.visits.get(visit_id)
+        if visit is None or visit["status"] != "scheduled":
+            return {"success": False, "error": "only scheduled visits can be moved"}
+        now = datetime.datetime.now()
+        if datetime.datetime.fromisoformat(start) <= now or end <= start:
+            return {"success": False, "error": "a visit must start in the future and end after it starts"}
+        visit["start"] = start
+        visit["end"] = end
+        return {"success": True}
+'''
+
+
+def clinic_state():
+    patients = {f"P-{i}": {"patient_id": f"P-{i}", "name": f"Person {i}"} for i in range(1, 4)}
+    visits = {
+        f"V-{i}": {"visit_id": f"V-{i}", "patient_id": f"P-{1 + i % 3}", "status": "done" if i % 2 else "scheduled",
+                   "start": "2025-03-01T09:00", "end": "2025-03-01T09:30"}
+        for i in range(1, 7)
+    }  # fmt: skip
+    return {"patients": patients, "visits": visits}
+
+
+def test_chains_skip_wrong_status_records_keep_dates_consistent_and_stay_on_one_patient(sandbox):
+    state = clinic_state()
+    graph = extract_graph(sandbox, CLINIC, state, now="2025-03-10T10:00:00")
+    sampled = sample_chains(sandbox, CLINIC, graph, state, 3, seed=2, min_calls=1, now="2025-03-10T10:00:00")
+    assert sampled.chains
+    for chain in sampled.chains:
+        move = next(call for call in chain.calls if call.name == "reschedule_visit")
+        visit = state["visits"][move.arguments["visit_id"]]
+        assert visit["status"] == "scheduled"  # a done visit is refused, and another record of the table is tried
+        start, end = move.arguments["start"], move.arguments["end"]
+        assert "2025-03-10T10:00" < start < end and len(start) == 16  # after now, end after start, its format
+        patient = chain.anchor.split("/")[1]
+        assert chain.anchor.startswith("patients/") and visit["patient_id"] == patient  # the anchor's own visit
+        for call in chain.calls:
+            if call.name == "find_patient":
+                assert call.arguments["name"] == state["patients"][patient]["name"]
+
+
+def test_a_chain_naming_another_patients_record_is_dropped_as_incoherent():
+    from builder.stages.scenarios.anchors import allowed, coherent_value, described_choices, world_of
+
+    world = world_of(clinic_state())
+    mine = allowed(world, ("patients", "P-2"))  # P-2's visits are V-1 and V-4
+    assert coherent_value(world, "V-1", mine) and coherent_value(world, "Person 2", mine)
+    assert not coherent_value(world, "V-2", mine)  # P-3's visit
+    assert not coherent_value(world, "Person 3", mine)  # a value of another patient's record
+    assert coherent_value(world, "scheduled", mine)  # vocabulary several records share
+    assert described_choices({"description": "in_person or virtual"}) == ["in_person", "virtual"]
+    assert described_choices({"description": "one of general, orthodontics or pediatric"}) == [
+        "general", "orthodontics", "pediatric"]  # fmt: skip
+
+
+def test_the_sampler_counts_incoherent_chains(sandbox, monkeypatch):
+    from builder.stages.scenarios import chains
+
+    state = clinic_state()
+    graph = extract_graph(sandbox, CLINIC, state, now="2025-03-10T10:00:00")
+    # the check before wording sees every visit id as another record's: each executed chain is dropped and counted
+    monkeypatch.setattr(chains, "coherent_value", lambda world, value, allowed: not str(value).startswith("V-"))
+    sampled = sample_chains(sandbox, CLINIC, graph, state, 2, seed=2, min_calls=1, attempts=6,
+                            now="2025-03-10T10:00:00")  # fmt: skip
+    assert not sampled.chains and sampled.dropped.get("incoherent", 0) > 0

@@ -22,7 +22,7 @@ from builder.stages.scenarios.verify import default_state
 from builder.store import Store
 from tests.test_cli_scenarios import BANK, state_file
 from tests.test_scenarios_graph import context, evaluated, sandbox  # noqa: F401 - sandbox: a fixture
-from tests.test_stage_scenarios import NOW, environment
+from tests.test_stage_scenarios import BANK_STATE, NOW, environment
 
 MODES = ("non_conversational", "conversational")
 ORDER = {"order_id": "ORD-1", "customer": "Ada Palmer", "item": "green tea", "quantity": 2, "status": "closed"}
@@ -99,7 +99,8 @@ async def test_model_then_template_words_the_slot_once_every_reply_was_refused(t
     model = copies_the_example()
     ctx = context(tmp_path, model, sandbox, "scenarios.per_environment=2", 'scenarios.wording="model_then_template"',
                   "scenarios.repair_attempts=1", "llm.structured_retries=0")  # fmt: skip
-    results = await scenarios(environment("bank"), ctx)
+    # three customers: chains stay on one customer's records; the default bank's one would near-duplicate (§11)
+    results = await scenarios(evaluated(environment("bank"), [(BANK_STATE, NOW)]), ctx)
     assert [type(r) for r in results] == [Scenario] * 4 and {r.wording for r in results} == {"template"}
     assert len(model.requests) == 4  # two refused replies per slot, then the template
     for record in results:
@@ -122,7 +123,10 @@ async def test_model_wording_still_rejects_the_slot_whose_replies_were_refused(t
 
 async def test_template_wording_makes_no_model_call(tmp_path, sandbox):  # noqa: F811
     model = no_model()
-    env = evaluated(environment("orders"), [(STATES["orders"], NOW)])
+    # two customers' orders: chains stay on one customer's records, so one order would give near-duplicate tasks
+    other = ORDER | {"order_id": "ORD-2", "customer": "Bo Lindqvist", "item": "oolong", "quantity": 5}
+    state = {"orders": {"ORD-1": ORDER, "ORD-2": other}, "audit": []}
+    env = evaluated(environment("orders"), [(state, NOW)])
     ctx = context(tmp_path, model, sandbox, "scenarios.per_environment=2", 'scenarios.wording="template"',
                   "scenarios.min_gold_calls=1")  # fmt: skip
     results = await scenarios(env, ctx)

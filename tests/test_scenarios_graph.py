@@ -97,11 +97,13 @@ def gold_of(request: ChatRequest) -> list[tuple[str, dict]]:
 
 async def test_graph_method_words_verified_chains_into_scenarios(tmp_path, sandbox):
     model = verbaliser()
-    ctx = context(tmp_path, model, sandbox, "scenarios.per_environment=2")
+    # one slot: the default bank has one customer with two accounts, and chains stay on one customer's records,
+    # so a second slot's chain names the same accounts and the scripted words near-duplicate the first (§11)
+    ctx = context(tmp_path, model, sandbox, "scenarios.per_environment=1")
     results = await scenarios(environment("bank"), ctx)
-    assert [type(r) for r in results] == [Scenario] * 4 and {r.method for r in results} == {"graph"}
-    assert len(model.requests) == 2  # one wording per slot, nothing else asked of the model
-    for plain, talk in (results[:2], results[2:]):
+    assert [type(r) for r in results] == [Scenario] * 2 and {r.method for r in results} == {"graph"}
+    assert len(model.requests) == 1  # one wording per slot, nothing else asked of the model
+    for plain, talk in (results[:2],):
         assert (plain.mode, talk.mode) == ("non_conversational", "conversational") and talk.user is not None
         assert plain.verification.verified and plain.verification.repairs == ()
         assert all(plain.verification.checks_on_final) and not all(plain.verification.checks_on_initial)
@@ -112,13 +114,14 @@ async def test_graph_method_words_verified_chains_into_scenarios(tmp_path, sandb
         assert plain.checklist[-2:] == ("nothing else in the state changes", GUARD_ITEM)
     # The gold is the chain the request showed, call for call.
     shown = [gold_of(request) for request in model.requests]
-    assert sorted(shown) == sorted([(a.name, a.arguments) for a in s.gold_actions] for s in results[::2])
+    golds = [[(a.name, a.arguments) for a in s.gold_actions] for s in results[::2]]
+    assert sorted(map(json.dumps, shown)) == sorted(map(json.dumps, golds))  # chains may share a first call
     assert model.requests[0].response_format["json_schema"]["name"] == "UserRequest"
     derive_report(ctx.stats)  # what the executor does once the stage's inputs are done
     graph = ctx.stats.report.to_json()["methods"]["graph"]
-    assert (graph["slots"], graph["verified"], graph["yield"], graph["calls"]) == (2, 2, 1.0, 2)
+    assert (graph["slots"], graph["verified"], graph["yield"], graph["calls"]) == (1, 1, 1.0, 1)
     assert graph["per_verified"]["calls"] == 1.0 and graph["prompt_tokens"] == ctx.stats.usage.prompt_tokens > 0
-    assert graph["mean_chain_length"] == sum(len(s.gold_actions) for s in results[::2]) / 2
+    assert graph["mean_chain_length"] == len(results[0].gold_actions)
     assert 0 < graph["tool_coverage"] <= 1 and "llm" not in ctx.stats.report.to_json()["methods"]
 
 
@@ -137,6 +140,12 @@ def test_created_values_and_leaks():
     # Field names (also a result naming one: "due_date") and prose are no values; the scenario's date is the user's.
     assert created_values(chain, "2024-06-15T09:00:00") == ["L4"]
     assert created_values(chain, "2024-06-01T09:00:00") == ["2024-06-15", "L4"]
+    # a date the user picks for a call is theirs, though a result repeats it (by day too); one from a result is not
+    picked = call.model_copy(update={"arguments": {"book_id": "b1", "due": "2024-06-15T10:00"},
+                                     "sources": {"book_id": "state", "due": "now"}})  # fmt: skip
+    assert created_values(chain.model_copy(update={"calls": (picked,)}), "2024-06-01T09:00:00") == ["L4"]
+    fed = picked.model_copy(update={"sources": {"book_id": "state", "due": "result 1 due"}})
+    assert created_values(chain.model_copy(update={"calls": (fed,)}), "2024-06-01T09:00:00") == ["2024-06-15", "L4"]
     said = UserRequest(task="Lend me b1, loan l4 please", user_profile="", known_up_front="",
                        reveal_when_asked="use borrow_book", ending="", difficulty="easy")  # fmt: skip
     assert leaks(said, ["L4", "L44"], ["borrow_book", "lend"]) == [
@@ -268,7 +277,9 @@ async def test_graph_scenarios_go_through_rollout_select_and_export(tmp_path, sa
         return tool_reply(*golds[task])
 
     async def accepted(_, ctx):
-        return [environment("bank")]
+        # a test state with three customers: chains stay on one customer's records, so the default bank (one
+        # customer) would give a second slot a near-duplicate of the first
+        return [evaluated(environment("bank"), [(BANK_STATE, NOW)])]
 
     stages = (
         BatchStage("evaluate", accepted, input=None, output=Environment, persist="environments"),
@@ -367,3 +378,24 @@ async def test_an_imported_class_the_strict_lint_refuses_gets_graph_scenarios(tm
     strict = imported.model_copy(update={"provenance": imported.provenance.model_copy(update={"origin": None})})
     with pytest.raises(Rejected, match="env_load_failed: environment violates the contract"):
         await scenarios(strict, context(tmp_path / "strict", verbaliser(), sandbox))
+
+
+async def test_a_graph_slot_with_no_chain_falls_back_to_the_llm_method_under_both(tmp_path, sandbox):
+    # The orders fixture has no state a chain can start from: its graph slot is the llm method's under `both`.
+    model = both_methods_model()
+    ctx = context(tmp_path, model, sandbox, 'scenarios.method="both"', "scenarios.per_environment=2")
+    results = await scenarios(environment("orders"), ctx)
+    assert not [r for r in results if isinstance(r, Rejection) and r.reason == "no_chain"]
+    assert {r.subject_id.rsplit("-", 1)[1] for r in results if isinstance(r, Rejection)} <= {"0", "1"}
+    assert len([r for r in model.requests if schema_name(r) == "InitialState"]) >= 2  # both slots wrote a state
+    derive_report(ctx.stats)
+    methods = ctx.stats.report.to_json()["methods"]
+    assert methods["graph"]["fell_back_to_llm"] == 1 and methods["graph"]["slots"] == 1
+    assert methods["graph"]["verified"] == 0 and methods["llm"]["slots"] == 2
+
+
+async def test_a_graph_slot_with_no_chain_is_rejected_under_graph(tmp_path, sandbox):
+    ctx = context(tmp_path, verbaliser(), sandbox, 'scenarios.method="graph"', "scenarios.per_environment=1")
+    (rejection,) = await scenarios(environment("orders"), ctx)
+    assert rejection.reason == "no_chain"
+    assert ctx.stats.report.methods["graph"].fell_back_to_llm == 0

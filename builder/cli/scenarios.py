@@ -196,7 +196,12 @@ def _summary(stats: StageStats, kept: list[Scenario], target: Path, out: TextIO)
             f"{method}: {entry.verified}/{entry.slots} slots verified, "
             f"{cost.get('calls', '-')} model calls and {cost.get('prompt_tokens', '-')} prompt tokens per "
             f"verified scenario, {entry.mean_chain_length or '-'} calls per gold"
-            + (f", {entry.template_worded} worded by the template" if entry.template_worded else ""),
+            + (f", {entry.template_worded} worded by the template" if entry.template_worded else "")
+            + (
+                f", {entry.fell_back_to_llm} with no chain made by the llm method ({entry.fell_back_verified} verified)"
+                if entry.fell_back_to_llm
+                else ""
+            ),
             file=out,
         )
 

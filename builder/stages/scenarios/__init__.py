@@ -118,12 +118,14 @@ async def scenarios(
     seeds = seed_requests(ctx, env)
 
     async def llm(slot: int) -> Made:
-        family = families[slot]
+        family = families.get(slot, "plain")  # a graph slot the llm method makes (fallback) is plain
         build = functools.partial(_build, env, ctx, slot, example, start, family, seeds)
         with tally() as counted:
             made = await _slot(env, ctx, slot, "llm", build, on_slot)
         costs[slot] = counted.usage
         return made
+
+    fell_back: list[int] = []  # graph slots with no chain that the llm method made instead (method both)
 
     async def graph() -> tuple[list[Made], Counter[str]]:
         if not graph_slots:
@@ -136,6 +138,9 @@ async def scenarios(
                 chain = found[index]
                 return await _slot(env, ctx, slot, "graph", lambda: graph_scenario(env, ctx, chain, spent[slot]),
                                    on_slot)  # fmt: skip
+            if ctx.config.scenarios.method == "both":
+                fell_back.append(slot)  # no chain: the llm method makes this slot
+                return await llm(slot)
             detail = (
                 f"{len(found)} verified chains for {len(graph_slots)} slots from {len(states)} start states "
                 f"(dropped: {json.dumps(dict(sorted(dropped.items())))})"
@@ -168,8 +173,8 @@ async def scenarios(
     kept = [record for record in results if isinstance(record, Scenario)]
     _count_verified(ctx, len(kept) // max(1, len(ctx.config.scenarios.modes)))
     graph_usage = sum((s.usage for s in spent.values()), Usage())
-    report_methods(ctx, env, outcomes, graph_usage, dropped)
-    costs |= {slot: spent[slot].usage for slot in graph_slots}
+    report_methods(ctx, env, outcomes, graph_usage, dropped, fell_back=[outcomes[slot][1] for slot in fell_back])
+    costs |= {slot: spent[slot].usage for slot in graph_slots if slot not in fell_back}
     report_families(ctx, [(families.get(slot, "plain"), result, costs[slot]) for slot, (_, result) in
                           enumerate(outcomes)])  # fmt: skip
     return results

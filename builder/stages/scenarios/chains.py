@@ -18,14 +18,32 @@ from builder.envs.graph import ToolGraph, state_values, succeeded
 from builder.envs.lint import Contract
 from builder.envs.session import Session, SessionError
 from builder.frozen import JSON, Frozen
+from builder.json_values import leaves
 from builder.records import Action
 from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED
+from builder.stages.scenarios.anchors import (
+    USER_KEYS,
+    World,
+    coherent_value,
+    collection_of,
+    date_values,
+    described_choices,
+    is_date,
+    linked,
+    reached,
+    user_facing,
+    world_of,
+)
+from builder.stages.scenarios.anchors import (
+    allowed as admitted,
+)
 from builder.stages.scenarios.verify import run_actions
 
 SMALL_NUMBERS = (1, 2, 3, 5, 10, 20, 50, 100)  # for a number neither the state nor a result gives
 USE_RESULT = 0.85  # chance a parameter fed by an earlier result takes it (else a state value)
 OMIT_OPTIONAL = 0.6  # chance an optional parameter no result feeds is left at its default
+TRIES = 6  # argument sets tried for one call before the attempt is dropped as call_failed
 
 
 class ChainCall(Frozen):
@@ -45,6 +63,7 @@ class Chain(Frozen):
     calls: tuple[ChainCall, ...]
     initial_state: JSON
     final_state: JSON
+    anchor: str | None = None  # `collection/key` of the record the user's goal is about
 
     @property
     def actions(self) -> tuple[Action, ...]:
@@ -71,7 +90,8 @@ def sample_chains(
     """Up to `count` distinct verified chains from `state`, in at most `attempts` (default 10 per chain) tries.
 
     `seed` seeds the sampling; `now` and `env_seed` are the sandbox world's, as for any session. Drop reasons:
-    no_writer, no_value (a required id nothing gives), call_failed, no_state_change, nondeterministic,
+    no_writer, no_value (a required id nothing gives), call_failed (every argument set tried was refused),
+    incoherent (a value of a record not linked to the chain's anchor), no_state_change, nondeterministic,
     duplicate, load_failed.
     """
     if not 1 <= min_calls <= max_calls:
@@ -79,116 +99,411 @@ def sample_chains(
     with Session(sandbox, code, state, now=now, seed=env_seed, contract=contract) as session:
         schemas = {t["function"]["name"]: t["function"]["parameters"] for t in session.tools}
         initial = session.snapshot()
+    sampler = _Sampler(graph, schemas, initial, world_of(initial), now)
     kept: list[Chain] = []
     dropped: Counter[str] = Counter()
-    used: Counter[str] = Counter()
     for attempt in range(attempts if attempts is not None else 10 * count):
         if len(kept) >= count:
             break
         rng = random.Random(f"{seed}:{attempt}")
-        plan = _plan(graph, rng, rng.randint(min_calls, max_calls), min_calls, used)
+        plan = sampler.plan(rng, rng.randint(min_calls, max_calls), min_calls)
         if plan is None:
             dropped["no_writer"] += 1
             break  # no tool changes the state: no attempt can succeed
         try:
-            chain, reason = _execute(sandbox, code, graph, schemas, initial, plan, rng, now, env_seed, contract)
+            chain, reason = sampler.execute(sandbox, code, plan, rng, env_seed, contract)
         except SessionError:
             chain, reason = None, "load_failed"
-        if chain is not None and any(c.actions == chain.actions for c in kept):
-            chain, reason = None, "duplicate"
+        if chain is not None and any(_changes(c) == _changes(chain) for c in kept):
+            chain, reason = None, "duplicate"  # the same changes with other look-ups: the same task for the user
         if chain is None:
             dropped[reason] += 1
+            sampler.failed[plan.goal] += 1
             continue
         kept.append(chain)
-        used.update(call.name for call in chain.calls)
+        sampler.used.update(call.name for call in chain.calls)
+        if chain.anchor is not None:
+            sampler.anchors_used[chain.anchor] += 1
     return Sampled(chains=tuple(kept), dropped=dict(dropped))
 
 
-def _plan(graph: ToolGraph, rng: random.Random, length: int, shortest: int, used: Counter[str]) -> list[str] | None:
-    """Up to `length` tools around a goal writer: look-ups that feed a later tool before it, reads of what a
-    writer changed or further changes after it. A look-up appears once (a second would return the same)."""
-    writers = graph.writers()
-    if not writers:
-        return None
-    plan = [_least_used(writers, used, rng)]
-    while len(plan) < length:
-        feeders = {e.source for e in graph.edges if e.kind == "data" and e.target in plan} - set(plan)
-        readers = {e.target for e in graph.edges if e.kind == "state" and e.source in plan} - set(plan)
-        roll = rng.random()
-        if feeders and roll < 0.5:
-            plan.insert(0, _least_used(sorted(feeders), used, rng))
-        elif readers and roll < 0.75:
-            plan.append(_least_used(sorted(readers - set(writers)) or sorted(readers), used, rng))
-        elif roll < 0.9 or len(plan) < shortest:
-            plan.append(_least_used(writers, used, rng))
-        else:
-            break
-    return plan
+class Plan(Frozen):
+    """The tools of one attempt, in order, and the record the user's goal is about (None: no record)."""
+
+    tools: tuple[str, ...]
+    goal: str
+    anchor: tuple[str, str] | None
+
+
+class _Sampler:
+    """Plans and runs attempts from one state, learning which values each tool refuses."""
+
+    def __init__(self, graph: ToolGraph, schemas: dict[str, dict[str, Any]], initial: dict[str, Any],
+                 world: World, now: str) -> None:  # fmt: skip
+        self.graph, self.schemas, self.initial, self.world, self.now = graph, schemas, initial, world, now
+        self.used: Counter[str] = Counter()
+        self.anchors_used: Counter[tuple[str, str]] = Counter()
+        # (collection, collection) pairs whose records reference one another's (time_slots -> doctors)
+        self.kind_links = {(ref[0], target[0]) for ref, targets in world.out.items() for target in targets}
+        self.failed: Counter[str] = Counter()  # goal tool -> attempts it failed (drawn less often next time)
+        # (tool, parameter, value) -> times refused / accepted: a refused call says the record does not fit
+        self.refused: Counter[tuple[str, str, str]] = Counter()
+        self.accepted: set[tuple[str, str, str]] = set()
+
+    def _collections(self, tool: str) -> list[str]:
+        properties = self.schemas[tool].get("properties", {})
+        return [c for p, s in properties.items() if (c := collection_of(self.world, p, s)) is not None]
+
+    def plan(self, rng: random.Random, length: int, shortest: int) -> Plan | None:
+        """A goal writer, the record it is about (a user-facing one when it can), a look-up that reaches that
+        record first, then look-ups feeding later tools, reads of what changed, or further changes."""
+        writers = self.graph.writers()
+        if not writers:
+            return None
+        goal = _least_used(writers, self.used + self.failed, rng)
+        anchor = self._anchor(goal, rng)
+        tools = [goal]
+        if anchor is not None and (finders := self._finders(anchor[0], exclude=writers)):
+            tools.insert(0, _least_used(finders, self.used, rng))
+        while len(tools) < length:
+            feeders = ({e.source for e in self.graph.edges if e.kind == "data" and e.target in tools}
+                       | self._lookups(tools, writers)) - set(tools)  # fmt: skip
+            readers = {e.target for e in self.graph.edges if e.kind == "state" and e.source in tools} - set(tools)
+            related = self._related(anchor, writers) - set(tools)
+            roll = rng.random()
+            if feeders and roll < 0.3:
+                tools.insert(0, _least_used(sorted(feeders), self.used, rng))
+            elif readers and roll < 0.7:
+                tools.append(_least_used(sorted(readers - set(writers)) or sorted(readers), self.used, rng))
+            elif roll < 0.9 or len(tools) < shortest:
+                tools.append(_least_used(sorted(related) or writers, self.used, rng))
+            else:
+                break
+        return Plan(tools=tuple(tools), goal=goal, anchor=anchor)
+
+    def _anchor(self, goal: str, rng: random.Random) -> tuple[str, str] | None:
+        """The person (or else the most user-facing record) a record of the goal leads to: a record of a collection
+        the goal takes an id of is drawn, then among it, the records its references lead to and the records linked
+        to it, the one whose collection has the most keys a user knows (people first); the records the kept chains
+        were about least often drawn first."""
+        collections = self._collections(goal)
+        if not collections:  # a goal that names no record (a registration): the rest of the chain is one person's
+            people = sorted({c for c, _ in self.world.records}, key=lambda c: (-user_facing(self.world, c), c))
+            # the most user-facing collection, or with none, any record (an order stands for its customer)
+            collections = people[:1] if people and user_facing(self.world, people[0]) else people
+        keys = [(collection, key) for collection in dict.fromkeys(collections) for key in self.world.keys(collection)]
+        if not keys:
+            return None
+        fewest = min(self.anchors_used[key] for key in keys)
+        record = rng.choice([key for key in keys if self.anchors_used[key] == fewest])
+        around = {record} | reached(self.world, record) | linked(self.world, record)
+        best = max(user_facing(self.world, c) for c, _ in around)
+        if best == 0:
+            return record
+        people = sorted({c for c, _ in around if user_facing(self.world, c) == best})
+        # any record of the best collection may anchor (the goal's record is then one of its own, or refused)
+        candidates = [(c, k) for c in people for k in self.world.keys(c)]
+        fewest = min(self.anchors_used[key] for key in candidates)
+        preferred = [key for key in candidates if key in around and self.anchors_used[key] == fewest]
+        return rng.choice(preferred or [key for key in candidates if self.anchors_used[key] == fewest])
+
+    def _finders(self, collection: str, exclude: list[str]) -> list[str]:
+        """Read tools that reach a record of `collection` by a key a user knows or by its id."""
+        fields = {f for (c, _), r in self.world.records.items() if c == collection for f in r}
+        found = []
+        for tool, parameters in self.schemas.items():
+            if tool in exclude:
+                continue
+            names = set(parameters.get("properties", {}))
+            facing = {n for n in names & fields if any(k in n.casefold() for k in USER_KEYS)}
+            if facing or collection in self._collections(tool):
+                found.append(tool)
+        return sorted(found)
+
+    def _lookups(self, tools: list[str], writers: list[str]) -> set[str]:
+        """Read tools that take an id of a collection a planned tool takes and read a collection a planned tool
+        takes an id of (`list_available_slots(dentist_id)` before `book_appointment(..., slot_id)`)."""
+        wanted = {c for tool in tools for c in self._collections(tool)}
+        reads = {node.name: set(node.reads) for node in self.graph.nodes}
+        return {
+            tool for tool in self.schemas
+            if tool not in writers and set(self._collections(tool)) & wanted and reads.get(tool, set()) & wanted
+        }  # fmt: skip
+
+    def _related(self, anchor: tuple[str, str] | None, writers: list[str]) -> set[str]:
+        """Writers that take an id of a collection the anchor's linked records belong to."""
+        if anchor is None:
+            return set()
+        collections = {c for c, _ in linked(self.world, anchor)}
+        return {w for w in writers if set(self._collections(w)) & collections}
+
+    def execute(self, sandbox: Sandbox, code: str, plan: Plan, rng: random.Random, env_seed: int,
+                contract: Contract) -> tuple[Chain | None, str]:  # fmt: skip
+        allowed = admitted(self.world, plan.anchor) if plan.anchor is not None else None
+        calls: list[ChainCall] = []
+        with Session(sandbox, code, self.initial, now=self.now, seed=env_seed, contract=contract) as session:
+            before = session.snapshot()
+            for name in plan.tools:
+                options = self._argument_sets(name, calls, allowed, rng)
+                if not options:
+                    return None, "no_value"
+                for arguments, sources in options:  # noqa: B007 - the accepted set is used below
+                    result = session.call(name, arguments)
+                    after = session.snapshot()
+                    if succeeded(result):
+                        self._learn(name, arguments, accepted=True)
+                        break
+                    self._learn(name, arguments, accepted=False)
+                    if after != before:
+                        return None, "call_failed"  # a refusal that changed the state cannot be left out
+                else:
+                    return None, "call_failed"
+                calls.append(ChainCall(name=name, arguments=arguments, sources=sources, result=result.result,
+                                       changed=after != before))  # fmt: skip
+                before = after
+        if before == self.initial:
+            return None, "no_state_change"
+        if allowed is not None and not all(
+            coherent_value(self.world, value, allowed) for call in calls for value in leaves(call.arguments)
+        ):
+            return None, "incoherent"
+        if run_actions(sandbox, code, self.initial, [Action(name=c.name, arguments=c.arguments) for c in calls],
+                       now=self.now, seed=env_seed, contract=contract)[1] != before:  # fmt: skip
+            return None, "nondeterministic"
+        anchor = f"{plan.anchor[0]}/{plan.anchor[1]}" if plan.anchor is not None else None
+        return Chain(calls=tuple(calls), initial_state=self.initial, final_state=before, anchor=anchor), ""
+
+    def _learn(self, tool: str, arguments: dict[str, Any], *, accepted: bool) -> None:
+        for parameter, value in arguments.items():
+            key = (tool, parameter, repr(value))
+            if accepted:
+                self.accepted.add(key)
+            else:
+                self.refused[key] += 1
+
+    def _argument_sets(
+        self, name: str, calls: list[ChainCall], allowed: set[tuple[str, str]] | None, rng: random.Random
+    ) -> list[tuple[dict[str, Any], dict[str, str]]]:
+        """Up to TRIES distinct argument sets for `name`, values the tool accepted before first and values it
+        refused last; empty when a required parameter has no value."""
+        parameters = self.schemas[name]
+        required = set(parameters.get("required", []))
+        writes = name in self.graph.writers()
+        pools: dict[str, list[tuple[str, Any]]] = {}
+        offered: dict[str, list[tuple[str, Any]]] = {}  # optional parameters left out, with their options
+        for parameter, schema in parameters.get("properties", {}).items():
+            pool = self._options(name, parameter, schema, calls, allowed, writes, pools, rng)
+            if not pool:
+                if parameter in required:
+                    return []
+                continue
+            if parameter not in required and not any(s.startswith("result ") for s, _ in pool):
+                # an optional id of a linked record (whose reminders) is kept more often than a filter
+                linked_id = allowed is not None and collection_of(self.world, parameter, schema) is not None
+                if rng.random() < (OMIT_OPTIONAL / 2 if linked_id else OMIT_OPTIONAL):
+                    offered[parameter] = pool
+                    continue
+            pools[parameter] = pool
+        if not pools and offered:
+            parameter = rng.choice(sorted(offered))
+            pools[parameter] = offered[parameter]  # a search with no criterion is refused or returns everything
+        sets: list[tuple[dict[str, Any], dict[str, str]]] = []
+        for depth in range(TRIES * 4):
+            arguments: dict[str, Any] = {}
+            sources: dict[str, str] = {}
+            for parameter, pool in pools.items():
+                # the best option no other argument of the call took (a transfer between two accounts), more
+                # options for each further set
+                taken = [repr(v) for v in arguments.values()]
+                fresh = [option for option in pool if repr(option[1]) not in taken] or pool
+                source, value = rng.choice(fresh[: depth + 1] if depth < TRIES else fresh)
+                arguments[parameter], sources[parameter] = value, source
+            if all(arguments != seen for seen, _ in sets):
+                sets.append((arguments, sources))
+            if len(sets) >= 2 * TRIES:
+                break
+        # sets whose records agree first: a slot of the doctor the call names, not another doctor's
+        sets.sort(key=lambda option: not self._consistent(option[0]))
+        return sets[:TRIES]
+
+    def _consistent(self, arguments: dict[str, Any]) -> bool:
+        """Whether the records a call names agree: when records of one's collection reference records of the
+        other's (slots reference doctors), the one named references the other named."""
+        named = [ref for value in arguments.values() for ref in self.world.owner(value)]
+        for first in named:
+            for second in named:
+                kinds_link = (first[0], second[0]) in self.kind_links
+                if first != second and kinds_link and second not in self.world.out.get(first, set()):
+                    return False
+        return True
+
+    def _options(
+        self, tool: str, parameter: str, schema: dict[str, Any], calls: list[ChainCall],
+        allowed: set[tuple[str, str]] | None, writes: bool, earlier: dict[str, list[tuple[str, Any]]],
+        rng: random.Random,
+    ) -> list[tuple[str, Any]]:  # fmt: skip
+        """(source, value) options for one parameter, best first."""
+        if "enum" in schema:
+            return self._ranked(tool, parameter, [("schema", v) for v in schema["enum"]], rng)
+        kind = _kind(schema)
+        if (choices := described_choices(schema)) and not (kind == "string" and is_date(parameter, schema)):
+            return self._ranked(tool, parameter, [("schema", v) for v in choices], rng)
+        collection = collection_of(self.world, parameter, schema) or self._fed_collection(tool, parameter)
+        fed = [(source, v) for source, v in self._from_results(tool, parameter, collection, calls) if _fits(v, kind)]
+        if collection is not None and kind == "array":  # `add_to_watchlist(stocks)`: a list of one admitted key
+            keys = [key for c, key in (allowed if allowed is not None else self.world.records) if c == collection]
+            return self._ranked(tool, parameter, [("state", [k]) for k in sorted(keys)], rng)
+        if collection is not None:
+            keys = [key for c, key in (allowed if allowed is not None else self.world.records) if c == collection]
+            if allowed is None:
+                keys = self.world.keys(collection)
+            state = self._ranked(tool, parameter, [("state", k) for k in sorted(keys)], rng)
+            return (fed + state) if fed and rng.random() < USE_RESULT else state + fed
+        if kind == "string" and is_date(parameter, schema):
+            if not writes:
+                return []  # a date filter narrows a look-up; the look-up works without it
+            touched = [self.world.records[ref] for value in _first(earlier) for ref in self.world.owner(value)]
+            dates = date_values(parameter, schema, self.now, touched, _first(earlier), rng)
+            return [("now", d) for d in dates]
+        about = _named_collection(tool, {c for c, _ in self.world.records})
+        if about is not None:  # `register_patient(name)` takes no medication's name a search returned
+            fed = [(source, v) for source, v in fed if not self._foreign(v, about)]
+        if self._plain_field(parameter):
+            fed = [(source, v) for source, v in fed if not self.world.owner(v)]  # a name field takes no record key
+        if fed:
+            return fed
+        near = self._near_values(tool, parameter, allowed)
+        if near:
+            unique = [v for i, v in enumerate(near) if v not in near[:i]]
+            options = [("state", v) for v in unique if _fits(v, kind)]
+            if kind in ("integer", "number") and (constant := _constant(schema, rng)) is not None:
+                options.append(("constant", constant))  # a record's 0 may be what the tool refuses
+            return self._ranked(tool, parameter, options, rng)
+        if kind is not None or allowed is None:  # what the state holds: keys its description names, like fields
+            pool = [v for v in state_values(parameter, schema, self.initial) if _fits(v, kind) and
+                    (allowed is None or coherent_value(self.world, v, allowed))]  # fmt: skip
+            if self._plain_field(parameter):
+                pool = [v for v in pool if not self.world.owner(v)]
+            if pool:
+                return [("state", v) for v in pool]
+        constant = _constant(schema, rng)
+        return [("constant", constant)] if constant is not None else []
+
+    def _from_results(self, tool: str, parameter: str, collection: str | None,
+                      calls: list[ChainCall]) -> list[tuple[str, Any]]:  # fmt: skip
+        """Values earlier results give for a parameter: along the graph's data edges, or at a field named like
+        it (or like the key field of the collection it takes)."""
+        names = {parameter}
+        if collection is not None and collection in self.world.key_field:
+            names.add(self.world.key_field[collection])
+        found = [
+            (f"result {i + 1} {edge.output or '(result)'}", value)
+            for edge in self.graph.feeding(tool, parameter)
+            for i, call in enumerate(calls)
+            if call.name == edge.source
+            for value in values_at(call.result, edge.output)
+        ]
+        for i, call in enumerate(calls):
+            for path, value in _paths(call.result, ""):
+                if path.rsplit(".", 1)[-1].removesuffix("[]") in names and isinstance(value, str | int):
+                    found.append((f"result {i + 1} {path}", value))
+        return list(dict.fromkeys(found))
+
+    def _near_values(self, tool: str, parameter: str, allowed: set[tuple[str, str]] | None) -> list[Any]:
+        """Values of fields named like `parameter` in the admitted records (of the collection the tool's name
+        names, when it names one: `find_patients(name)` takes a patient's name, not a dentist's), then vocabulary
+        of that field; for a search text, the admitted records' user-facing keys."""
+        refs = sorted(allowed) if allowed is not None else []
+        about = _named_collection(tool, {c for c, _ in self.world.records})
+        if about is not None and any(c == about and parameter in self.world.records[(c, k)] for c, k in refs):
+            refs = [ref for ref in refs if ref[0] == about]
+        values = [r[parameter] for ref in refs if parameter in (r := self.world.records[ref])]
+        if not values and any(w in parameter for w in ("query", "search", "text", "term", "keyword")):
+            values = [v for ref in refs for f, v in self.world.records[ref].items()
+                      if any(k in f.casefold() for k in USER_KEYS) and isinstance(v, str)]  # fmt: skip
+        field_values = [r[parameter] for r in self.world.records.values() if parameter in r]
+        values += [v for v in field_values if isinstance(v, str) and v in self.world.vocabulary]
+        return [v for v in values if not isinstance(v, dict)]
+
+    def _plain_field(self, parameter: str) -> bool:
+        """Whether records hold a field of this name with values that are no record's key (`customer: "Ada
+        Palmer"`): the parameter then takes such values, never an id."""
+        return any(parameter in r and not self.world.owner(r[parameter]) for r in self.world.records.values())
+
+    def _fed_collection(self, tool: str, parameter: str) -> str | None:
+        """The collection whose keys the graph's data edges into a parameter carry (`transfer(target)` is fed
+        account ids), for a parameter whose name does not say it."""
+        if self._plain_field(parameter):
+            return None
+        owners = {ref[0] for edge in self.graph.feeding(tool, parameter) for ref in self.world.owner(edge.example)}
+        return owners.pop() if len(owners) == 1 else None
+
+    def _foreign(self, value: Any, collection: str) -> bool:
+        """Whether `value` is a field value of records of other collections only (not of `collection`'s)."""
+        holders = {c for (c, _), record in self.world.records.items() if value in record.values()}
+        return bool(holders) and collection not in holders
+
+    def _ranked(self, tool: str, parameter: str, options: list[tuple[str, Any]],
+                rng: random.Random) -> list[tuple[str, Any]]:  # fmt: skip
+        """Options in a random order, those the tool refused (and never accepted) last."""
+        shuffled = list(options)
+        rng.shuffle(shuffled)
+
+        def rank(option: tuple[str, Any]) -> int:
+            key = (tool, parameter, repr(option[1]))
+            # only refusals reorder: a value refused and never accepted goes last; accepted values keep no
+            # precedence over untried ones, so the chains do not all settle on the first record that worked
+            return 1 if self.refused[key] and key not in self.accepted else 0
+
+        return sorted(shuffled, key=rank)
+
+
+def _named_collection(tool: str, collections: set[str]) -> str | None:
+    """The collection a tool's name names (`find_patients`, `get_patient` -> patients), the longest match."""
+    words = tool.casefold()
+    named = [c for c in collections if len(stem := c.casefold().removesuffix("s")) > 2 and stem in words]
+    return max(named, key=len, default=None)
+
+
+def _changes(chain: Chain) -> list[tuple[str, str]]:
+    """The chain's state-changing calls (what the user asks for), as comparable text."""
+    return [(call.name, repr(sorted(call.arguments.items()))) for call in chain.calls if call.changed]
+
+
+def _paths(value: Any, path: str) -> list[tuple[str, Any]]:
+    """Every (field path, scalar) of a result, paths as `values_at` reads them."""
+    if isinstance(value, dict):
+        return [p for key, item in value.items() for p in _paths(item, f"{path}.{key}" if path else str(key))]
+    if isinstance(value, list):
+        return [p for item in value for p in _paths(item, f"{path}[]")]
+    return [(path, value)]
+
+
+def _first(pools: dict[str, list[tuple[str, Any]]]) -> dict[str, Any]:
+    """The most likely value of each parameter drawn so far (for dates: the records a call touches, its start)."""
+    return {parameter: pool[0][1] for parameter, pool in pools.items() if pool}
+
+
+def _kind(schema: dict[str, Any]) -> str | None:
+    kinds = schema.get("type", [])
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    return next((k for k in ("string", "integer", "number", "boolean", "array") if k in kinds), None)
+
+
+def _fits(value: Any, kind: str | None) -> bool:
+    if kind in ("integer", "number"):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "array":
+        return isinstance(value, list)
+    return kind is None or isinstance(value, str)
 
 
 def _least_used(names: list[str], used: Counter[str], rng: random.Random) -> str:
     """One of `names`, tools the kept chains used less drawn more often (diversity across tools)."""
     options = sorted(set(names))
     return rng.choices(options, weights=[1 / (1 + used[name]) for name in options])[0]
-
-
-def _execute(
-    sandbox: Sandbox, code: str, graph: ToolGraph, schemas: dict[str, dict[str, Any]], initial: dict[str, Any],
-    plan: list[str], rng: random.Random, now: str, env_seed: int, contract: Contract,
-) -> tuple[Chain | None, str]:  # fmt: skip
-    calls: list[ChainCall] = []
-    with Session(sandbox, code, initial, now=now, seed=env_seed, contract=contract) as session:
-        before = session.snapshot()
-        for name in plan:
-            arguments, sources = _arguments(graph, name, schemas[name], initial, calls, rng)
-            if arguments is None:
-                return None, "no_value"
-            result = session.call(name, arguments)
-            if not succeeded(result):
-                return None, "call_failed"
-            after = session.snapshot()
-            calls.append(ChainCall(name=name, arguments=arguments, sources=sources, result=result.result,
-                                   changed=after != before))  # fmt: skip
-            before = after
-    if before == initial:
-        return None, "no_state_change"
-    if run_actions(sandbox, code, initial, [Action(name=c.name, arguments=c.arguments) for c in calls],
-                   now=now, seed=env_seed, contract=contract)[1] != before:  # fmt: skip
-        return None, "nondeterministic"
-    return Chain(calls=tuple(calls), initial_state=initial, final_state=before), ""
-
-
-def _arguments(
-    graph: ToolGraph, name: str, parameters: dict[str, Any], state: dict[str, Any], calls: list[ChainCall],
-    rng: random.Random,
-) -> tuple[dict[str, Any] | None, dict[str, str]]:  # fmt: skip
-    arguments: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    required = set(parameters.get("required", []))
-    for parameter, schema in parameters.get("properties", {}).items():
-        fed = [
-            (f"result {i + 1} {edge.output or '(result)'}", value)
-            for edge in graph.feeding(name, parameter)
-            for i, call in enumerate(calls)
-            if call.name == edge.source
-            for value in values_at(call.result, edge.output)
-        ]
-        if fed and (parameter in required or rng.random() < 0.5) and rng.random() < USE_RESULT:
-            sources[parameter], arguments[parameter] = _fresh(fed, arguments, rng)
-            continue
-        if parameter not in required and rng.random() < OMIT_OPTIONAL:
-            continue
-        pool = state_values(parameter, schema, state)
-        if pool:
-            origin = "schema" if "enum" in schema else "state"
-            sources[parameter], arguments[parameter] = _fresh([(origin, v) for v in pool], arguments, rng)
-            continue
-        constant = _constant(schema, rng)
-        if constant is not None:
-            sources[parameter], arguments[parameter] = "constant", constant
-        elif parameter in required:
-            return None, sources  # a required string no result or state gives: never invented
-    return arguments, sources
 
 
 def _fresh(options: list[tuple[str, Any]], arguments: dict[str, Any], rng: random.Random) -> tuple[str, Any]:

@@ -30,28 +30,42 @@ def report_methods(
     outcomes: Sequence[tuple[str, list[Scenario] | Rejection]],
     graph_usage: Usage,
     chains_dropped: Mapping[str, int],
+    fell_back: Sequence[list[Scenario] | Rejection] = (),
 ) -> None:
     """Count one environment's slots (method, what the slot made) in the report; `graph_usage` is what its graph
-    requests cost. The rates and costs per verified slot are `derive_report`'s."""
+    requests cost. `fell_back` are what the llm method made for graph slots that had no chain (method both): each
+    counts as a graph slot not verified (`fell_back_to_llm`) and as an llm slot with its own outcome. The rates
+    and costs per verified slot are `derive_report`'s."""
     methods = ctx.stats.report.methods
     for method in ("llm", "graph"):
         made = [result for name, result in outcomes if name == method]
-        if not made:
-            continue
-        entry = methods.setdefault(method, MethodFigures())
-        verified = [result[0] for result in made if not isinstance(result, Rejection)]
-        entry.slots += len(made)
-        entry.verified += len(verified)
-        entry.template_worded += sum(scenario.wording == "template" for scenario in verified)
-        entry.gold_calls += sum(len(scenario.gold_actions) for scenario in verified)
-        entry.tools_covered += len({action.name for scenario in verified for action in scenario.gold_actions})
-        entry.tools_offered += len(env.tools)
+        if method == "graph":
+            made = [result for result in made if not any(result is other for other in fell_back)]
+        if method == "llm":
+            made += list(fell_back)
+        if made:
+            _count(methods.setdefault(method, MethodFigures()), made, env)
+    if fell_back:
+        graph = methods.setdefault("graph", MethodFigures())
+        graph.slots += len(fell_back)
+        graph.fell_back_to_llm += len(fell_back)
+        graph.fell_back_verified += sum(not isinstance(result, Rejection) for result in fell_back)
     if "graph" in methods:
         graph = methods["graph"]
         for name in USAGE:
             setattr(graph, name, getattr(graph, name) + getattr(graph_usage, name))
         for reason, count in chains_dropped.items():
             graph.chains_dropped[reason] = graph.chains_dropped.get(reason, 0) + count
+
+
+def _count(entry: MethodFigures, made: Sequence[list[Scenario] | Rejection], env: Environment) -> None:
+    verified = [result[0] for result in made if not isinstance(result, Rejection)]
+    entry.slots += len(made)
+    entry.verified += len(verified)
+    entry.template_worded += sum(scenario.wording == "template" for scenario in verified)
+    entry.gold_calls += sum(len(scenario.gold_actions) for scenario in verified)
+    entry.tools_covered += len({action.name for scenario in verified for action in scenario.gold_actions})
+    entry.tools_offered += len(env.tools)
 
 
 def derive_report(stats: StageStats) -> None:

@@ -44,6 +44,7 @@ from builder.views.code import environment_text, now_text
 from builder.views.state import involved_state, state_text
 
 PROMPT = "scenario_request"
+_ISO_DAY = re.compile(r"\d{4}-\d\d-\d\d")
 _ID_LIKE = re.compile(r"^(?=.*[\d_\-])[\w\-.:]{2,80}$")  # one token with a digit, `_` or `-`: an id, a code, a date
 _FENCE = re.compile(r"```(?:json)?\s*\n(.*?)\n\s*```", re.DOTALL)
 
@@ -78,11 +79,20 @@ def user_texts(request: UserRequest, modes: Sequence[str]) -> dict[str, str]:
 
 def created_values(chain: Chain, now: str) -> list[str]:
     """Id-like strings the chain's results or final state hold and its initial state does not, sorted: values
-    only the system sets, which no user knows before the calls (the scenario's own date-time excepted)."""
+    only the system sets, which no user knows before the calls (the scenario's own date-time excepted, and a value
+    the user gives a call, with the day of a date-time: a date the user picks that a result repeats)."""
     before = _values(chain.initial_state)
     after = _values(chain.final_state) | {s for call in chain.calls for s in _values(call.result)}
     states_and_results = (chain.initial_state, chain.final_state, *(call.result for call in chain.calls))
-    known = before | {now, now[:10]} | set().union(*map(_field_names, states_and_results))
+    given = {
+        value
+        for call in chain.calls
+        for parameter, argument in call.arguments.items()
+        if not call.sources.get(parameter, "state").startswith("result ")
+        for value in _values(argument)
+    }
+    given |= {value[:10] for value in given if _ISO_DAY.match(value)}
+    known = before | given | {now, now[:10]} | set().union(*map(_field_names, states_and_results))
     return sorted(value for value in after - known if _ID_LIKE.match(value))
 
 

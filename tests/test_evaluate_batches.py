@@ -128,13 +128,15 @@ async def test_fewer_verdicts_and_unknown_call_numbers_are_counted_not_judged(tm
     assert all("no verdict for call" in item.detail for item in evidence.invalid_replies)
 
 
-async def test_bad_checker_json_is_re_asked_then_every_call_of_the_batch_counted(tmp_path, sandbox):
+async def test_bad_checker_json_is_re_asked_then_the_reply_counted_once(tmp_path, sandbox):
+    """An unusable reply is one unusable reply, however many calls its batch held: the bound counts replies, as
+    before batches (else a fifth of faulty replies would give up on every state)."""
     model = scripted(checker='{"verdicts": [{"call": 1, "verdict": "maybe"')
     ctx = context(tmp_path, model, sandbox, "evaluate.calls=10", "evaluate.max_invalid_replies=4",
                   "llm.structured_retries=1", *BATCHED)  # fmt: skip
     rejected = await rejection(environment("bank"), ctx)
-    assert rejected.reason == "checker_invalid" and "checker_invalid=10" in rejected.detail
-    assert sum(kind(r) == "checker" for r in model.requests) == 2 * 2  # one batch per state, asked twice
+    assert rejected.reason == "checker_invalid" and "checker_invalid=10" in rejected.detail  # 5 replies per state
+    assert sum(kind(r) == "checker" for r in model.requests) == 2 * 5 * 2  # 5 batches per state, each asked twice
 
 
 async def test_tester_items_for_unknown_slots_are_counted_and_their_slots_asked_again(tmp_path, sandbox):

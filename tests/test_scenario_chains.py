@@ -9,7 +9,9 @@ from builder.envs.checks import checks_from_scenario, run_checks
 from builder.envs.graph import ToolGraph, ToolNode, extract_graph
 from builder.json_values import leaves
 from builder.sandbox.runtime import Sandbox
-from builder.stages.scenarios.chains import Chain, ChainCall, sample_chains, values_at
+from builder.stages.scenarios.chain import Chain, ChainCall
+from builder.stages.scenarios.chain_values import values_at
+from builder.stages.scenarios.chains import sample_chains
 from builder.stages.scenarios.derived_checks import CheckItem, derive_checks, derive_items, verify_chain
 from builder.stages.scenarios.verify import default_state, lint_check
 

@@ -126,7 +126,7 @@ async def test_graph_method_words_verified_chains_into_scenarios(tmp_path, sandb
 
 
 def test_created_values_and_leaks():
-    from builder.stages.scenarios.chains import Chain, ChainCall
+    from builder.stages.scenarios.chain import Chain, ChainCall
 
     call = ChainCall(name="borrow_book", arguments={"book_id": "b1"}, sources={"book_id": "state"},
                      result={"success": True, "loan_id": "L4", "message": "book lent", "updated": ["due_date"]},

@@ -234,6 +234,7 @@ class StateWorker:
                                            self.env, ran, now=self.state.now))  # fmt: skip
             except InvalidReply as invalid:
                 failure = invalid
+        unjudged: list[Ran] = []
         for outcome in outcomes:
             if isinstance(outcome, JudgedCall):
                 run.judged.append(outcome)
@@ -242,13 +243,16 @@ class StateWorker:
                     outcome.call, outcome.result, outcome.changes, verdict.verdict, verdict.reason, "checker"
                 )
                 run.judged.append(ruled)
-            else:  # no usable checker reply, or none for this call: not judged, counted
-                kind, detail, raw_reply = (
-                    (failure.kind, failure.detail, failure.raw) if failure else
-                    ("checker_invalid", f"no verdict for call {outcome.number} of the batch", "")
-                )  # fmt: skip
-                where = {"state": outcome.call["state"], "round": outcome.call["round"]}
-                run.invalid.append({**where, "kind": kind, "detail": detail, "raw": raw_reply})
+            else:  # no usable checker reply, or none for this call: not judged
+                unjudged.append(outcome)
+        if unjudged:  # one unusable reply, however many calls it leaves unjudged (the bound counts replies)
+            numbers = ", ".join(str(outcome.number) for outcome in unjudged)
+            kind, detail, raw_reply = (
+                (failure.kind, failure.detail, failure.raw) if failure else
+                ("checker_invalid", f"no verdict for call(s) {numbers} of the batch", "")
+            )  # fmt: skip
+            where = {"state": unjudged[0].call["state"], "round": unjudged[0].call["round"]}
+            run.invalid.append({**where, "kind": kind, "detail": detail, "raw": raw_reply})
 
 
 def _in_order(

@@ -17,7 +17,6 @@ from typing import Any
 from builder.envs.graph import ToolGraph, state_values, succeeded
 from builder.envs.lint import Contract
 from builder.envs.session import Session, SessionError
-from builder.frozen import JSON, Frozen
 from builder.json_values import leaves
 from builder.records import Action
 from builder.sandbox.runtime import Sandbox
@@ -30,56 +29,27 @@ from builder.stages.scenarios.anchors import (
     date_values,
     described_choices,
     is_date,
-    linked,
-    reached,
-    user_facing,
     world_of,
 )
 from builder.stages.scenarios.anchors import (
     allowed as admitted,
 )
+from builder.stages.scenarios.chain import Chain, ChainCall, Plan, Sampled, chain_changes
+from builder.stages.scenarios.chain_plans import Planning
+from builder.stages.scenarios.chain_values import (
+    first_values,
+    fits,
+    named_collection,
+    schema_kind,
+    small_constant,
+    value_paths,
+    values_at,
+)
 from builder.stages.scenarios.verify import run_actions
 
-SMALL_NUMBERS = (1, 2, 3, 5, 10, 20, 50, 100)  # for a number neither the state nor a result gives
 USE_RESULT = 0.85  # chance a parameter fed by an earlier result takes it (else a state value)
 OMIT_OPTIONAL = 0.6  # chance an optional parameter no result feeds is left at its default
 TRIES = 6  # argument sets tried for one call before the attempt is dropped as call_failed
-
-
-class ChainCall(Frozen):
-    """One executed call: its arguments, where each came from (`result N field`, `state`, `constant`), its result
-    and whether it changed the state."""
-
-    name: str
-    arguments: JSON
-    sources: dict[str, str]
-    result: JSON
-    changed: bool
-
-
-class Chain(Frozen):
-    """An executed chain and the states around it."""
-
-    calls: tuple[ChainCall, ...]
-    initial_state: JSON
-    final_state: JSON
-    anchor: str | None = None  # `collection/key` of the record the user's goal is about
-
-    @property
-    def actions(self) -> tuple[Action, ...]:
-        return tuple(Action(name=call.name, arguments=call.arguments) for call in self.calls)
-
-    @property
-    def shape(self) -> str:
-        """The tools in order, a changing call marked with `*`: `get_account > transfer*`."""
-        return " > ".join(f"{call.name}{'*' if call.changed else ''}" for call in self.calls)
-
-
-class Sampled(Frozen):
-    """What one sampling run kept and why each dropped attempt was dropped (reason -> count)."""
-
-    chains: tuple[Chain, ...]
-    dropped: dict[str, int]
 
 
 def sample_chains(
@@ -114,7 +84,7 @@ def sample_chains(
             chain, reason = sampler.execute(sandbox, code, plan, rng, env_seed, contract)
         except SessionError:
             chain, reason = None, "load_failed"
-        if chain is not None and any(_changes(c) == _changes(chain) for c in kept):
+        if chain is not None and any(chain_changes(c) == chain_changes(chain) for c in kept):
             chain, reason = None, "duplicate"  # the same changes with other look-ups: the same task for the user
         if chain is None:
             dropped[reason] += 1
@@ -127,15 +97,7 @@ def sample_chains(
     return Sampled(chains=tuple(kept), dropped=dict(dropped))
 
 
-class Plan(Frozen):
-    """The tools of one attempt, in order, and the record the user's goal is about (None: no record)."""
-
-    tools: tuple[str, ...]
-    goal: str
-    anchor: tuple[str, str] | None
-
-
-class _Sampler:
+class _Sampler(Planning):
     """Plans and runs attempts from one state, learning which values each tool refuses."""
 
     def __init__(self, graph: ToolGraph, schemas: dict[str, dict[str, Any]], initial: dict[str, Any],
@@ -149,93 +111,6 @@ class _Sampler:
         # (tool, parameter, value) -> times refused / accepted: a refused call says the record does not fit
         self.refused: Counter[tuple[str, str, str]] = Counter()
         self.accepted: set[tuple[str, str, str]] = set()
-
-    def _collections(self, tool: str) -> list[str]:
-        properties = self.schemas[tool].get("properties", {})
-        return [c for p, s in properties.items() if (c := collection_of(self.world, p, s)) is not None]
-
-    def plan(self, rng: random.Random, length: int, shortest: int) -> Plan | None:
-        """A goal writer, the record it is about (a user-facing one when it can), a look-up that reaches that
-        record first, then look-ups feeding later tools, reads of what changed, or further changes."""
-        writers = self.graph.writers()
-        if not writers:
-            return None
-        goal = _least_used(writers, self.used + self.failed, rng)
-        anchor = self._anchor(goal, rng)
-        tools = [goal]
-        if anchor is not None and (finders := self._finders(anchor[0], exclude=writers)):
-            tools.insert(0, _least_used(finders, self.used, rng))
-        while len(tools) < length:
-            feeders = ({e.source for e in self.graph.edges if e.kind == "data" and e.target in tools}
-                       | self._lookups(tools, writers)) - set(tools)  # fmt: skip
-            readers = {e.target for e in self.graph.edges if e.kind == "state" and e.source in tools} - set(tools)
-            related = self._related(anchor, writers) - set(tools)
-            roll = rng.random()
-            if feeders and roll < 0.3:
-                tools.insert(0, _least_used(sorted(feeders), self.used, rng))
-            elif readers and roll < 0.7:
-                tools.append(_least_used(sorted(readers - set(writers)) or sorted(readers), self.used, rng))
-            elif roll < 0.9 or len(tools) < shortest:
-                tools.append(_least_used(sorted(related) or writers, self.used, rng))
-            else:
-                break
-        return Plan(tools=tuple(tools), goal=goal, anchor=anchor)
-
-    def _anchor(self, goal: str, rng: random.Random) -> tuple[str, str] | None:
-        """The person (or else the most user-facing record) a record of the goal leads to: a record of a collection
-        the goal takes an id of is drawn, then among it, the records its references lead to and the records linked
-        to it, the one whose collection has the most keys a user knows (people first); the records the kept chains
-        were about least often drawn first."""
-        collections = self._collections(goal)
-        if not collections:  # a goal that names no record (a registration): the rest of the chain is one person's
-            people = sorted({c for c, _ in self.world.records}, key=lambda c: (-user_facing(self.world, c), c))
-            # the most user-facing collection, or with none, any record (an order stands for its customer)
-            collections = people[:1] if people and user_facing(self.world, people[0]) else people
-        keys = [(collection, key) for collection in dict.fromkeys(collections) for key in self.world.keys(collection)]
-        if not keys:
-            return None
-        fewest = min(self.anchors_used[key] for key in keys)
-        record = rng.choice([key for key in keys if self.anchors_used[key] == fewest])
-        around = {record} | reached(self.world, record) | linked(self.world, record)
-        best = max(user_facing(self.world, c) for c, _ in around)
-        if best == 0:
-            return record
-        people = sorted({c for c, _ in around if user_facing(self.world, c) == best})
-        # any record of the best collection may anchor (the goal's record is then one of its own, or refused)
-        candidates = [(c, k) for c in people for k in self.world.keys(c)]
-        fewest = min(self.anchors_used[key] for key in candidates)
-        preferred = [key for key in candidates if key in around and self.anchors_used[key] == fewest]
-        return rng.choice(preferred or [key for key in candidates if self.anchors_used[key] == fewest])
-
-    def _finders(self, collection: str, exclude: list[str]) -> list[str]:
-        """Read tools that reach a record of `collection` by a key a user knows or by its id."""
-        fields = {f for (c, _), r in self.world.records.items() if c == collection for f in r}
-        found = []
-        for tool, parameters in self.schemas.items():
-            if tool in exclude:
-                continue
-            names = set(parameters.get("properties", {}))
-            facing = {n for n in names & fields if any(k in n.casefold() for k in USER_KEYS)}
-            if facing or collection in self._collections(tool):
-                found.append(tool)
-        return sorted(found)
-
-    def _lookups(self, tools: list[str], writers: list[str]) -> set[str]:
-        """Read tools that take an id of a collection a planned tool takes and read a collection a planned tool
-        takes an id of (`list_available_slots(dentist_id)` before `book_appointment(..., slot_id)`)."""
-        wanted = {c for tool in tools for c in self._collections(tool)}
-        reads = {node.name: set(node.reads) for node in self.graph.nodes}
-        return {
-            tool for tool in self.schemas
-            if tool not in writers and set(self._collections(tool)) & wanted and reads.get(tool, set()) & wanted
-        }  # fmt: skip
-
-    def _related(self, anchor: tuple[str, str] | None, writers: list[str]) -> set[str]:
-        """Writers that take an id of a collection the anchor's linked records belong to."""
-        if anchor is None:
-            return set()
-        collections = {c for c, _ in linked(self.world, anchor)}
-        return {w for w in writers if set(self._collections(w)) & collections}
 
     def execute(self, sandbox: Sandbox, code: str, plan: Plan, rng: random.Random, env_seed: int,
                 contract: Contract) -> tuple[Chain | None, str]:  # fmt: skip
@@ -345,11 +220,11 @@ class _Sampler:
         """(source, value) options for one parameter, best first."""
         if "enum" in schema:
             return self._ranked(tool, parameter, [("schema", v) for v in schema["enum"]], rng)
-        kind = _kind(schema)
+        kind = schema_kind(schema)
         if (choices := described_choices(schema)) and not (kind == "string" and is_date(parameter, schema)):
             return self._ranked(tool, parameter, [("schema", v) for v in choices], rng)
         collection = collection_of(self.world, parameter, schema) or self._fed_collection(tool, parameter)
-        fed = [(source, v) for source, v in self._from_results(tool, parameter, collection, calls) if _fits(v, kind)]
+        fed = [(source, v) for source, v in self._from_results(tool, parameter, collection, calls) if fits(v, kind)]
         if collection is not None and kind == "array":  # `add_to_watchlist(stocks)`: a list of one admitted key
             keys = [key for c, key in (allowed if allowed is not None else self.world.records) if c == collection]
             return self._ranked(tool, parameter, [("state", [k]) for k in sorted(keys)], rng)
@@ -362,10 +237,10 @@ class _Sampler:
         if kind == "string" and is_date(parameter, schema):
             if not writes:
                 return []  # a date filter narrows a look-up; the look-up works without it
-            touched = [self.world.records[ref] for value in _first(earlier) for ref in self.world.owner(value)]
-            dates = date_values(parameter, schema, self.now, touched, _first(earlier), rng)
+            touched = [self.world.records[ref] for value in first_values(earlier) for ref in self.world.owner(value)]
+            dates = date_values(parameter, schema, self.now, touched, first_values(earlier), rng)
             return [("now", d) for d in dates]
-        about = _named_collection(tool, {c for c, _ in self.world.records})
+        about = named_collection(tool, {c for c, _ in self.world.records})
         if about is not None:  # `register_patient(name)` takes no medication's name a search returned
             fed = [(source, v) for source, v in fed if not self._foreign(v, about)]
         if self._plain_field(parameter):
@@ -375,18 +250,18 @@ class _Sampler:
         near = self._near_values(tool, parameter, allowed)
         if near:
             unique = [v for i, v in enumerate(near) if v not in near[:i]]
-            options = [("state", v) for v in unique if _fits(v, kind)]
-            if kind in ("integer", "number") and (constant := _constant(schema, rng)) is not None:
+            options = [("state", v) for v in unique if fits(v, kind)]
+            if kind in ("integer", "number") and (constant := small_constant(schema, rng)) is not None:
                 options.append(("constant", constant))  # a record's 0 may be what the tool refuses
             return self._ranked(tool, parameter, options, rng)
         if kind is not None or allowed is None:  # what the state holds: keys its description names, like fields
-            pool = [v for v in state_values(parameter, schema, self.initial) if _fits(v, kind) and
+            pool = [v for v in state_values(parameter, schema, self.initial) if fits(v, kind) and
                     (allowed is None or coherent_value(self.world, v, allowed))]  # fmt: skip
             if self._plain_field(parameter):
                 pool = [v for v in pool if not self.world.owner(v)]
             if pool:
                 return [("state", v) for v in pool]
-        constant = _constant(schema, rng)
+        constant = small_constant(schema, rng)
         return [("constant", constant)] if constant is not None else []
 
     def _from_results(self, tool: str, parameter: str, collection: str | None,
@@ -404,7 +279,7 @@ class _Sampler:
             for value in values_at(call.result, edge.output)
         ]
         for i, call in enumerate(calls):
-            for path, value in _paths(call.result, ""):
+            for path, value in value_paths(call.result, ""):
                 if path.rsplit(".", 1)[-1].removesuffix("[]") in names and isinstance(value, str | int):
                     found.append((f"result {i + 1} {path}", value))
         return list(dict.fromkeys(found))
@@ -414,7 +289,7 @@ class _Sampler:
         names, when it names one: `find_patients(name)` takes a patient's name, not a dentist's), then vocabulary
         of that field; for a search text, the admitted records' user-facing keys."""
         refs = sorted(allowed) if allowed is not None else []
-        about = _named_collection(tool, {c for c, _ in self.world.records})
+        about = named_collection(tool, {c for c, _ in self.world.records})
         if about is not None and any(c == about and parameter in self.world.records[(c, k)] for c, k in refs):
             refs = [ref for ref in refs if ref[0] == about]
         values = [r[parameter] for ref in refs if parameter in (r := self.world.records[ref])]
@@ -456,83 +331,3 @@ class _Sampler:
             return 1 if self.refused[key] and key not in self.accepted else 0
 
         return sorted(shuffled, key=rank)
-
-
-def _named_collection(tool: str, collections: set[str]) -> str | None:
-    """The collection a tool's name names (`find_patients`, `get_patient` -> patients), the longest match."""
-    words = tool.casefold()
-    named = [c for c in collections if len(stem := c.casefold().removesuffix("s")) > 2 and stem in words]
-    return max(named, key=len, default=None)
-
-
-def _changes(chain: Chain) -> list[tuple[str, str]]:
-    """The chain's state-changing calls (what the user asks for), as comparable text."""
-    return [(call.name, repr(sorted(call.arguments.items()))) for call in chain.calls if call.changed]
-
-
-def _paths(value: Any, path: str) -> list[tuple[str, Any]]:
-    """Every (field path, scalar) of a result, paths as `values_at` reads them."""
-    if isinstance(value, dict):
-        return [p for key, item in value.items() for p in _paths(item, f"{path}.{key}" if path else str(key))]
-    if isinstance(value, list):
-        return [p for item in value for p in _paths(item, f"{path}[]")]
-    return [(path, value)]
-
-
-def _first(pools: dict[str, list[tuple[str, Any]]]) -> dict[str, Any]:
-    """The most likely value of each parameter drawn so far (for dates: the records a call touches, its start)."""
-    return {parameter: pool[0][1] for parameter, pool in pools.items() if pool}
-
-
-def _kind(schema: dict[str, Any]) -> str | None:
-    kinds = schema.get("type", [])
-    kinds = kinds if isinstance(kinds, list) else [kinds]
-    return next((k for k in ("string", "integer", "number", "boolean", "array") if k in kinds), None)
-
-
-def _fits(value: Any, kind: str | None) -> bool:
-    if kind in ("integer", "number"):
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if kind == "boolean":
-        return isinstance(value, bool)
-    if kind == "array":
-        return isinstance(value, list)
-    return kind is None or isinstance(value, str)
-
-
-def _least_used(names: list[str], used: Counter[str], rng: random.Random) -> str:
-    """One of `names`, tools the kept chains used less drawn more often (diversity across tools)."""
-    options = sorted(set(names))
-    return rng.choices(options, weights=[1 / (1 + used[name]) for name in options])[0]
-
-
-def _fresh(options: list[tuple[str, Any]], arguments: dict[str, Any], rng: random.Random) -> tuple[str, Any]:
-    """One (source, value) option, preferring a value no other argument of the call has (a transfer between two
-    accounts, not from one to itself)."""
-    taken = [repr(value) for value in arguments.values()]
-    return rng.choice([o for o in options if repr(o[1]) not in taken] or options)
-
-
-def _constant(schema: dict[str, Any], rng: random.Random) -> Any:
-    """A number or flag for a parameter the state cannot give (None for anything else)."""
-    kinds = schema.get("type", [])
-    kinds = kinds if isinstance(kinds, list) else [kinds]
-    low, high = schema.get("minimum", float("-inf")), schema.get("maximum", float("inf"))
-    if "integer" in kinds or "number" in kinds:
-        fitting = [n for n in SMALL_NUMBERS if low <= n <= high]
-        return rng.choice(fitting) if fitting else None
-    if "boolean" in kinds:
-        return rng.random() < 0.5
-    return None
-
-
-def values_at(value: Any, path: str) -> list[Any]:
-    """Every value at a result field path of `builder.envs.graph` (dots for keys, `[]` for list items)."""
-    if not path:
-        return [value] if not isinstance(value, dict | list) else []
-    head, _, rest = path.partition(".")
-    key, depth = head.split("[]", 1)[0], head.count("[]")
-    found = [value[key]] if key and isinstance(value, dict) and key in value else ([] if key else [value])
-    for _ in range(depth):
-        found = [item for inner in found if isinstance(inner, list) for item in inner]
-    return [leaf for inner in found for leaf in values_at(inner, rest)]

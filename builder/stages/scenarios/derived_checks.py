@@ -18,7 +18,7 @@ from builder.envs.lint import Contract
 from builder.frozen import JSON, Frozen
 from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED
-from builder.stages.scenarios.chains import Chain
+from builder.stages.scenarios.chain import Chain
 from builder.stages.scenarios.verify import Evidence, verify
 
 Path = tuple[str | int, ...]

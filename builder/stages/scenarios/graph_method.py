@@ -29,7 +29,8 @@ from builder.records import Environment, Scenario, scenario_seed
 from builder.run.stage import Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW
-from builder.stages.scenarios.chains import Chain, sample_chains
+from builder.stages.scenarios.chain import Chain
+from builder.stages.scenarios.chains import sample_chains
 from builder.stages.scenarios.derived_checks import CheckItem, derive_items, verify_chain
 from builder.stages.scenarios.emitted import Words, difficulty, scenario_records
 from builder.stages.scenarios.requests import _sampling

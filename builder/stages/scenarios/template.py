@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from builder.records import Environment
-from builder.stages.scenarios.chains import Chain, ChainCall
+from builder.stages.scenarios.chain import Chain, ChainCall
 from builder.stages.scenarios.emitted import Difficulty
 from builder.stages.scenarios.verbalise import UserRequest
 

@@ -34,7 +34,7 @@ from builder.prompts import prompt
 from builder.records import ChatMessage, Environment
 from builder.run.stage import Rejected, StageContext
 from builder.stages._llm import repaired, shrinking, system_user
-from builder.stages.scenarios.chains import Chain
+from builder.stages.scenarios.chain import Chain
 from builder.stages.scenarios.derived_checks import CheckItem
 from builder.stages.scenarios.requests import _sampling
 from builder.stages.scenarios.sufficiency import unsupported_arguments

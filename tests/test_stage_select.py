@@ -145,14 +145,15 @@ async def test_without_a_policy_the_band_is_not_applied_and_rl_keeps_measured_ra
     group += [trajectory(RL_ENV_2, "lonely", 0), trajectory(RL_ENV_2, "lonely", 1, end_reason="llm_error")]
     ctx = context(tmp_path, "llm.url=http://teacher.invalid/v1", "llm.served_model_name=teacher")
     results = await select(group, ctx)
-    assert verdicts(results) == {"easy": "rl", "mixed": "rl", "hard": "rl", "lonely": "too_few_rollouts"}
+    # No band to place a rate in: one graded rollout measures it (the other ended on an infrastructure error).
+    assert verdicts(results) == {"easy": "rl", "mixed": "rl", "hard": "rl", "lonely": "rl"}
     rates = {r.subject_id: (r.pass_rate, r.num_rollouts) for r in results if isinstance(r, Selection)}
-    assert rates == {"easy": (1.0, 2), "mixed": (0.5, 2), "hard": (0.0, 2)}
+    assert rates == {"easy": (1.0, 2), "mixed": (0.5, 2), "hard": (0.0, 2), "lonely": (1.0, 1)}
     band = ctx.stats.report.rl_band
     # Whose pass rates these are: the model the rl trajectories carry (the config would name `teacher`).
     assert (band["applied"], band["band"], band["measured_with"]) == (False, [0.0, 1.0], "m")
     assert "rollout.rl_agent_model is not set" in band["reason"]
-    assert ctx.stats.report.rl_kept == 3
+    assert ctx.stats.report.rl_kept == 4
 
 
 async def test_splits_are_deterministic_and_environment_disjoint(tmp_path):

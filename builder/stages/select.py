@@ -11,7 +11,8 @@ environments SFT never saw. Rules, in order (the first failing one is the reject
   `bad_reply` (an assistant reply cut by max_reply_tokens, or empty),
   `malformed_call` (a tool call that does not fit its schema or names no tool), `too_short` / `too_long`
   (`select.sft_min_turns`, `sft_max_turns`, `sft_max_chars`), `duplicate` (same conversation as a kept one).
-- RL, per scenario: `contaminated`, `too_few_rollouts` (fewer than `select.min_rollouts` graded rollouts),
+- RL, per scenario: `contaminated`, `too_few_rollouts` (fewer than `select.min_rollouts` graded rollouts when
+  the band is applied, else none),
   `pass_rate_out_of_band` (not strictly inside `select.rl_pass_band`; only when `rollout.rl_agent_model` is set).
 
 The band is applied only to a policy's pass rates. Without `rollout.rl_agent_model` the synthesis model played
@@ -100,9 +101,11 @@ def _rl(ctx: StageContext, scenario_id: str, env_id: str, rate: float, n: int, c
     low, high = ctx.config.select.rl_pass_band
     if contamination:
         return ctx.reject(scenario_id, "contaminated", contamination)
-    if n < ctx.config.select.min_rollouts:
+    applied = rl_band(ctx.config)["applied"]
+    # A band needs enough rollouts to place a pass rate in it; without one, one graded rollout measures the rate.
+    if n < (ctx.config.select.min_rollouts if applied else 1):
         return ctx.reject(scenario_id, "too_few_rollouts", f"{n} graded rollouts")
-    if rl_band(ctx.config)["applied"] and not low < rate < high:
+    if applied and not low < rate < high:
         return ctx.reject(scenario_id, "pass_rate_out_of_band", f"pass rate {rate:.3f} not inside ({low}, {high})")
     return _selection(ctx, "rl", "rl", scenario_id, scenario_id, env_id, rate, n)
 

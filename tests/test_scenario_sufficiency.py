@@ -175,3 +175,16 @@ def test_days_named_relative_to_now_are_the_users(said, value, ok):
 def test_values_said_as_people_say_them_count_as_given(said, value, ok):
     call = Action(name="book_visit", arguments={"day": value})
     assert (unsupported_arguments([call], [None], said, TOOLS) == []) is ok
+
+
+def test_a_number_before_a_hyphenated_word_is_said():
+    """teacher-9: "Please leave a 4-star review" gives the rating; an id or a date holding the digit does not."""
+    from builder.records import Action
+    from builder.stages.scenarios.sufficiency import unsupported_arguments
+
+    tools = [{"type": "function", "function": {"name": "add_review", "parameters": {"type": "object", "properties": {
+        "rating": {"type": "integer"}, "provider_id": {"type": "string"}}}}}]  # fmt: skip
+    call = [Action(name="add_review", arguments={"rating": 4, "provider_id": "PRV-14"})]
+    assert unsupported_arguments(call, [{}], "Please leave a 4-star review for PRV-14.", tools) == []
+    for text in ("Please leave a review for PRV-14 on 2025-04-14.", "Please review PRV-14, room B-4."):
+        assert unsupported_arguments(call, [{}], text, tools) == ["call 1 add_review: rating = 4"]

@@ -41,8 +41,10 @@ from builder.stages.scenarios.references import parse
 COMPOSITION_WORDS = 4  # strings with this many words or more are composed by the agent, not identifiers
 MAX_PROBLEMS = 6
 _WORD = re.compile(r"\w+")
+# A number on its own, or before a hyphenated word ("a 4-star review", "a 3-night stay"); not a part of an id or a
+# date ("acc-1", "2025-03-14").
 _NUMBER = re.compile(
-    r"(?<![\w.\-])(?P<currency>[$€£]\s?)?(?P<whole>[-+]?\d{1,3}(?:,\d{3})+|[-+]?\d+)(?P<decimals>\.\d+)?(?![\w\-]|\.\d)"
+    r"(?<![\w.\-])(?P<currency>[$€£]\s?)?(?P<whole>[-+]?\d{1,3}(?:,\d{3})+|[-+]?\d+)(?P<decimals>\.\d+)?(?!\w|-\d|\.\d)"
 )
 _MONEY_AFTER = re.compile(r"\s*(dollars?|euros?|pounds?|usd|eur|gbp|bucks)\b")
 _NUMBER_WORDS = {

@@ -96,7 +96,7 @@ async def test_missing_info_asks_in_conversation_and_changes_nothing_without_it(
     assert plain.family == talk.family == "missing_info" and plain.task == talk.task
     # Without the amount nothing can be done: no change (a guard that allows none), and the answer names it.
     assert plain.gold_actions == () and plain.checklist == (GUARD_ITEM,) and len(plain.checks) == 1
-    assert is_guard(plain.checks[0]) and plain.answer_facts == ("the amount",)
+    assert is_guard(plain.checks[0]) and plain.answer_facts == ("amount",)  # "the amount", its article dropped
     # In a conversation the user gives it when asked: the task's own checks and gold.
     assert talk.checklist[:-1] == tuple(TASK["checklist"]) and len(talk.gold_actions) == len(GOLD)
     assert "the amount is 30.00" in talk.user.reveal_when_asked

@@ -60,7 +60,8 @@ class MissingInfoDraft(TaskDraft):
         description="The value the task leaves out, exactly as the call needs it.", max_length=200
     )
     withheld_as: str = Field(
-        description="How the assistant would ask for it, 1-4 words (e.g. 'the amount').", max_length=60
+        description="The name of the missing value, 1-2 words, as the assistant would ask for it (e.g. 'amount').",
+        max_length=60,
     )
 
 
@@ -102,6 +103,18 @@ def refused_call(task: TaskDraft) -> Action | None:
     if not isinstance(task, RefusingDraft):
         return None
     return Action(name=task.refused_call.name, arguments=task.refused_call.arguments)
+
+
+ARTICLES = ("the ", "a ", "an ", "your ", "my ", "his ", "her ", "their ")
+
+
+def asked_for(withheld_as: str) -> str:
+    """What a missing_info answer must name: `withheld_as` without a leading article or possessive ("the star
+    rating" -> "star rating"), so "which star rating?" states it as well as "the star rating"."""
+    text = " ".join(withheld_as.split())
+    while (lowered := text.casefold()).startswith(ARTICLES):
+        text = text[len(next(a for a in ARTICLES if lowered.startswith(a))) :]
+    return text or withheld_as
 
 
 def withheld(task: TaskDraft) -> tuple[str, str] | None:

@@ -17,6 +17,7 @@ from builder.stages.scenarios.emitted import Words, reject_slot, scenario_record
 from builder.stages.scenarios.families import (
     NO_CHANGE,
     MissingInfoDraft,
+    asked_for,
     family_note,
     family_prompts,
     family_texts,
@@ -188,5 +189,5 @@ def _scenarios(
         env, ctx, method="llm", provenance=provenance, state=state, now=draft.now, words=words,
         checklist=task.checklist, checks=draft.checks, gold=evidence.actions, evidence=evidence,
         state_repairs=state_repairs, repairs=repairs, answer_facts=task.answer_facts, family=family,
-        withheld_as=task.withheld_as if isinstance(task, MissingInfoDraft) else None,
+        withheld_as=asked_for(task.withheld_as) if isinstance(task, MissingInfoDraft) else None,
     )  # fmt: skip

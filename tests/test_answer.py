@@ -11,7 +11,7 @@ import pytest
 
 from builder.cli import main
 from builder.config import SandboxConfig
-from builder.envs.answer import agent_answer, natural_answer, states
+from builder.envs.answer import AnswerCheck, agent_answer, answer_check, natural_answer, states, tool_text
 from builder.envs.audit import audit_reward
 from builder.envs.checks import checks_from_scenario, published_reward
 from builder.envs.schema import inspect_source
@@ -81,20 +81,41 @@ def test_the_answer_is_what_the_agent_said_in_text_or_to_the_user():
 
 def test_the_answer_counts_beside_the_checks_in_the_published_reward(sandbox):
     checks = checks_from_scenario(with_guard(BANK_CHECKS, gold_paths(sandbox, BANK.read_text(), BANK_STATE, GOLD)))
-    done = run(sandbox, GOLD)
+    done, read = run(sandbox, GOLD)
+    ask = AnswerCheck(FACTS)
 
-    def reward(final, answer):
-        return published_reward(sandbox, checks, BANK_STATE, final, facts=FACTS, answer=answer)
+    def reward(final, answer, seen=read, check=ask):
+        return published_reward(sandbox, checks, BANK_STATE, final, check=check, answer=answer, seen=seen)
 
-    assert reward(BANK_STATE, "").reward == 0.0  # nothing done, nothing said
+    assert reward(BANK_STATE, "", "").reward == 0.0  # nothing done, nothing said
     assert reward(done, "acc-2 now holds 800 cents.").solved
     unsaid = reward(done, "Done.")
     assert (unsaid.reward, unsaid.solved, unsaid.answered, unsaid.unstated) == (2 / 3, False, False, ("800",))
-    assert reward(BANK_STATE, "It holds 800.").reward == 1 / 3  # a right answer alone is partial credit
+    # The right value unread is a guess: it earns nothing, read it is partial credit without the writes.
+    assert reward(BANK_STATE, "It holds 800.", seen="").reward == 0.0
+    assert reward(BANK_STATE, "It holds 800.", seen='{"balance": 800}').reward == 1 / 3
     # A task that only asks (no check but the guard): the answer decides.
     only_guard = checks[-1:]
-    assert published_reward(sandbox, only_guard, BANK_STATE, BANK_STATE, facts=FACTS, answer="800").reward == 1.0
-    assert published_reward(sandbox, only_guard, BANK_STATE, BANK_STATE, facts=FACTS, answer="").reward == 0.0
+    for answer, expected in (("800", 1.0), ("", 0.0)):
+        verdict = published_reward(sandbox, only_guard, BANK_STATE, BANK_STATE, check=ask, answer=answer, seen=read)
+        assert verdict.reward == expected
+    # An infeasible task's answer must decline: a claim of success over an unchanged state earns nothing.
+    infeasible = AnswerCheck(("500",), declines=True)
+    for answer, expected in (("Done! Moved it; acc-2 had 500.", 0.0), ("I can't: acc-2 holds only 500.", 1.0)):
+        verdict = published_reward(sandbox, only_guard, BANK_STATE, BANK_STATE, check=infeasible, answer=answer,
+                                   seen='{"balance": 500}')  # fmt: skip
+        assert verdict.reward == expected, answer
+
+
+def test_the_answer_check_is_read_off_the_scenario():
+    assert answer_check({"answer_facts": ["800"], "family": "plain", "mode": "conversational"}) == AnswerCheck(
+        ("800",)
+    )
+    assert answer_check({"answer_facts": '["500"]', "family": "infeasible"}).declines
+    named = answer_check({"answer_facts": ["amount"], "family": "missing_info", "mode": "non_conversational"})
+    assert named == AnswerCheck(("amount",), grounded=False)  # it names what the user left out: no tool says it
+    assert not answer_check({"family": "plain"}) and answer_check({}).grade("anything", "") == (None, ())
+    assert tool_text([{"role": "tool", "content": "a"}, {"role": "user", "content": "b"}]) == "a"
 
 
 def test_the_same_episode_gets_the_same_reward_through_every_path(sandbox, tmp_path, capsys):
@@ -112,11 +133,11 @@ def test_the_same_episode_gets_the_same_reward_through_every_path(sandbox, tmp_p
     row = json.loads(scenario.model_dump_json()) | {"scenario_id": scenario.id}
     for calls, answer, expected, stated in (
         (GOLD, "Done: acc-2 holds 800 cents now.", 1.0, True), (GOLD, "Done.", 2 / 3, False), ([], "", 0.0, False),
-        (GOLD[:1], "Moved; it should be 8.00 dollars, i.e. 800.", 1.0, True),
+        (GOLD[:1], "Moved; it should be 8.00 dollars, i.e. 800.", 2 / 3, False),  # 800 guessed, never read
     ):  # fmt: skip
-        final = run(sandbox, calls)
+        final, seen = run(sandbox, calls)
         rollout = grade(sandbox, checks, BANK_STATE, final, None, now=scenario.now, seed=scenario.seed,
-                        facts=FACTS, answer=answer).reward  # fmt: skip
+                        check=answer_check(scenario), answer=answer, seen=seen).reward  # fmt: skip
 
         live = LiveEnvironment(env.model_dump(), row, sandbox)
         live.reset()
@@ -143,7 +164,7 @@ def test_the_same_episode_gets_the_same_reward_through_every_path(sandbox, tmp_p
             scenario_id=scenario.id, env_id=env.id, code=env.code, initial_state=BANK_STATE, checks=checks,
             answer_facts=list(FACTS), now=scenario.now,
         )  # fmt: skip
-        verifiers = verifiers_grade(data, final, answer)
+        verifiers = verifiers_grade(data, final, answer, seen)
 
         (tmp_path / "s.json").write_text(scenario.model_dump_json())
         (tmp_path / "c.json").write_text(json.dumps([call.model_dump() for call in calls]))
@@ -159,11 +180,12 @@ def test_the_same_episode_gets_the_same_reward_through_every_path(sandbox, tmp_p
 def test_the_audit_grades_the_gold_with_its_answer_said_plainly_and_in_words(sandbox):
     tools = inspect_source(BANK.read_text()).tools
     guarded = with_guard(BANK_CHECKS, gold_paths(sandbox, BANK.read_text(), BANK_STATE, GOLD))
-    audit = audit_reward(sandbox, BANK.read_text(), BANK_STATE, guarded, GOLD, tools, facts=("800", "acc-2"))
+    audit = audit_reward(sandbox, BANK.read_text(), BANK_STATE, guarded, GOLD, tools,
+                         check=AnswerCheck(("800", "acc-2")))  # fmt: skip
     assert audit.reason is None, audit
     assert audit.outcomes["spelling"] == "pass" and audit.rewards["spelling"] == 1.0  # said as "800", "acc 2"
     assert natural_answer(["2025-03-14T09:20:00", "1250", "dual_monitor"]) == (
-        "Done. March 14, 2025 at 9:20 AM; 1,250; dual monitor"
+        "All set: March 14, 2025 at 9:20 AM; 1,250; dual monitor"
     )
 
 
@@ -183,8 +205,8 @@ def test_a_fact_no_gold_call_returns_or_the_user_says_is_refused(sandbox):
     assert reason(("999",))[0] == "answer_not_read"  # a value the environment never returned
 
 
-def run(sandbox, calls) -> dict:
+def run(sandbox, calls) -> tuple[dict, str]:
+    """The final state and what the calls returned."""
     with Session(sandbox, BANK.read_text(), BANK_STATE) as session:
-        for call in calls:
-            session.call(call.name, call.arguments)
-        return session.snapshot()
+        seen = [session.call(call.name, call.arguments).content() for call in calls]
+        return session.snapshot(), "\n".join(seen)

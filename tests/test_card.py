@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 
 from builder.config import load_config
+from builder.envs.answer import AnswerCheck
 from builder.envs.checks import checks_from_scenario, published_reward, run_checks
 from builder.envs.guard import allowed_paths, guard_source
 from builder.envs.trainer import scenario_world
@@ -281,5 +282,6 @@ def test_another_trainers_seed_and_reward_are_builders(tmp_path, monkeypatch, sa
     for final in (BANK_STATE, gold, half):
         verdicts = [r.passed for r in run_checks(sandbox, checks, BANK_STATE, final).checks]
         for answer in ("", "Moved 300.00 to ACC 2.", "Moved it."):
-            expected = published_reward(sandbox, checks, BANK_STATE, final, facts=scope["facts"], answer=answer)
+            expected = published_reward(sandbox, checks, BANK_STATE, final, check=AnswerCheck(tuple(scope["facts"])),
+                                        answer=answer, seen="acc-2: 300")  # fmt: skip
             assert scope["reward"](verdicts, before, expected.answered) == expected.reward

@@ -84,7 +84,7 @@ def test_twenty_percent_faults_keep_what_the_clean_run_keeps(tmp_path, monkeypat
     assert run(tmp_path, "clean") == 0
     monkeypatch.setattr("builder.llm.connect.OpenAIChatModel", lambda *args, **kwargs: faulty)
     assert run(tmp_path, "faulty") == 0
-    assert sum(faulty.injected.values()) >= 15  # fewer requests since evaluate batches its calls
+    assert sum(faulty.injected.values()) >= 10  # about 70 requests since evaluate batches its calls
     assert set(faulty.injected) & set(TRANSIENT) and set(faulty.injected) & set(CONTENT)
     expected, got = kept(tmp_path / "clean"), kept(tmp_path / "faulty")
     for stage, count in expected.items():

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from builder.envs.answer import answer_check
 from builder.envs.audit import audit_reward
 from builder.envs.guard import GUARD_ITEM, is_guard
 from builder.llm import ChatRequest, ScriptedModel
@@ -69,7 +70,7 @@ def audit(sandbox, scenario: Scenario) -> dict[str, str]:
     env = environment("bank")
     return audit_reward(
         sandbox, env.code, scenario.initial_state, scenario.checks, scenario.gold_actions, env.tools,
-        now=scenario.now, seed=scenario.seed, facts=scenario.answer_facts,
+        now=scenario.now, seed=scenario.seed, check=answer_check(scenario),
     ).outcomes  # fmt: skip
 
 

@@ -37,7 +37,7 @@ from typing import Annotated, Any
 import verifiers.v1 as vf
 from pydantic import Field
 
-from builder.envs.answer import agent_answer
+from builder.envs.answer import agent_answer, answer_check, tool_text
 from builder.envs.checks import checks_from_scenario, published_reward
 from builder.envs.conversation import REPLY_TOOL, Conversation, SimulatedUser, scenario_from_row
 from builder.envs.lint import Contract
@@ -70,6 +70,8 @@ class ScenarioData(vf.TaskData):
     checks: list[str]
     answer_facts: list[str] = []
     """What the agent's answer must state (`builder.envs.answer`; empty: the task asks for nothing)."""
+    family: str = "plain"
+    mode: str = "non_conversational"
     now: str
     scenario: dict[str, Any] | None = None
     """A conversational scenario's published row, for the simulated user (None: non-conversational)."""
@@ -193,16 +195,20 @@ class ScenarioTask(vf.Task[ScenarioData, EpisodeState, ScenarioTaskConfig]):
             raise vf.TaskError(f"the simulated user failed ({trace.state.user_end}): the episode is void")
         final = trace.state.final_state
         answer = agent_answer(message.model_dump() for message in trace.assistant_messages)
-        return await asyncio.to_thread(grade, self.data, self.data.initial_state if final is None else final, answer)
+        seen = tool_text(message.model_dump() for message in trace.tool_messages)
+        initial = self.data.initial_state
+        return await asyncio.to_thread(grade, self.data, initial if final is None else final, answer, seen)
 
 
-def grade(data: ScenarioData, final_state: dict[str, Any], answer: str = "") -> float:
+def grade(data: ScenarioData, final_state: dict[str, Any], answer: str = "", seen: str = "") -> float:
     """The published reward (`builder.envs.checks.published_reward`) in a fresh sandbox at the scenario's
-    date-time and seed, `answer` being what the agent said (`builder.envs.answer.agent_answer`)."""
+    date-time and seed, `answer` being what the agent said (`builder.envs.answer.agent_answer`) and `seen` what
+    the tools returned."""
     now, seed = scenario_world({"env_id": data.env_id, "now": data.now})
     with Sandbox() as sandbox:
         verdict = published_reward(sandbox, checks_from_scenario(data.checks), data.initial_state, final_state,
-                                   now=now, seed=seed, facts=data.answer_facts, answer=answer)  # fmt: skip
+                                   now=now, seed=seed, check=answer_check(data.model_dump()), answer=answer,
+                                   seen=seen)  # fmt: skip
     return verdict.reward
 
 
@@ -240,6 +246,7 @@ class BuilderTaskset(vf.Taskset[ScenarioTask, BuilderTasksetConfig]):
                 env_id=row["env_id"], code=environment_code(environment), contract=environment_contract(environment),
                 initial_state=state,
                 checks=list(column(row, "checks")), answer_facts=list(row.get("answer_facts") or []),
+                family=row.get("family") or "plain", mode=row["mode"],
                 now=scenario_world(row)[0],
                 scenario=dict(row) if conversational else None,
             ), config.task)  # fmt: skip

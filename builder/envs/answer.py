@@ -14,6 +14,12 @@ how the agent formats a value:
   Mar 2025"; a year given next to it must be the fact's) or numerically (3/14/2025, 14.03.2025); a date-time
   also needs its time when that is not midnight ("09:20", "9:20 am", "9 AM" for 09:00; seconds are ignored).
 
+A fact the agent could only have guessed is not stated: each fact must also be in what the tools returned during
+the episode (`seen`, `tool_text`), except a missing_info scenario's, which names the value the user left out. An
+infeasible scenario's answer must also decline (`declines`: "cannot", "unable", "unfortunately", ...), so an
+answer that claims success while the state is unchanged earns nothing. `answer_check(row)` reads these rules off a
+scenario (its `answer_facts`, `family` and `mode`), the same way on every path.
+
 The check is deterministic string matching on data, not code: it runs in the calling process.
 """
 
@@ -23,6 +29,7 @@ import json
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
@@ -64,6 +71,61 @@ def states(answer: str, fact: str) -> bool:
     return False
 
 
+DECLINE_CUES = (
+    "cannot", "can't", "can not", "couldn't", "could not", "unable", "not able", "not possible", "isn't possible",
+    "impossible", "not allowed", "isn't allowed", "not permitted", "won't be able", "unfortunately", "sorry",
+    "i'm afraid", "no longer", "was not", "wasn't", "did not", "didn't",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AnswerCheck:
+    """What a scenario asks of the agent's answer: `facts` to state, each also `grounded` in what the tools
+    returned during the episode, and whether it must decline (`declines`). Empty: it asks nothing."""
+
+    facts: tuple[str, ...] = ()
+    grounded: bool = True
+    declines: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.facts) or self.declines
+
+    def grade(self, answer: str, seen: str) -> tuple[bool | None, tuple[str, ...]]:
+        """(passed, what is missing: unstated or unread facts, "a decline"); passed is None when it asks nothing."""
+        if not self:
+            return None, ()
+        missing = [f for f in self.facts if not states(answer, f) or (self.grounded and not states(seen, f))]
+        if self.declines and not declines(answer):
+            missing.append("a decline (the request cannot be done)")
+        return not missing, tuple(missing)
+
+
+NOTHING_ASKED = AnswerCheck()  # a scenario that asks nothing of the answer
+
+
+def answer_check(scenario: Mapping[str, Any] | Any) -> AnswerCheck:
+    """The answer rules of a scenario (a `Scenario` or a published row): its `answer_facts`; grounded unless it is
+    a missing_info scenario's non-conversational row (its fact names what the user left out); declining for an
+    infeasible one."""
+    row = scenario if isinstance(scenario, Mapping) else scenario.model_dump()
+    facts = row.get("answer_facts") or ()
+    facts = json.loads(facts) if isinstance(facts, str) else facts
+    family, mode = row.get("family") or "plain", row.get("mode")
+    named = family == "missing_info" and mode == "non_conversational"
+    return AnswerCheck(tuple(facts), grounded=not named, declines=family == "infeasible")
+
+
+def declines(answer: str) -> bool:
+    """Whether the answer says the request cannot be done (one of `DECLINE_CUES`)."""
+    text = fold(answer).replace("\u2019", "'")
+    return any(re.search(rf"(?<![a-z]){re.escape(cue)}(?![a-z])", text) for cue in DECLINE_CUES)
+
+
+def tool_text(messages: Iterable[Mapping[str, Any]]) -> str:
+    """What the tools returned in an episode's OpenAI-format messages (the tool messages' content)."""
+    return "\n".join(str(m.get("content") or "") for m in messages if m.get("role") == "tool")
+
+
 def missing_facts(answer: str, facts: Iterable[str]) -> list[str]:
     """The facts `answer` does not state, in order."""
     return [fact for fact in facts if not states(answer, fact)]
@@ -85,15 +147,16 @@ def agent_answer(messages: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(text for text in said if text)
 
 
-def gold_answer(facts: Sequence[str]) -> str:
-    """An answer stating every fact, as the reward audit's gold agent says it."""
-    return "Done. " + "; ".join(facts) if facts else ""
+def gold_answer(facts: Sequence[str], *, declining: bool = False) -> str:
+    """An answer stating every fact (declining when it must), as the reward audit's gold agent says it."""
+    opening = "Unfortunately I cannot do that." if declining else "Done."
+    return f"{opening} " + "; ".join(facts) if facts or declining else ""
 
 
-def natural_answer(facts: Sequence[str]) -> str:
+def natural_answer(facts: Sequence[str], *, declining: bool = False) -> str:
     """An answer stating every fact as a person would write it: dates and times in words, numbers with
     thousands separators, identifiers with spaces for underscores."""
-    return "Done. " + "; ".join(natural(fact) for fact in facts) if facts else ""
+    return gold_answer([natural(fact) for fact in facts], declining=declining).replace("Done.", "All set:", 1)
 
 
 def natural(fact: str) -> str:

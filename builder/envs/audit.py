@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.envs.answer import gold_answer, natural_answer
+from builder.envs.answer import NOTHING_ASKED, AnswerCheck, gold_answer, natural_answer
 from builder.envs.checks import checks_from_scenario, published_reward
 from builder.envs.guard import changed_paths, covered
 from builder.envs.lint import Contract
@@ -64,19 +64,22 @@ class Audit:
 class _Run:
     final: dict[str, Any] | None  # None: a call failed (refused, raised) or the session broke
     paths: tuple[tuple[str, ...], ...] = ()  # the paths each call changed
+    seen: str = ""  # what the calls returned (an answer's facts must be among it)
 
 
 def audit_reward(
     sandbox: Sandbox, code: str, initial_state: dict[str, Any], checks: Sequence[str], gold: Sequence[Action],
     tools: Sequence[dict[str, Any]], *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED,
-    contract: Contract = "strict", facts: Sequence[str] = (),
+    contract: Contract = "strict", check: AnswerCheck = NOTHING_ASKED,
 ) -> Audit:  # fmt: skip
-    """Run every case on one scenario (see the module docstring)."""
+    """Run every case on one scenario (see the module docstring); `check` is its answer check
+    (`builder.envs.answer.answer_check`)."""
     specs = checks_from_scenario(list(checks))
+    facts = check.facts
 
-    def reward(final: dict[str, Any], answer: str = "") -> float:
-        verdict = published_reward(sandbox, specs, initial_state, final, now=now, seed=seed, facts=facts,
-                                   answer=answer)  # fmt: skip
+    def reward(final: dict[str, Any], answer: str = "", seen: str = "") -> float:
+        verdict = published_reward(sandbox, specs, initial_state, final, now=now, seed=seed, check=check,
+                                   answer=answer, seen=seen)  # fmt: skip
         return verdict.reward
 
     def run(actions: Sequence[Action]) -> _Run:
@@ -90,24 +93,25 @@ def audit_reward(
         if done.final is None:
             outcomes["gold"], rewards["gold"] = "fail", 0.0
         else:
-            answer = gold_answer(facts)
-            rewards["gold"] = reward(done.final, answer)
+            answer = gold_answer(facts, declining=check.declines)
+            rewards["gold"] = reward(done.final, answer, done.seen)
             outcomes["gold"] = "pass" if rewards["gold"] == 1 else "fail"
             allowed = sorted({path for paths in done.paths for path in paths})
             variants = _collateral_variants(gold, done.paths, initial_state, allowed)
             damage = _first_run(run, variants, outside=(done, allowed))
             if damage is not None:
-                rewards["collateral"] = reward(damage, answer)
+                rewards["collateral"] = reward(damage, answer, done.seen)
                 outcomes["collateral"] = "pass" if rewards["collateral"] < 1 else "fail"
             spelled = _spelling_variant(gold, tools)
             for case, variant, said in (
                 ("order", _order_variant(gold, done.paths, initial_state), answer),
-                ("spelling", spelled if spelled or not facts else list(gold), natural_answer(facts)),
+                ("spelling", spelled if spelled or not facts else list(gold),
+                 natural_answer(facts, declining=check.declines)),
             ):
                 final = _first_run(run, [variant] if variant is not None else [])
                 if final is not None:  # the same final state and answer as the gold's get the gold's reward
                     same = final == done.final and said == answer
-                    rewards[case] = rewards["gold"] if same else reward(final, said)
+                    rewards[case] = rewards["gold"] if same else reward(final, said, done.seen)
                     outcomes[case] = "pass" if rewards[case] == 1 else "fail"
     failed = next((case for case in CASES if outcomes[case] == "fail"), None)
     if failed is None:
@@ -131,15 +135,16 @@ def _run(
 ) -> _Run:  # fmt: skip
     try:
         with Session(sandbox, code, state, now=now, seed=seed, contract=contract) as session:
-            before, paths = session.snapshot(), []
+            before, paths, seen = session.snapshot(), [], []
             for action in actions:
                 result = session.call(action.name, action.arguments)
                 if not result.ok or result.refused:
                     return _Run(None)
+                seen.append(result.content())
                 after = session.snapshot()
                 paths.append(tuple(changed_paths(before, after)))
                 before = after
-            return _Run(before, tuple(paths))
+            return _Run(before, tuple(paths), "\n".join(seen))
     except SessionError:
         return _Run(None)
 

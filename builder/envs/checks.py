@@ -9,8 +9,8 @@ The published reward (`published_reward`, the one every path grades with: rollou
 adapters, `python -m builder reward`), for a scenario's checks on (initial state, final state):
 
 - solved = every check passes, the collateral guard (`builder.envs.guard`) included, there is a task check, and
-  when the task asks to be told something (`answer_facts`), the agent's answer states every fact
-  (`builder.envs.answer`);
+  when the task asks something of the answer (`builder.envs.answer.answer_check`: facts to state, read from the
+  tools, a decline), the agent's answer does;
 - reward = 1.0 when solved; 0.0 when the guard fails or a check that already held on the initial state no
   longer holds (collateral damage either way); else the share of the *counted* items that pass, a counted item
   being a check that is false on the initial state or the answer check (no answer was given before the
@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import ast
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from builder.envs.answer import missing_facts
+from builder.envs.answer import NOTHING_ASKED, AnswerCheck
 from builder.envs.guard import is_guard
 from builder.pyast import parse
 from builder.sandbox.runtime import Sandbox, Worker, WorkerFailure
@@ -101,12 +100,13 @@ def run_checks(
 
 def published_reward(
     sandbox: Sandbox, checks: list[CheckSpec], initial_state: dict[str, Any], final_state: dict[str, Any],
-    *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED, facts: Sequence[str] = (), answer: str = "",
+    *, now: str = DEFAULT_NOW, seed: int = DEFAULT_SEED, check: AnswerCheck = NOTHING_ASKED, answer: str = "",
+    seen: str = "",
 ) -> Verdict:  # fmt: skip
     """The published reward of `final_state` (see the module docstring): every check on (initial, final), and the
-    task checks on (initial, initial) too, to know which of them the partial credit counts; with `facts` (the
-    scenario's `answer_facts`), whether `answer` (what the agent said, `builder.envs.answer.agent_answer`) states
-    them."""
+    task checks on (initial, initial) too, to know which of them the partial credit counts; with an answer `check`
+    (`builder.envs.answer.answer_check` of the scenario), whether `answer` (what the agent said,
+    `builder.envs.answer.agent_answer`) passes it, `seen` being what the tools returned (`tool_text`)."""
     parse_now(now)
     guards = [is_guard(spec.source) for spec in checks]
     tasks = [spec for spec, guard in zip(checks, guards, strict=True) if not guard]
@@ -119,9 +119,8 @@ def published_reward(
     counted = tuple(False if guard else not next(held_before) for guard in guards)
     guarded = all(r.passed for r, guard in zip(final, guards, strict=True) if guard) if any(guards) else None
     broken = any(not r.passed for r, g, c in zip(final, guards, counted, strict=True) if not g and not c)
-    unstated = tuple(missing_facts(answer, facts))
-    answered = not unstated if facts else None
-    solved = (bool(tasks) or bool(facts)) and all(result.passed for result in final) and answered is not False
+    answered, unstated = check.grade(answer, seen)
+    solved = (bool(tasks) or bool(check)) and all(result.passed for result in final) and answered is not False
     passed = [r.passed for r, c in zip(final, counted, strict=True) if c]
     if answered is not None:
         passed.append(answered)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from builder.config import SandboxConfig
+from builder.envs.answer import answer_check
 from builder.envs.checks import checks_from_scenario, published_reward
 from builder.envs.commands import read_file, read_json
 from builder.envs.guard import is_guard
@@ -74,9 +75,11 @@ def reward_report(
         except SessionError as error:
             raise BuilderError(f"{path.name} does not run the scenario's state: {error}") from None
         guarded = with_guard(checks, allowed)
-        facts = scenario["answer_facts"]
+        asked = answer_check(scenario["row"])
+        seen = "\n".join(result.content() for result in results)
         verdict = published_reward(sandbox, checks_from_scenario(guarded), initial, final, now=now, seed=seed,
-                                   facts=facts, answer=answer)  # fmt: skip
+                                   check=asked, answer=answer, seen=seen)  # fmt: skip
+        facts = list(asked.facts)
     items = [
         scenario["checklist"][i] if i < len(scenario["checklist"])
         else "(collateral guard derived from the gold)" if i >= len(checks) else f"check {i}"
@@ -98,8 +101,9 @@ def reward_report(
         ],  # fmt: skip
         "calls": [{"name": r.name, **({"result": r.result} if r.ok else {"error": r.error})} for r in results],
     }
-    if facts:
-        report["answer"] = {"facts": facts, "passed": verdict.answered, "unstated": list(verdict.unstated)}
+    if asked:
+        report["answer"] = {"facts": facts, "declines": asked.declines, "passed": verdict.answered,
+                            "unstated": list(verdict.unstated)}  # fmt: skip
     if as_json:
         print(json.dumps(report, indent=2, ensure_ascii=False), file=out)
         return 0
@@ -108,9 +112,10 @@ def reward_report(
         mark = "pass" if check["passed"] else "FAIL"
         error = f" ({check['error']})" if check["error"] else ""
         print(f"{mark:4}  [{kind}] {check['item']}{error}", file=out)
-    if facts:
-        unstated = f" (not stated: {'; '.join(verdict.unstated)})" if verdict.unstated else ""
-        print(f"{'pass' if verdict.answered else 'FAIL':4}  [answer] states {'; '.join(facts)}{unstated}", file=out)
+    if asked:
+        unstated = f" (missing: {'; '.join(verdict.unstated)})" if verdict.unstated else ""
+        wanted = "; ".join([*facts, *(["a decline"] if asked.declines else [])])
+        print(f"{'pass' if verdict.answered else 'FAIL':4}  [answer] states {wanted}{unstated}", file=out)
     print(f"reward {verdict.reward:.3f} ({'solved' if verdict.solved else 'not solved'}) at {now}", file=out)
     return 0
 

@@ -21,7 +21,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, Optional, Union
 
-from builder.envs.answer import agent_answer
+from builder.envs.answer import agent_answer, answer_check
 from builder.envs.checks import Verdict, checks_from_scenario, published_reward
 from builder.envs.conversation import REFUSED, REPLY_TOOL, Conversation, SimulatedUser, scenario_from_row
 from builder.envs.lint import Contract
@@ -94,6 +94,7 @@ class LiveEnvironment:
         self._session: Session | None = None
         self._initial: dict[str, Any] = {}
         self._verdict: tuple[str, Verdict] | None = None
+        self._seen: list[str] = []
         self.now, self.seed = scenario_world(self.scenario)
 
     @property
@@ -117,6 +118,7 @@ class LiveEnvironment:
         self._session = Session(self.sandbox, self.code, state, interface=self.interface, now=self.now, seed=self.seed)
         self._initial = self._session.snapshot()
         self._verdict = None
+        self._seen: list[str] = []
         return self.task
 
     def call(self, name: str, arguments: Mapping[str, Any] | str | None = None) -> str:
@@ -125,7 +127,9 @@ class LiveEnvironment:
             self.reset()
         assert self._session is not None
         self._verdict = None
-        return self._session.call(name, dict(arguments) if isinstance(arguments, Mapping) else arguments).content()
+        content = self._session.call(name, dict(arguments) if isinstance(arguments, Mapping) else arguments).content()
+        self._seen.append(content)  # what the agent has read: the answer's facts must be among it
+        return content
 
     def state(self) -> dict[str, Any]:
         """The current state snapshot."""
@@ -133,12 +137,6 @@ class LiveEnvironment:
             self.reset()
         assert self._session is not None
         return self._session.snapshot()
-
-    @property
-    def answer_facts(self) -> list[str]:
-        """What the agent's answer must state (the scenario's `answer_facts`; empty when it asks for nothing)."""
-        facts = self.scenario.get("answer_facts") or []
-        return list(json.loads(facts) if isinstance(facts, str) else facts)
 
     def verdict(self, answer: str = "") -> Verdict:
         """The published reward's verdict on (initial, current) state and on `answer`, what the agent said
@@ -148,8 +146,8 @@ class LiveEnvironment:
             checks = checks_from_scenario(list(column(self.scenario, "checks", "checks_json")))
             final = self.state()
             verdict = published_reward(
-                self.sandbox, checks, self._initial, final, now=self.now, seed=self.seed, facts=self.answer_facts,
-                answer=answer,
+                self.sandbox, checks, self._initial, final, now=self.now, seed=self.seed,
+                check=answer_check(self.scenario), answer=answer, seen="\n".join(self._seen),
             )  # fmt: skip
             self._verdict = (answer, verdict)
         return self._verdict[1]

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from builder.envs.answer import NOTHING_ASKED, AnswerCheck
 from builder.envs.checks import checks_from_scenario, published_reward
 from builder.envs.guard import allowed_paths, collateral, guard_source, is_guard
 from builder.envs.lint import Contract
@@ -68,14 +69,16 @@ def grade(
     *,
     now: str = DEFAULT_NOW,
     seed: int = DEFAULT_SEED,
-    facts: Sequence[str] = (),
+    check: AnswerCheck = NOTHING_ASKED,
     answer: str = "",
+    seen: str = "",
 ) -> Grade:
     """The published reward of `final_state` under the scenario's checks with their guard (`with_guard`), at the
-    scenario's `now` and seed, and of `answer` (what the agent said) for the scenario's answer `facts`."""
+    scenario's `now` and seed, and of `answer` (what the agent said) under the scenario's answer `check`, `seen`
+    being what the tools returned."""
     specs = checks_from_scenario(with_guard(checks, allowed_paths))
-    verdict = published_reward(sandbox, specs, initial_state, final_state, now=now, seed=seed, facts=facts,
-                               answer=answer)  # fmt: skip
+    verdict = published_reward(sandbox, specs, initial_state, final_state, now=now, seed=seed, check=check,
+                               answer=answer, seen=seen)  # fmt: skip
     passed = tuple(result.passed for result in verdict.checks)
     outside = collateral(initial_state, final_state, list(allowed_paths)) if allowed_paths is not None else []
     return Grade(

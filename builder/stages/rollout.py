@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from builder.config import BuildConfig, LLMConfig, RolloutConfig
-from builder.envs.answer import agent_answer
+from builder.envs.answer import agent_answer, answer_check, tool_text
 from builder.envs.lint import ContractError
 from builder.envs.session import Session, SessionError
 from builder.errors import ConfigError, ItemError, OperatorError, RunError
@@ -256,11 +256,12 @@ async def _sample(
     finally:
         await ctx.blocking(session.close)
     verdict = None
+    messages = [message.model_dump() for message in episode.messages]
     if final is not None:
         verdict = await ctx.blocking(
             grade, ctx.sandbox, scenario.checks, scenario.initial_state, final, allowed,
-            now=scenario.now, seed=scenario.seed, facts=scenario.answer_facts,
-            answer=agent_answer(message.model_dump() for message in episode.messages),
+            now=scenario.now, seed=scenario.seed, check=answer_check(scenario), answer=agent_answer(messages),
+            seen=tool_text(messages),
         )  # fmt: skip
     return _trajectory(ctx, scenario, env, episode, verdict, sampling, index, version, agent.model.model_id)
 

@@ -43,6 +43,7 @@ import traceback
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
+from builder.envs.answer import answer_check
 from builder.envs.audit import FAILURES, Audit, audit_reward
 from builder.envs.lint import ContractError
 from builder.envs.session import SessionError
@@ -230,7 +231,7 @@ def _audit(ctx: StageContext, env: Environment, scenario: Scenario) -> Audit:
     """The reward audit of one of a slot's scenarios, counted in the report."""
     audit = audit_reward(
         ctx.sandbox, env.code, scenario.initial_state, scenario.checks, scenario.gold_actions, env.tools,
-        now=scenario.now, seed=scenario.seed, contract=env.contract, facts=scenario.answer_facts,
+        now=scenario.now, seed=scenario.seed, contract=env.contract, check=answer_check(scenario),
     )  # fmt: skip
     ctx.stats.report.count_audit(audit.outcomes)
     return audit

@@ -269,3 +269,18 @@ def test_bad_input_exits_1_with_a_clear_error(tmp_path, capsys, scenario, calls,
     calls = write(tmp_path, "c.json", calls)
     assert main(["reward", str(env), "--scenario", scenario, "--calls", calls, "--profile", "none"]) == 1
     assert message in capsys.readouterr().err
+
+
+def test_collateral_also_comes_from_other_tools_on_records_the_gold_never_names(sandbox):
+    """When re-aiming the gold's own writes is refused (a booked slot, a past date), the audit tries one call of each
+    tool on the records the gold does not name: any write outside the task is collateral (teacher-9: the case ran on
+    3 of 18 slots before, 24 of 32 rows after)."""
+    from builder.envs.audit import _other_tool_variants
+
+    tools = inspect_source(BANK.read_text()).tools
+    extra = [variant[-1] for variant in _other_tool_variants(BANK_GOLD, tools, BANK_STATE)]
+    variants = {call.name: call.arguments for call in extra}
+    assert variants["freeze_account"] == {"account_id": "acc-3"}  # acc-1 and acc-2 are the task's
+    frozen = {**BANK_STATE, "accounts": {**BANK_STATE["accounts"], "acc-3": {**BANK_STATE["accounts"]["acc-3"]}}}
+    audit = audit_reward(sandbox, BANK.read_text(), frozen, guarded_bank_checks(sandbox), BANK_GOLD, tools)
+    assert audit.outcomes["collateral"] == "pass" and audit.rewards["collateral"] == 0.0

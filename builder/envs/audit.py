@@ -23,6 +23,7 @@ spelling, the environment refusing the variant call) is `n/a`, not a failure. A 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from builder.envs.answer import NOTHING_ASKED, AnswerCheck, gold_answer, natural
 from builder.envs.checks import checks_from_scenario, published_reward
 from builder.envs.guard import changed_paths, covered
 from builder.envs.lint import Contract
+from builder.envs.probe import generate_arguments
 from builder.envs.session import Session, SessionError
 from builder.json_values import record_pairs
 from builder.records import Action
@@ -97,7 +99,12 @@ def audit_reward(
             rewards["gold"] = reward(done.final, answer, done.seen)
             outcomes["gold"] = "pass" if rewards["gold"] == 1 else "fail"
             allowed = sorted({path for paths in done.paths for path in paths})
-            variants = _collateral_variants(gold, done.paths, initial_state, allowed)
+            variants = itertools.chain(
+                itertools.islice(
+                    _collateral_variants(gold, done.paths, initial_state, allowed), MAX_COLLATERAL_TRIES // 2
+                ),
+                _other_tool_variants(gold, tools, initial_state),
+            )
             damage = _first_run(run, variants, outside=(done, allowed))
             if damage is not None:
                 rewards["collateral"] = reward(damage, answer, done.seen)
@@ -105,8 +112,11 @@ def audit_reward(
             spelled = _spelling_variant(gold, tools)
             for case, variant, said in (
                 ("order", _order_variant(gold, done.paths, initial_state), answer),
-                ("spelling", spelled if spelled or not facts else list(gold),
-                 natural_answer(facts, declining=check.declines)),
+                (
+                    "spelling",
+                    spelled if spelled or not facts else list(gold),
+                    natural_answer(facts, declining=check.declines),
+                ),
             ):
                 final = _first_run(run, [variant] if variant is not None else [])
                 if final is not None:  # the same final state and answer as the gold's get the gold's reward
@@ -149,7 +159,7 @@ def _run(
         return _Run(None)
 
 
-MAX_COLLATERAL_TRIES = 12  # variants tried before the case is n/a (each is a sandbox replay of the gold)
+MAX_COLLATERAL_TRIES = 30  # variants tried before the case is n/a (each is a sandbox replay of the gold)
 
 
 def _first_run(run: Any, variants: Any, *, outside: tuple[_Run, list[str]] | None = None) -> dict[str, Any] | None:
@@ -186,6 +196,23 @@ def _collateral_variants(
                     continue
                 for other in (key for key in keys if key not in named and not covered(f"{name}.{key}", allowed)):
                     yield [*gold, Action(name=action.name, arguments={**action.arguments, parameter: other})]
+
+
+def _other_tool_variants(gold: Sequence[Action], tools: Sequence[dict[str, Any]], state: dict[str, Any]) -> Any:
+    """The gold plus one call of each tool with arguments drawn from the records the gold never names (when
+    re-aiming the gold's own writes is refused: a booked slot, a past date): any write outside the task is
+    collateral, whichever tool makes it."""
+    named = {str(value) for action in gold for value in action.arguments.values()}
+    others = {
+        name: {str(k): v for k, v in value.items() if str(k) not in named} if isinstance(value, dict) else value
+        for name, value in state.items()
+    }
+    for tool in tools:
+        function = tool["function"]
+        yield [
+            *gold,
+            Action(name=function["name"], arguments=generate_arguments(function.get("parameters", {}), others)),
+        ]
 
 
 def _order_variant(

@@ -31,8 +31,10 @@ at the scenario's `now` and seed:
 - **solved** = every check passes, the collateral guard included (the last check of every scenario with a gold
   solution, checklist item "{GUARD_ITEM.removesuffix(".")}": it fails when any state path changed that the gold
   solution does not change), and, when the task asks to be told something, the agent's answer (everything it
-  said in text or through `reply_to_user`) states each of the scenario's `answer_facts` (values compared
-  regardless of case, punctuation, number and date format: `builder.envs.answer`);
+  said in text or through `reply_to_user`) states each of the scenario's `answer_facts`, each also returned by a
+  tool during the episode (a guess earns nothing), and for an `infeasible` task declines (values compared
+  regardless of case and punctuation, numbers in digits in any notation, dates as ISO or month names:
+  `builder.envs.answer`);
 - **reward** = 1.0 when solved; **0.0** when the guard fails, when a check that already held on the initial
   state no longer holds, or when no counted item passes; else the share of the **counted** items that pass, a
   counted item being a check that is false on the initial state, or the answer check.
@@ -81,8 +83,9 @@ def contents(tables: dict[str, dict[str, pl.DataFrame]]) -> str:
     return (
         f"**{_tasks_rows(task_count(every), every.height)}** of `scenarios` ({per_split}), in {environments} "
         f"environments, and {tables['sft']['train'].height} `sft` trajectories. A task published in both modes "
-        "(conversational and non-conversational: the same state, checks and gold actions, sharing "
-        "`verification.scenario_group`) is one task in two rows."
+        "(conversational and non-conversational: the same state, sharing `verification.scenario_group`) is one task "
+        "in two rows; its checks and gold are the same in both, except a `missing_info` task's non-conversational "
+        "row, which the user's missing value leaves with nothing to do but say what is missing."
     )
 
 
@@ -162,11 +165,11 @@ def band(config: BuildConfig, stats: dict[str, StageStats], tables: dict[str, di
             f"**No pass-rate band was applied.** `rollout.rl_agent_model` was not set, so the `rl` environments "
             f"were played by the synthesis model `{policy['measured_with']}`, the teacher of the `sft` data. Its "
             "pass rates say nothing about how often your policy solves a scenario, and a strong teacher solves "
-            f"nearly every one, so the band ({low}, {high}) would empty the split. Every `rl` scenario with at "
-            "least `select.min_rollouts` = "
-            f"{config.select.min_rollouts} graded rollouts is published with the synthesis model's `pass_rate` "
-            f"({k} rollouts each). Measure your policy's pass rates and keep the scenarios it solves sometimes "
-            "before GRPO: a group that is all solved or all failed carries no signal."
+            f"nearly every one, so the band ({low}, {high}) would empty the split. Every `rl` scenario with a "
+            "graded rollout is published with the synthesis model's `pass_rate` "
+            f"({k} rollout{'s' * (k != 1)} each: a rate from so few samples is a hint, not a measurement). "
+            "Measure your policy's pass rates and keep the scenarios it solves sometimes before GRPO: a group "
+            "that is all solved or all failed carries no signal."
         )
     rl = tables["scenarios"]["rl"]
     if rl.height:

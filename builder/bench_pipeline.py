@@ -1,0 +1,427 @@
+"""`python -m builder bench pipeline --envs N`: the whole pipeline, collect to export, over N environments with a
+scripted model, to measure builder's own cost per environment (sandbox, gates, store writes, export) and whether
+it grows linearly, its peak memory, the store and release sizes, and what N environments would take on GPUs.
+
+The model is scripted: N seed requests become N topics, each planned as the lending desk of
+builder/data/bench_lending.json under a class name of its own (so every environment has its own code and id);
+the tester, checker, scenario writers, rollout agent and user simulator answer as tests/fixtures/teacher.py does
+(that module is the test suite's; this one is the packaged copy the bench needs). Every reply waits as a vLLM
+server would take: prompt tokens / `PREFILL_TOK_S` + completion tokens / `DECODE_TOK_S`, times `latency_scale`
+(default 0.001, so a run takes minutes rather than the model's hours; the figure is printed). Token counts are
+the client's estimate (4 characters a token) of these replies, which are shaped like a capable model's.
+
+The projection to an 8-GPU day uses the measured tokens per environment (prompt tokens not a repeated prefix,
+completion tokens) and `GPU_PREFILL_TOK_S` / `GPU_DECODE_TOK_S`, an assumed throughput of one GPU stated with its
+source below; it is arithmetic on those two figures, not a measurement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import resource
+import shutil
+import time
+from importlib import resources as package_files
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from builder.config import BuildConfig
+from builder.errors import RunError
+from builder.llm import ChatRequest, Reply, TokenUsage, text_reply, tool_reply
+from builder.pipeline import run_pipeline
+from builder.prompts import prompt
+from builder.rollout.user_sim import STOP
+from builder.stats import StageStats, prefix_reuse
+
+# One request's latency on a busy vLLM server (per request, many in flight): the figures of one stream.
+PREFILL_TOK_S = 5000.0
+DECODE_TOK_S = 40.0
+LATENCY_SCALE = 0.001
+# One GPU's throughput for an 8B model under vLLM with many requests in flight. Decode: ~12,500 output tok/s for
+# Llama 3.1 8B (bf16) on one H100 80GB (third-party vLLM benchmarks collected at
+# https://www.morphllm.com/vllm-benchmarks, 2026). Prefill: 2 x 8e9 FLOP a token at ~40% of an H100's 989 dense
+# bf16 TFLOP/s is ~25,000 tok/s, an estimate (no measured figure in this repository: the runs of
+# docs/capable-model-runs.md went through a hand-served endpoint whose GPU was not ours to measure).
+GPU_PREFILL_TOK_S = 25_000.0
+GPU_DECODE_TOK_S = 12_500.0
+GPU_SOURCE = (
+    "assumed, per GPU, Qwen3-8B ~ Llama 3.1 8B: decode 12,500 tok/s (vLLM, 1x H100, "
+    "https://www.morphllm.com/vllm-benchmarks), prefill 25,000 tok/s (FLOP estimate, 40% of H100 bf16 peak)"
+)
+GPUS, DAY_S = 8, 86_400
+# Linear growth: the cost per environment at 1,000 within this factor of that at 100 (issue 29).
+LINEAR_FACTOR = 1.2
+
+FIXTURE = json.loads(package_files.files("builder.data").joinpath("bench_lending.json").read_text())
+PLACES = ("harbor", "valley", "market", "river", "hill", "garden", "station", "forest", "meadow", "bridge")
+KINDS = ("library", "tool shed", "makerspace", "game shelf", "camera desk", "bike depot", "music room", "lab")
+
+
+# ------------------------------------------------------------------------------------------------ the seeds
+
+
+def seed_requests(envs: int) -> list[str]:
+    """N distinct seed requests, each naming its desk by number (the scripted miner reads it back)."""
+    return [
+        f"Lend item b3 to member m2 at the {PLACES[i % len(PLACES)]} {KINDS[i // len(PLACES) % len(KINDS)]} "
+        f"lending desk number {i} and tell me when it is due back"
+        for i in range(envs)
+    ]
+
+
+def bench_overrides(root: Path, envs: int) -> list[str]:
+    """The config the bench runs with (before the user's own --set): its seeds, folders and a scripted endpoint,
+    every topic kept, and one scenario per environment (the scripted writer has one task to give)."""
+    values = {
+        "llm.url": "http://bench-pipeline.invalid/v1",
+        "mine.seeds": root / "seeds.jsonl",
+        "mine.max_seeds": envs,
+        "mine.max_topics": envs,
+        "mine.dedup_threshold": 1.0,  # the desks differ only by number: only a repeated name is a duplicate
+        "scenarios.per_environment": 1,
+        "rollout.samples_per_scenario": 2,
+        "store.path": root / "store",
+        "hub.root": root / "hub",
+        "hub.release_root": root / "release",
+        "hub.export_after_run": True,
+    }
+    return [f"{key}={value}" for key, value in values.items()]
+
+
+def write_seeds(root: Path, envs: int) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    (root / "seeds.jsonl").write_text("".join(json.dumps({"request": r}) + "\n" for r in seed_requests(envs)))
+
+
+# --------------------------------------------------------------------------------------------- the model
+
+
+class VLLMLike:
+    """The scripted teacher behind a latency modeled on a vLLM server; it adds up the modeled seconds. It keeps
+    no request (a `ScriptedModel` keeps them all, which would count in the peak memory)."""
+
+    def __init__(self, latency_scale: float) -> None:
+        self.latency_scale = latency_scale
+        self.model_s = 0.0  # unscaled: what the requests would have taken on the server
+
+    async def count_prompt_tokens(self, request: ChatRequest) -> int | None:
+        return None  # the client estimates, as it does for a server that cannot count
+
+    async def chat(self, request: ChatRequest) -> Reply:
+        answer = teacher(request)
+        reply = text_reply(answer) if isinstance(answer, str) else answer
+        prompt_chars = sum(len(message.content or "") for message in request.messages)
+        completion_chars = len(reply.content or "") + sum(len(c.function.arguments) for c in reply.tool_calls)
+        usage = TokenUsage(prompt_tokens=max(1, prompt_chars // 4), completion_tokens=max(1, completion_chars // 4))
+        seconds = usage.prompt_tokens / PREFILL_TOK_S + usage.completion_tokens / DECODE_TOK_S
+        self.model_s += seconds
+        await asyncio.sleep(seconds * self.latency_scale)
+        return reply.model_copy(update={"usage": usage})
+
+
+TEST_STATE = {
+    "books": {
+        "b1": {"book_id": "b1", "title": "Dune", "copies": 2},
+        "b2": {"book_id": "b2", "title": "Emma", "copies": 0},
+    },
+    "members": {"m1": {"member_id": "m1", "name": "Sam Vimes", "max_loans": 2}},
+    "loans": {"L1": {"loan_id": "L1", "member_id": "m1", "book_id": "b1", "due": "2024-06-01", "returned": False}},
+}
+TESTER_ARGS = {
+    "positive": {
+        "get_book": {"book_id": "b1"},
+        "list_member_loans": {"member_id": "m1", "open_only": True},
+        "borrow_book": {"member_id": "m1", "book_id": "b1", "due": "2024-07-01"},
+        "return_book": {"loan_id": "L1"},
+        "find_books": {"title": "dune"},
+        "find_members": {"name": "Vimes"},
+    },
+    "negative": {
+        "get_book": {"book_id": "b404"},
+        "list_member_loans": {"member_id": "m404"},
+        "borrow_book": {"member_id": "m404", "book_id": "b1", "due": "2024-07-01"},
+        "return_book": {"loan_id": "L404"},
+        "find_books": {"title": ""},
+        "find_members": {"name": "  "},
+    },
+}
+PROBES = {
+    "probes": [
+        {"rule": 1, "why": "m1 has one open loan (L1) and a limit lowered to 1", "state": 1,
+         "state_change": {"members": {"m1": {"member_id": "m1", "name": "Sam Vimes", "max_loans": 1}}},
+         "tool": "borrow_book", "arguments": {"member_id": "m1", "book_id": "b1", "due": "2024-07-01"}},
+        {"rule": 2, "why": "b2 has no copy on the shelf", "state": 1, "state_change": {},
+         "tool": "borrow_book", "arguments": {"member_id": "m1", "book_id": "b2", "due": "2024-07-01"}},
+        {"rule": 3, "why": "L1 is returned already in the changed state", "state": 1,
+         "state_change": {"loans": {"L1": {**TEST_STATE["loans"]["L1"], "returned": True}}},
+         "tool": "return_book", "arguments": {"loan_id": "L1"}},
+    ],
+    "unprobed": [],
+    "valid_calls": [
+        {"state": 1, "tool": "borrow_book", "arguments": TESTER_ARGS["positive"]["borrow_book"]},
+        {"state": 1, "tool": "return_book", "arguments": TESTER_ARGS["positive"]["return_book"]},
+    ],
+}  # fmt: skip
+SCENARIO_STATE = {
+    "books": {
+        "b1": {"book_id": "b1", "title": "Dune", "copies": 2},
+        "b2": {"book_id": "b2", "title": "Emma", "copies": 0},
+        "b3": {"book_id": "b3", "title": "The Left Hand of Darkness", "copies": 1},
+    },
+    "members": {
+        "m1": {"member_id": "m1", "name": "Sam Vimes", "max_loans": 2},
+        "m2": {"member_id": "m2", "name": "Ada Palmer", "max_loans": 3},
+        "m3": {"member_id": "m3", "name": "Lu Chen", "max_loans": 1},
+    },
+    "loans": {
+        "L1": {"loan_id": "L1", "member_id": "m1", "book_id": "b1", "due": "2024-06-01", "returned": False},
+        "L2": {"loan_id": "L2", "member_id": "m2", "book_id": "b2", "due": "2024-05-20", "returned": True},
+        "L3": {"loan_id": "L3", "member_id": "m3", "book_id": "b1", "due": "2024-06-10", "returned": False},
+    },
+}
+DUE = "2024-07-15"
+LOANED = f"Does member m2 have an open loan of book b3 due {DUE}?"
+COPY_TAKEN = "Has book b3 one copy fewer on the shelf?"
+TASK = {
+    "task": f"I'm Ada Palmer, member m2. Please lend me book b3, The Left Hand of Darkness, until {DUE}.",
+    "difficulty": "easy",
+    "user_profile": "Ada Palmer, a retired teacher who writes polite, short messages.",
+    "known_up_front": "Wants to borrow a novel from the library.",
+    "reveal_when_asked": f"Member id m2; the book id is b3; due date {DUE}.",
+    "ending": "Says thanks and stops once the loan is confirmed.",
+    "checklist": [LOANED, COPY_TAKEN],
+}
+CHECKS = {
+    LOANED: "def check(initial_state, final_state):\n"
+    "    return any(\n"
+    "        loan['member_id'] == 'm2' and loan['book_id'] == 'b3' and loan['due'] == '2024-07-15'\n"
+    "        and not loan['returned']\n"
+    "        for loan in final_state['loans'].values()\n"
+    "    )\n",
+    COPY_TAKEN: "def check(initial_state, final_state):\n"
+    "    return final_state['books']['b3']['copies'] == initial_state['books']['b3']['copies'] - 1\n",
+}
+GOLD = [
+    {"name": "list_member_loans", "arguments": {"member_id": "m2", "open_only": True}},
+    {"name": "get_book", "arguments": {"book_id": "b3"}},
+    {"name": "borrow_book", "arguments": {"member_id": "m2", "book_id": "b3", "due": DUE}},
+]
+WRONG_DUE = [*GOLD[:2], {**GOLD[2], "arguments": {**GOLD[2]["arguments"], "due": "2024-07-30"}}]
+VERDICT = {"analysis": "the method follows its docstring", "verdict": "pass", "reason": "correct result and state"}
+SLOT = re.compile(r"^(\d+)\. `(\w+)` with a (POSITIVE|NEGATIVE) case", re.MULTILINE)
+CALL = re.compile(r"^## Call (\d+)$", re.MULTILINE)
+DESK = re.compile(r"lending desk number (\d+)")
+
+
+def teacher(request: ChatRequest) -> Reply | str:
+    """The reply to any request of the pipeline; a request it does not know is a RunError (the bench is out of
+    date with a prompt)."""
+    if request.tools:
+        return _agent(request)
+    schema = request.response_format["json_schema"]["name"] if request.response_format else ""
+    if schema:
+        if schema not in STRUCTURED:
+            raise RunError(f"bench pipeline: the scripted model has no answer to {schema!r}")
+        return json.dumps(STRUCTURED[schema](request))
+    system = _text(request, 0)
+    if system in (prompt("code_state"), prompt("code_method")):
+        return _code_piece(request)
+    if STOP in system:
+        return _user(request)
+    raise RunError(f"bench pipeline: the scripted model has no answer to {request.messages[-1].content!r:.200}")
+
+
+def _text(request: ChatRequest, index: int = 1) -> str:
+    return request.messages[index].content or ""
+
+
+def _asking(request: ChatRequest, pattern: re.Pattern[str]) -> str:
+    asking = [m.content for m in request.messages if m.role == "user" and m.content and pattern.search(m.content)]
+    return asking[-1] if asking else ""
+
+
+def _topic(request: ChatRequest) -> dict[str, Any]:
+    desk = int(DESK.search(_text(request)).group(1))
+    place, kind = PLACES[desk % len(PLACES)], KINDS[desk // len(PLACES) % len(KINDS)]
+    return {
+        "name": f"Desk {desk} {place.title()} {kind.title()} Loans",
+        "description": f"The {kind} lending desk of the {place} branch, number {desk}: members borrow items, "
+        "renew and return them.",
+        "domain": "Lending",
+        "core_entities": ["item", "member", "loan"],
+        "modelability": 9,
+        "usefulness": 8,
+    }
+
+
+def _state_draft(request: ChatRequest) -> dict[str, Any]:
+    topic = re.search(r"^Environment: (\w+)", _text(request), re.MULTILINE).group(1)
+    return {**FIXTURE["state_draft"], "class_name": "".join(word.capitalize() for word in topic.split("_")) + "Env"}
+
+
+def _tester(request: ChatRequest) -> dict[str, Any]:
+    slots = SLOT.findall(_asking(request, SLOT))
+    return {"calls": [{"call": int(n), "tool": t, "arguments": TESTER_ARGS[case.lower()][t]} for n, t, case in slots]}
+
+
+def _verdicts(request: ChatRequest) -> dict[str, Any]:
+    return {"verdicts": [{"call": int(n), **VERDICT} for n in CALL.findall(_asking(request, CALL))]}
+
+
+def _task(request: ChatRequest) -> dict[str, Any]:
+    name = re.search(r"^# Environment (\S+)", _text(request), re.MULTILINE).group(1)
+    return {**TASK, "user_profile": f"{TASK['user_profile']} Borrows at the {name} desk."}
+
+
+def _checks(request: ChatRequest) -> dict[str, Any]:
+    section = _text(request).rsplit("## Checklist (", 1)[1].split("\n", 1)[1]
+    return {"checks": [CHECKS[line.split(". ", 1)[1]] for line in section.splitlines()]}
+
+
+STRUCTURED = {
+    "Judgement": lambda request: {"reason": "needs a persistent system", "needs_stateful_system": True},
+    "TopicDraft": _topic,
+    "StateDraft": _state_draft,
+    "OperationsDraft": lambda request: FIXTURE["operations_draft"],
+    "TestState": lambda request: {"purpose": "one member with an open loan and a book with no copy left",
+                                  "state": TEST_STATE},
+    "TesterCalls": _tester,
+    "CheckerVerdicts": _verdicts,
+    "CheckerVerdict": lambda request: VERDICT,
+    "ProbeDraft": lambda request: PROBES,
+    "InitialState": lambda request: {"now": "2024-03-14T10:30:00", "state": SCENARIO_STATE},
+    "TaskDraft": _task,
+    "CheckCodes": _checks,
+    "GoldSolution": lambda request: {"actions": GOLD},
+}  # fmt: skip
+
+
+def _code_piece(request: ChatRequest) -> str:
+    text = _text(request)
+    method = re.search(r"^Write the method (\w+),", text, re.MULTILINE)
+    if method:
+        return FIXTURE["code"][method.group(1)]
+    class_name = re.search(r"^Write the class (\w+) with its __init__\.", text, re.MULTILINE).group(1)
+    return FIXTURE["code"]["__init__"].replace("class LibraryLoansEnv:", f"class {class_name}:")
+
+
+def _agent(request: ChatRequest) -> Reply | str:
+    """Asks for the details, then makes the calls at once (sample 1 with a wrong due date), then reports."""
+    said = [m.content or "" for m in request.messages if m.role == "user"]
+    if not any("m2" in text for text in said):
+        return "Happy to help. Could you give me your member id, the book and when you will bring it back?"
+    last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+    if not any(m.role == "assistant" for m in request.messages[last_user:]):
+        calls = GOLD if request.sample_index == 0 else WRONG_DUE
+        return tool_reply(*((call["name"], call["arguments"]) for call in calls))
+    return "Done: book b3 is lent to member m2."
+
+
+def _user(request: ChatRequest) -> str:
+    if len(request.messages) == 2:
+        return "Hi, I would like to borrow a novel please."
+    if request.messages[-1].content.endswith("?"):
+        return f"Sure: I'm member m2, the book id is b3, and I need it until {DUE}."
+    return STOP
+
+
+# ------------------------------------------------------------------------------------------------ the run
+
+
+def _size(path: Path) -> int:
+    return sum(file.stat().st_size for file in path.rglob("*") if file.is_file()) if path.exists() else 0
+
+
+def _run(config: BuildConfig, run_dir: Path, model: VLLMLike) -> dict[str, StageStats]:
+    """`run_pipeline` as `python -m builder run` calls it, the model behind `llm.url` being `model`: the client,
+    the endpoint pool (pacing, prefix accounting) and the response cache are the real ones."""
+    with mock.patch("builder.llm.connect.OpenAIChatModel", lambda *args, **kwargs: model):
+        return asyncio.run(run_pipeline(config, run_dir))
+
+
+def bench_pipeline(config: BuildConfig, root: Path, envs: int, *, latency_scale: float = LATENCY_SCALE) -> dict:
+    """Run the pipeline and export over `root` (the folders of `bench_overrides(root, envs)`, seeds written by
+    `write_seeds`) and return the figures."""
+    from builder.publish.publish import export_after_run
+
+    model = VLLMLike(latency_scale)
+    run_dir = root / "run"
+    started = time.monotonic()
+    stats = _run(config, run_dir, model)
+    export_started = time.monotonic()
+    out, manifest = export_after_run(config, run_dir / "stats.json")
+    export_s = time.monotonic() - export_started
+    wall_s = time.monotonic() - started
+    kept = stats["evaluate"].kept
+    if kept == 0:
+        raise RunError("bench pipeline: no environment was accepted; see the run folder's builder.log")
+    per_env = {name: round(stage.wall_s / envs, 4) for name, stage in stats.items()}
+    per_env["export"] = round(export_s / envs, 4)
+    slept_s = model.model_s * latency_scale
+    usage = [stage.usage for stage in stats.values()]
+    prompt_tokens = sum(u.prompt_tokens for u in usage)
+    completion_tokens = sum(u.completion_tokens for u in usage)
+    reuse = prefix_reuse(server for stage in stats.values() for server in stage.servers.values()) or 0.0
+    fresh_prompt = prompt_tokens * (1 - reuse)
+    gpu_s_per_env = (fresh_prompt / GPU_PREFILL_TOK_S + completion_tokens / GPU_DECODE_TOK_S) / kept
+    scenarios = stats["scenarios"].kept
+    envs_per_day = GPUS * DAY_S / gpu_s_per_env
+    return {
+        "envs": envs,
+        "accepted_envs": kept,
+        "scenarios": scenarios,
+        "trajectories": stats["rollout"].kept,
+        "latency_scale": latency_scale,
+        "model_latency": {"prefill_tok_s": PREFILL_TOK_S, "decode_tok_s": DECODE_TOK_S},
+        "wall_s": round(wall_s, 2),
+        "model_s_modeled": round(model.model_s, 1),
+        "model_s_slept": round(slept_s, 2),
+        "non_model_s_per_env": round((wall_s - slept_s) / envs, 4),
+        "stage_s_per_env": per_env,
+        "peak_rss_mb": {
+            "builder": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "largest_child": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
+        },
+        "store_bytes": _size(Path(config.store.path)),
+        "release_bytes": _size(out),
+        "release_version": manifest["version"],
+        "tokens_per_env": {
+            "prompt": round(prompt_tokens / kept),
+            "completion": round(completion_tokens / kept),
+            "prefix_reuse": round(reuse, 3),
+        },
+        "projection": {
+            "gpus": GPUS,
+            "gpu_s_per_env": round(gpu_s_per_env, 2),
+            "envs_per_day": round(envs_per_day),
+            "scenarios_per_day": round(envs_per_day * scenarios / kept),
+            "throughput_source": GPU_SOURCE,
+        },
+    }
+
+
+def render(figures: dict) -> str:
+    """The figures as lines of text."""
+    tokens, projection, rss = figures["tokens_per_env"], figures["projection"], figures["peak_rss_mb"]
+    lines = [
+        f"{figures['envs']} environments ({figures['accepted_envs']} accepted, {figures['scenarios']} scenarios, "
+        f"{figures['trajectories']} trajectories) in {figures['wall_s']:.1f} s; model latency scaled by "
+        f"{figures['latency_scale']:g} ({figures['model_s_modeled']:.0f} s modeled, {figures['model_s_slept']:.1f} s "
+        "slept)",
+        f"non-model seconds per environment: {figures['non_model_s_per_env']:.3f}",
+        "stage wall seconds per environment:",
+        *(f"  {name:<10} {seconds:8.3f}" for name, seconds in figures["stage_s_per_env"].items()),
+        f"peak memory: builder {rss['builder']:.0f} MB, largest child process {rss['largest_child']:.0f} MB",
+        f"store {figures['store_bytes'] / 1e6:.2f} MB, release {figures['release_version']} "
+        f"{figures['release_bytes'] / 1e6:.2f} MB",
+        f"tokens per accepted environment: {tokens['prompt']} prompt ({tokens['prefix_reuse']:.0%} a repeated "
+        f"prefix), {tokens['completion']} completion",
+        f"projection on {projection['gpus']} GPUs: {projection['gpu_s_per_env']:.1f} GPU-s per environment, "
+        f"{projection['envs_per_day']} environments and {projection['scenarios_per_day']} scenarios a day",
+        f"  throughput: {projection['throughput_source']}",
+    ]
+    return "\n".join(lines)

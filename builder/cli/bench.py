@@ -71,7 +71,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     )
     add_config_options(pipeline)
     pipeline.add_argument("--json", action="store_true", help="print one JSON object")
-    pipeline.add_argument("--envs", type=int, default=10, metavar="N", help="environments (default 10)")
+    pipeline.add_argument("--envs", type=_at_least_one, default=10, metavar="N", help="environments (default 10)")
     pipeline.add_argument(
         "--latency-scale",
         type=float,
@@ -126,3 +126,10 @@ def cmd_bench_pipeline(args: argparse.Namespace) -> int:
     figures = bench_pipeline(config_of(args), root, args.envs, latency_scale=scale)
     print(json.dumps(figures) if args.json else render(figures))
     return EXIT_OK
+
+
+def _at_least_one(text: str) -> int:
+    number = int(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"needs at least 1, got {number}")
+    return number

@@ -12,7 +12,9 @@ the client's estimate (4 characters a token) of these replies, which are shaped 
 
 The projection to an 8-GPU day uses the measured tokens per environment (prompt tokens not a repeated prefix,
 completion tokens) and `GPU_PREFILL_TOK_S` / `GPU_DECODE_TOK_S`, an assumed throughput of one GPU stated with its
-source below; it is arithmetic on those two figures, not a measurement.
+source below; it is arithmetic on those two figures, not a measurement. A second projection does the same
+arithmetic at the tokens a capable model spent per environment in a recorded run (`CAPABLE_RUN`), since the
+scripted replies are far shorter than a real model's.
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ GPU_SOURCE = (
     "https://www.morphllm.com/vllm-benchmarks), prefill 25,000 tok/s (FLOP estimate, 40% of H100 bf16 peak)"
 )
 GPUS, DAY_S = 8, 86_400
+# The same projection at a capable model's tokens: run teacher-4 (docs/capable-model-runs.md, gpu profile, 4
+# environments: 3,181,623 prompt and 163,436 completion tokens, 16 scenarios), with the 65% of prompt text a
+# repeated prefix measured over a capable-model run's 380 requests (issue 29). The scripted replies here carry no
+# reasoning and the scripted scenarios pass their gates at once, so the bench's own tokens are far fewer.
+CAPABLE_RUN = {"prompt": 795_406, "completion": 40_859, "prefix_reuse": 0.65, "scenarios": 4.0}
+CAPABLE_SOURCE = "run teacher-4, docs/capable-model-runs.md (tokens, scenarios); issue 29 (prefix reuse)"
 # Linear growth: the cost per environment at 1,000 within this factor of that at 100 (issue 29).
 LINEAR_FACTOR = 1.2
 
@@ -64,10 +72,11 @@ KINDS = ("library", "tool shed", "makerspace", "game shelf", "camera desk", "bik
 
 
 def seed_requests(envs: int) -> list[str]:
-    """N distinct seed requests, each naming its desk by number (the scripted miner reads it back)."""
+    """N distinct seed requests, each naming its desk by number (the scripted miner reads it back); none near
+    the scripted task, which the scenarios stage would drop as `copies_seed`."""
     return [
-        f"Lend item b3 to member m2 at the {PLACES[i % len(PLACES)]} {KINDS[i // len(PLACES) % len(KINDS)]} "
-        f"lending desk number {i} and tell me when it is due back"
+        f"Track renewals and returns for members of the {PLACES[i % len(PLACES)]} "
+        f"{KINDS[i // len(PLACES) % len(KINDS)]}, lending desk number {i}, and list what is overdue"
         for i in range(envs)
     ]
 
@@ -366,10 +375,9 @@ def bench_pipeline(config: BuildConfig, root: Path, envs: int, *, latency_scale:
     prompt_tokens = sum(u.prompt_tokens for u in usage)
     completion_tokens = sum(u.completion_tokens for u in usage)
     reuse = prefix_reuse(server for stage in stats.values() for server in stage.servers.values()) or 0.0
-    fresh_prompt = prompt_tokens * (1 - reuse)
-    gpu_s_per_env = (fresh_prompt / GPU_PREFILL_TOK_S + completion_tokens / GPU_DECODE_TOK_S) / kept
     scenarios = stats["scenarios"].kept
-    envs_per_day = GPUS * DAY_S / gpu_s_per_env
+    measured = {"prompt": prompt_tokens / kept, "completion": completion_tokens / kept, "prefix_reuse": reuse,
+                "scenarios": scenarios / kept}  # fmt: skip
     return {
         "envs": envs,
         "accepted_envs": kept,
@@ -394,19 +402,29 @@ def bench_pipeline(config: BuildConfig, root: Path, envs: int, *, latency_scale:
             "completion": round(completion_tokens / kept),
             "prefix_reuse": round(reuse, 3),
         },
-        "projection": {
-            "gpus": GPUS,
-            "gpu_s_per_env": round(gpu_s_per_env, 2),
-            "envs_per_day": round(envs_per_day),
-            "scenarios_per_day": round(envs_per_day * scenarios / kept),
-            "throughput_source": GPU_SOURCE,
-        },
+        "projection": {**_projection(measured), "throughput_source": GPU_SOURCE},
+        "projection_capable_model": {**_projection(CAPABLE_RUN), "tokens_source": CAPABLE_SOURCE},
+    }
+
+
+def _projection(per_env: dict[str, float]) -> dict[str, Any]:
+    """Environments and scenarios a day on `GPUS` GPUs at `per_env` tokens (prompt, completion, the prompt's share
+    a repeated prefix, which the server's prefix cache does not prefill again) and scenarios per environment."""
+    fresh_prompt = per_env["prompt"] * (1 - per_env["prefix_reuse"])
+    gpu_s_per_env = fresh_prompt / GPU_PREFILL_TOK_S + per_env["completion"] / GPU_DECODE_TOK_S
+    envs_per_day = GPUS * DAY_S / gpu_s_per_env
+    return {
+        "gpus": GPUS,
+        "gpu_s_per_env": round(gpu_s_per_env, 2),
+        "envs_per_day": round(envs_per_day),
+        "scenarios_per_day": round(envs_per_day * per_env["scenarios"]),
     }
 
 
 def render(figures: dict) -> str:
     """The figures as lines of text."""
     tokens, projection, rss = figures["tokens_per_env"], figures["projection"], figures["peak_rss_mb"]
+    capable = figures["projection_capable_model"]
     lines = [
         f"{figures['envs']} environments ({figures['accepted_envs']} accepted, {figures['scenarios']} scenarios, "
         f"{figures['trajectories']} trajectories) in {figures['wall_s']:.1f} s; model latency scaled by "
@@ -422,6 +440,9 @@ def render(figures: dict) -> str:
         f"prefix), {tokens['completion']} completion",
         f"projection on {projection['gpus']} GPUs: {projection['gpu_s_per_env']:.1f} GPU-s per environment, "
         f"{projection['envs_per_day']} environments and {projection['scenarios_per_day']} scenarios a day",
+        f"  at a capable model's tokens: {capable['gpu_s_per_env']:.1f} GPU-s per environment, "
+        f"{capable['envs_per_day']} environments and {capable['scenarios_per_day']} scenarios a day "
+        f"({capable['tokens_source']})",
         f"  throughput: {projection['throughput_source']}",
     ]
     return "\n".join(lines)

@@ -38,10 +38,15 @@ def test_two_environments_collect_to_export(tmp_path, capsys, restore_logging):
     assert projection["envs_per_day"] == pytest.approx(GPUS * 86_400 / projection["gpu_s_per_env"], rel=0.01)
     assert projection["scenarios_per_day"] == pytest.approx(2 * projection["envs_per_day"], abs=1)
     assert "https://" in projection["throughput_source"]
+    # At a capable model's recorded tokens (hundreds of thousands per environment) a GPU does far fewer.
+    capable = figures["projection_capable_model"]
+    assert capable["gpu_s_per_env"] > 5 * projection["gpu_s_per_env"]
+    assert capable["envs_per_day"] < projection["envs_per_day"] and "teacher-4" in capable["tokens_source"]
+    assert (tmp_path / "bench-pipeline-2" / "run" / "builder.log").stat().st_size > 0
 
     text = render(figures)
     assert "non-model seconds per environment" in text and "  evaluate " in text and "  export " in text
-    assert "environments and" in text and "scenarios a day" in text
+    assert "environments and" in text and "scenarios a day" in text and "at a capable model's tokens" in text
 
 
 def test_envs_must_be_at_least_one(capsys):
@@ -53,7 +58,7 @@ def test_envs_must_be_at_least_one(capsys):
 def test_seed_requests_are_distinct_and_name_their_desk():
     seeds = seed_requests(250)
     assert len(set(seeds)) == 250
-    assert all(f"lending desk number {i} " in seed for i, seed in enumerate(seeds))
+    assert all(f"lending desk number {i}," in seed for i, seed in enumerate(seeds))
 
 
 def test_an_unknown_request_is_an_error_not_a_made_up_reply():

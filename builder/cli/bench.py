@@ -118,9 +118,12 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
 
 def cmd_bench_pipeline(args: argparse.Namespace) -> int:
     from builder.bench_pipeline import LATENCY_SCALE, bench_overrides, bench_pipeline, render, write_seeds
+    from builder.cli.run import log_to_file
 
     root = config_of(args).run.runs_root / f"bench-pipeline-{args.envs}"
-    write_seeds(root, args.envs)
+    write_seeds(root, args.envs)  # a fresh folder: every stage runs, nothing resumed
+    (root / "run").mkdir()
+    log_to_file(root / "run" / "builder.log")  # as `run` logs: part of what the pipeline costs
     args.overrides[:0] = bench_overrides(root, args.envs)  # the user's own --set come after, and win
     scale = LATENCY_SCALE if args.latency_scale is None else args.latency_scale
     figures = bench_pipeline(config_of(args), root, args.envs, latency_scale=scale)

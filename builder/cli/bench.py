@@ -67,7 +67,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="the whole pipeline over N environments with a scripted model: builder's own cost per environment",
         description="Collect to export over N environments with a scripted model whose latency is modeled on a "
         "vLLM server: non-model seconds per environment per stage, peak memory, store and release sizes, and a "
-        "projection of environments and scenarios per 8-GPU day (see docs/architecture.md, Scale).",
+        "projection of environments and scenarios per 8-GPU day (see the README, The pipeline at scale).",
     )
     add_config_options(pipeline)
     pipeline.add_argument("--json", action="store_true", help="print one JSON object")

@@ -388,6 +388,7 @@ def bench_pipeline(config: BuildConfig, root: Path, envs: int, *, latency_scale:
         "wall_s": round(wall_s, 2),
         "model_s_modeled": round(model.model_s, 1),
         "model_s_slept": round(slept_s, 2),
+        # A lower bound: the slept time is summed over requests in flight together.
         "non_model_s_per_env": round((wall_s - slept_s) / envs, 4),
         "stage_s_per_env": per_env,
         "peak_rss_mb": {

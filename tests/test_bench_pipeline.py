@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from builder.bench_pipeline import GPUS, LATENCY_SCALE, render, seed_requests, teacher
+from builder.bench_pipeline import GPUS, LATENCY_SCALE, render, seed_requests
+from builder.bench_teacher import teacher
 from builder.cli import main
 from builder.errors import RunError
 from builder.llm import ChatRequest

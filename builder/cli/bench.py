@@ -1,9 +1,10 @@
-"""`bench sandbox`, `bench llm`, `bench rollout` and `bench scale`: measure the runtime, the model client, the
-rollouts and the Ray executor on this machine."""
+"""`bench sandbox`, `bench llm`, `bench rollout`, `bench scale` and `bench pipeline`: measure the runtime, the model
+client, the rollouts, the Ray executor and the whole pipeline on this machine."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 from builder.cli.common import EXIT_OK, add_config_options, config_of
 
@@ -61,6 +62,25 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     scale.add_argument("--ray-address", metavar="ADDR", help="Ray cluster to use (default: executor.ray_address)")
     scale.set_defaults(handler=cmd_bench_scale)
 
+    pipeline = bench_commands.add_parser(
+        "pipeline",
+        help="the whole pipeline over N environments with a scripted model: builder's own cost per environment",
+        description="Collect to export over N environments with a scripted model whose latency is modeled on a "
+        "vLLM server: non-model seconds per environment per stage, peak memory, store and release sizes, and a "
+        "projection of environments and scenarios per 8-GPU day (see the README, The pipeline at scale).",
+    )
+    add_config_options(pipeline)
+    pipeline.add_argument("--json", action="store_true", help="print one JSON object")
+    pipeline.add_argument("--envs", type=_at_least_one, default=10, metavar="N", help="environments (default 10)")
+    pipeline.add_argument(
+        "--latency-scale",
+        type=float,
+        default=None,
+        metavar="X",
+        help="the modeled model latency is slept times X (default 0.001)",
+    )
+    pipeline.set_defaults(handler=cmd_bench_pipeline)
+
 
 def cmd_bench_sandbox(args: argparse.Namespace) -> int:
     from builder.sandbox.bench import bench_sandbox
@@ -94,3 +114,25 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
     run_dir = config.run.runs_root / "bench-scale"
     print(bench_scale(config, run_dir, items=args.items, latency_ms=args.latency_ms, as_json=args.json))
     return EXIT_OK
+
+
+def cmd_bench_pipeline(args: argparse.Namespace) -> int:
+    from builder.bench_pipeline import LATENCY_SCALE, bench_overrides, bench_pipeline, render, write_seeds
+    from builder.cli.run import log_to_file
+
+    root = config_of(args).run.runs_root / f"bench-pipeline-{args.envs}"
+    write_seeds(root, args.envs)  # a fresh folder: every stage runs, nothing resumed
+    (root / "run").mkdir()
+    log_to_file(root / "run" / "builder.log")  # as `run` logs: part of what the pipeline costs
+    args.overrides[:0] = bench_overrides(root, args.envs)  # the user's own --set come after, and win
+    scale = LATENCY_SCALE if args.latency_scale is None else args.latency_scale
+    figures = bench_pipeline(config_of(args), root, args.envs, latency_scale=scale)
+    print(json.dumps(figures) if args.json else render(figures))
+    return EXIT_OK
+
+
+def _at_least_one(text: str) -> int:
+    number = int(text)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"needs at least 1, got {number}")
+    return number

@@ -19,6 +19,7 @@ from builder.run.stage import StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.scenarios import REASONS, scenarios
 from builder.stats import StageStats
+from tests.test_stage_scenarios import BANK_STATE, NOW
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -99,7 +100,9 @@ async def test_graph_scenarios_worded_by_the_real_model(tmp_path):
     stats = StageStats("scenarios", report=ScenariosReport())
     with open_llm(config.llm, tmp_path, on_call=stats.add_call) as llm, Sandbox(config.sandbox) as sandbox:
         ctx = StageContext(config, config_hash(config), tmp_path, stats, llm=llm, open_sandbox=lambda: sandbox)
-        results = await scenarios(env, ctx)
+        # Three customers: a chain stays on one customer's records, and the default bank's one customer would give
+        # two slots the same task (a near-duplicate, docs/scenarios.md §11).
+        results = await scenarios(env, ctx, start=(BANK_STATE, NOW))
         calls = llm.totals
     assert calls.calls >= 2 and calls.failed_calls == 0 and calls.completion_tokens > 0, calls
     attempts = config.scenarios.repair_attempts + config.llm.structured_retries + 1

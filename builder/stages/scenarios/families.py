@@ -8,10 +8,10 @@ tau-bench: policy-bound refusals). Each llm-method slot gets a family (`slot_fam
 - `missing_info`: the user leaves out one value the calls need (`withheld`), which a real user would know. In
   conversational mode the user gives it only when asked: the agent must ask, then do the task (the plain checks).
   In non-conversational mode nothing can be done: success is no change and an answer that names what is
-  missing (`answer_facts` = `withheld_as`, e.g. "the amount").
+  missing (`answer_facts` = `withheld_as`, e.g. "amount", `asked_for`).
 - `infeasible`: the request breaks a rule in this state; the call that would carry it out (`refused_call`) must be
-  refused by the environment. Success is no change and an answer that states why (`answer_facts`: the values
-  from the state that show it); the gold is the look-ups that find them.
+  refused by the environment. Success is no change and an answer that declines and states why (`answer_facts`:
+  the values from the state that show it, read during the episode); the gold is the look-ups that find them.
 - `policy_trap`: the user asks for something the rules forbid (`refused_call`, refused) and says what they accept
   instead; success is the alternative done (its checks), the forbidden change never made (the guard).
 - `error_recovery`: the user gives a stale or wrong detail a real user would, so the natural first call

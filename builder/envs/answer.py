@@ -126,11 +126,6 @@ def tool_text(messages: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(str(m.get("content") or "") for m in messages if m.get("role") == "tool")
 
 
-def missing_facts(answer: str, facts: Iterable[str]) -> list[str]:
-    """The facts `answer` does not state, in order."""
-    return [fact for fact in facts if not states(answer, fact)]
-
-
 def agent_answer(messages: Iterable[Mapping[str, Any]]) -> str:
     """What the agent said in an episode's OpenAI-format messages: every assistant message's text and every
     `reply_to_user` message, one per line."""

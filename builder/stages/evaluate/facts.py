@@ -82,28 +82,40 @@ def _tester_facts(
 
 
 def _batch_facts(env: Environment, ran: list[Ran], budget: PromptBudget, now: str) -> str:
-    """The environment, its state definition and clock once (the stable prefix), then each call of the batch
-    with what a single call's check shows: the method's source (once per tool), the state before (the attributes
-    the method uses), the case, arguments, result, state after and the changes. A state view identical to one an
-    earlier call of the batch showed is named, not repeated (`views`: its text -> where it was shown)."""
-    sections = []
-    shown: set[str] = set()
+    """The environment's whole source first (every checker request of the environment starts with it, so a model
+    server's prefix cache computes it once: the rules, the state definition, every method and helper), then the
+    test state's clock, then each call of the batch: the state before (the attributes the method uses), the case,
+    arguments, result, state after and the changes. A state view identical to one an earlier call of the batch
+    showed is named, not repeated (`views`: its text -> where it was shown).
+
+    Built smaller (a prompt too long for the context, `budget.level` > 0), the source is cut to what the batch
+    needs: the description and rules, the state definition and the source of each tool called."""
     views: dict[str, str] = {}
-    for item in ran:
-        name = item.call["tool"]
-        source = (
-            f"Method source of `{name}`: as for an earlier call of this batch.\n\n" if name in shown else
-            f"Method source of `{name}`:\n```python\n{method_source(env.code, name)}\n```\n\n"
-        )  # fmt: skip
-        shown.add(name)
-        sections.append(f"## Call {item.number}\n\n{source}{_call_facts(env, item, budget, views)}")
-    calls = "\n\n".join(sections)
+    calls = "\n\n".join(f"## Call {item.number}\n\n{_call_facts(env, item, budget, views)}" for item in ran)
+    called = list(dict.fromkeys(item.call["tool"] for item in ran))
     return (
-        f"Environment `{env.class_name}`: {environment_text(env.description, env.code)}\n\n"
-        f"State definition:\n```python\n{class_header(env.code)}\n```\n\n"
+        f"{environment_source(env) if budget.level == 0 else _called_source(env, called)}\n\n"
         f"Now: {now_text(now)}.\n\n"
         f"{len(ran)} call(s) ran in this order, each on the state the one before it left. Give one verdict per "
         f"call, with its number.\n\n{calls}"
+    )
+
+
+def environment_source(env: Environment) -> str:
+    """What the checker judges against, the same for every call of the environment: its source."""
+    return (
+        f"Environment `{env.class_name}` ({env.domain}): {env.description}\n\n"
+        f"Its source (the module docstring states the rules, `__init__` the state, each tool is the method of its "
+        f"name):\n```python\n{env.code.strip()}\n```"
+    )
+
+
+def _called_source(env: Environment, tools: list[str]) -> str:
+    methods = "\n\n".join(f"```python\n{method_source(env.code, name)}\n```" for name in tools)
+    return (
+        f"Environment `{env.class_name}`: {environment_text(env.description, env.code)}\n\n"
+        f"State definition:\n```python\n{class_header(env.code)}\n```\n\n"
+        f"Source of the tools called below (each tool is the method of its name):\n\n{methods}"
     )
 
 
@@ -126,8 +138,8 @@ def _call_facts(env: Environment, item: Ran, budget: PromptBudget, views: dict[s
     if changes:
         views.setdefault(after, f"state after call {item.number}")
     return (
+        f"Tool under test: `{name}`, {CASE_TEXT[item.call['case']]}.\n\n"
         f"State before (attributes the method uses):\n{before_shown}\n\n"
-        f"Tool under test: `{name}`, {CASE_TEXT[item.call['case']]}.\n"
         f"Arguments: {json.dumps(item.call['arguments'], ensure_ascii=False)}\n"
         f"Result: {clip_json(item.result.result, limit)}\n\n"
         f"State after:\n{after}"

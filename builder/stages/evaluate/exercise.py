@@ -33,6 +33,7 @@ from builder.stages.evaluate.facts import (  # _checker_facts: probes.py asks ab
     _batch_facts,
     _checker_facts,  # noqa: F401
     _tester_facts,
+    shows_whole_source,
 )
 from builder.stages.evaluate.sequential import negatives_in, settled
 from builder.views.budget import PromptBudget, prompt_budgets
@@ -230,8 +231,9 @@ class StateWorker:
         verdicts, failure = {}, None
         if ran:
             try:
+                whole = shows_whole_source(self.config.calls, len(self.interface.tools))
                 verdicts = await shrinking(self.ctx, "evaluate_checker", self.budgets, partial(_check, self.agents,
-                                           self.env, ran, now=self.state.now))  # fmt: skip
+                                           self.env, ran, now=self.state.now, whole=whole))  # fmt: skip
             except InvalidReply as invalid:
                 failure = invalid
         unjudged: list[Ran] = []
@@ -286,9 +288,11 @@ async def _propose(
     return await agents.ask_json(messages, TesterCalls, "tester", calls=len(slots), accept=fills_a_slot, schema=schema)
 
 
-async def _check(agents: Agents, env: Environment, ran: list[Ran], budget: PromptBudget, *, now: str) -> dict:
+async def _check(
+    agents: Agents, env: Environment, ran: list[Ran], budget: PromptBudget, *, now: str, whole: bool
+) -> dict:  # fmt: skip
     """The checker's verdicts by call number (the first for each number of the batch; others are ignored)."""
-    facts = _batch_facts(env, ran, budget, now)
+    facts = _batch_facts(env, ran, budget, now, whole)
     numbers = {item.number for item in ran}
 
     async def judges_a_call(reply: CheckerVerdicts) -> str | None:

@@ -81,24 +81,34 @@ def _tester_facts(
     )
 
 
-def _batch_facts(env: Environment, ran: list[Ran], budget: PromptBudget, now: str) -> str:
+def _batch_facts(env: Environment, ran: list[Ran], budget: PromptBudget, now: str, whole: bool = True) -> str:
     """The environment's whole source first (every checker request of the environment starts with it, so a model
     server's prefix cache computes it once: the rules, the state definition, every method and helper), then the
     test state's clock, then each call of the batch: the state before (the attributes the method uses), the case,
     arguments, result, state after and the changes. A state view identical to one an earlier call of the batch
     showed is named, not repeated (`views`: its text -> where it was shown).
 
-    Built smaller (a prompt too long for the context, `budget.level` > 0), the source is cut to what the batch
-    needs: the description and rules, the state definition and the source of each tool called."""
+    Without `whole` (`shows_whole_source`), or built smaller (a prompt too long for the context, `budget.level`
+    > 0), the source is cut to what the batch needs: the description and rules, the state definition and the
+    source of each tool called."""
     views: dict[str, str] = {}
     calls = "\n\n".join(f"## Call {item.number}\n\n{_call_facts(env, item, budget, views)}" for item in ran)
     called = list(dict.fromkeys(item.call["tool"] for item in ran))
     return (
-        f"{environment_source(env) if budget.level == 0 else _called_source(env, called)}\n\n"
+        f"{environment_source(env) if whole and budget.level == 0 else _called_source(env, called)}\n\n"
         f"Now: {now_text(now)}.\n\n"
         f"{len(ran)} call(s) ran in this order, each on the state the one before it left. Give one verdict per "
         f"call, with its number.\n\n{calls}"
     )
+
+
+def shows_whole_source(calls: int, tools: int) -> bool:
+    """Whether the checker requests of an environment start with its whole source: when the check makes at least
+    one call per tool (`calls` judged calls; the schedule takes the tools in turn), every tool's source is sent
+    anyway, so sending all of it once, as the prefix every request repeats, costs a server with a prefix cache
+    less than sending the called tools' sources with each batch. With fewer calls the batches' own sources are
+    less text than the whole class."""
+    return calls >= tools
 
 
 def environment_source(env: Environment) -> str:
@@ -121,10 +131,10 @@ def _called_source(env: Environment, tools: list[str]) -> str:
 
 def _checker_facts(
     env: Environment, call: dict[str, Any], result: ToolResult, before: dict[str, Any], after: dict[str, Any],
-    changes: list[dict[str, Any]], budget: PromptBudget, now: str,
+    changes: list[dict[str, Any]], budget: PromptBudget, now: str, whole: bool = True,
 ) -> str:  # fmt: skip
     """The facts of one call on its own, as a batch of one (the rule probes' confirmations ask about one call)."""
-    return _batch_facts(env, [Ran(1, call, result, before, after, changes)], budget, now)
+    return _batch_facts(env, [Ran(1, call, result, before, after, changes)], budget, now, whole)
 
 
 def _call_facts(env: Environment, item: Ran, budget: PromptBudget, views: dict[str, str]) -> str:

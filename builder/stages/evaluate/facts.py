@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.envs.session import ToolResult
+from builder.envs.session import ToolResult, diff_states
 from builder.evidence import JudgedCall
 from builder.records import Environment
 from builder.stages.evaluate.agents import CaseType, slot_text
@@ -57,9 +57,13 @@ class Ran:
 
 
 def _tester_facts(
-    state: TestState, run: StateRun, current: dict[str, Any], history_calls: int, budget: PromptBudget,
-    slots: list[tuple[str, CaseType]], feedback: str = "",
+    state: TestState, run: StateRun, first: dict[str, Any], current: dict[str, Any], history_calls: int,
+    budget: PromptBudget, slots: list[tuple[str, CaseType]], feedback: str = "",
 ) -> str:  # fmt: skip
+    """The state as first set up (`first`, the session's state before its first call) and what the calls since
+    changed, then the recent calls and the numbered slots: the first part is the same in every round of the state
+    (a model server's prefix cache reuses it), the changes, calls and numbers are not. Once the changes take
+    more text than the current state, the current state is shown instead."""
     done = len(run.judged)
     recent = run.judged[-history_calls:] if history_calls else []
     lines = [f"- {c.tool}({json.dumps(c.arguments)}) -> {c.result or c.error}" for c in recent]
@@ -68,16 +72,27 @@ def _tester_facts(
     # tester should learn what was wrong (`feedback`). A checker's failure is not the tester's business.
     note = f"\n\nYour previous reply was partly unusable: {feedback}" if feedback else ""
     asked = "\n".join(slot_text(number, slot) for number, slot in enumerate(slots, 1))
-    # The calls' numbers come after the state: the state and the calls before repeat from one round to the next
-    # (a model server's prefix cache reuses them), the numbers never do.
+    changed = changes_text(diff_states(first, current), budget.state_chars)
+    now_state = state_text(current, budget)
+    shown = (
+        f"Current state (JSON):\n{now_state}" if len(changed) > len(now_state) else
+        f"State as first set up (JSON):\n{state_text(first, budget)}\n\n"
+        f"Changed since by the calls on this state (path: value now):\n{changed or '- nothing yet'}"
+    )  # fmt: skip
     return (
         f"Test state {state.index + 1}, as first set up: {state.purpose}\n"
         f"Now: {now_text(state.now)}.\n\n"
-        f"Current state (JSON):\n{state_text(current, budget)}\n\n"
+        f"{shown}\n\n"
         f"Recent calls on this state:\n{history}\n\n"
-        f"Calls {done + 1} to {done + len(slots)} of {run.quota} on this state; the current state above includes "
-        f"the calls made since. Fill these {len(slots)} slots, one call each, numbered as here; they run in this "
-        f"order, each on the state the calls before it left:\n{asked}{note}"
+        f"Calls {done + 1} to {done + len(slots)} of {run.quota} on this state, to run in this order:\n{asked}{note}"
+    )
+
+
+def changes_text(changes: list[dict[str, Any]], limit: int) -> str:
+    """Changes as `- path: value now` lines (`removed` for a value gone), each value cut to `limit` characters."""
+    return "\n".join(
+        f"- {change['path']}: {clip_json(change['after'], limit) if 'after' in change else 'removed'}"
+        for change in changes
     )
 
 

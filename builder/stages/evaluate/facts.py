@@ -118,12 +118,12 @@ def _batch_facts(env: Environment, ran: list[Ran], budget: PromptBudget, now: st
 
 
 def shows_whole_source(calls: int, tools: int) -> bool:
-    """Whether the checker requests of an environment start with its whole source: when the check makes at least
-    one call per tool (`calls` judged calls; the schedule takes the tools in turn), every tool's source is sent
-    anyway, so sending all of it once, as the prefix every request repeats, costs a server with a prefix cache
-    less than sending the called tools' sources with each batch. With fewer calls the batches' own sources are
-    less text than the whole class."""
-    return calls >= tools
+    """Whether the checker requests of an environment start with its whole source: when the check calls every
+    tool at least twice (`calls` judged calls; the schedule takes the tools in turn, so each batch has other
+    tools and would send their sources again), sending the whole class once, as the prefix every request
+    repeats, leaves a server with a prefix cache less to compute. With fewer calls the batches' own sources are
+    less text (about the whole class once, and no later request reuses it)."""
+    return calls >= 2 * tools
 
 
 def environment_source(env: Environment) -> str:

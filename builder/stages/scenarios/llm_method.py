@@ -32,7 +32,7 @@ from builder.stages.scenarios.requests import Draft, _fill, _gold, _initial_stat
 from builder.stages.scenarios.variety import copies_seed
 from builder.stages.scenarios.verify import Evidence, verify
 
-PROMPTS = ("scenario_state", "scenario_task", "scenario_check", "scenario_gold")
+PROMPTS = ("scenario_state", "scenario_writer", "scenario_task", "scenario_check", "scenario_gold")
 
 
 async def build_slot(

@@ -26,6 +26,7 @@ from builder.run.stage import StageContext
 from builder.stages._llm import ask, repaired, shrinking, system_user
 from builder.stages.scenarios.state import attribute_problems, size_problems
 from builder.stages.scenarios.verify import load_state
+from builder.stages.scenarios.writers import writer_messages
 from builder.views.budget import PromptBudget, prompt_budgets
 from builder.views.code import interface_text, now_text, writer_sources
 from builder.views.state import involved_state, state_output_type, state_text
@@ -175,14 +176,10 @@ async def _task(
     says which family of task to write (`families.family_note`), `output_type` is that family's draft."""
 
     def request(budget: PromptBudget) -> list[ChatMessage]:
-        user = (
-            f"{interface_text(env, budget)}\n\n## Now\n{now_text(now)}\n\n## Current state\n{state_text(state, budget)}"
-        )
-        if note:
-            user += f"\n\n## The kind of task\n{note}"
+        needs = f"\n\n## The kind of task\n{note}" if note else ""
         if feedback:
-            user += f"\n\n## A previous task for this state was refused\n{feedback}"
-        return system_user(prompt("scenario_task"), user)
+            needs += f"\n\n## A previous task for this state was refused\n{feedback}"
+        return writer_messages(env, budget, now, state, "task", needs)
 
     draft, messages = await _ask_fitting(
         ctx, env, "scenario_task", request, output_type, sampling=_sampling(ctx), invalid_reason="task_invalid"
@@ -248,14 +245,8 @@ async def _gold(
     if not feedback:
 
         def request(budget: PromptBudget) -> list[ChatMessage]:
-            user = (
-                f"{interface_text(env, budget)}\n\n## Now\n{now_text(draft.now)}\n\n"
-                f"## Current state\n{state_text(state, budget)}\n\n"
-                f"## Task\n{draft.task.task}"
-            )
-            if draft.gold_note:
-                user += f"\n\n## Note\n{draft.gold_note}"
-            return system_user(prompt("scenario_gold"), user)
+            needs = f"\n\n## Task\n{draft.task.task}" + (f"\n\n## Note\n{draft.gold_note}" if draft.gold_note else "")
+            return writer_messages(env, budget, draft.now, state, "solution", needs)
 
         reply, messages = await _ask_fitting(
             ctx, env, "scenario_gold", request, GoldSolution, sampling=sampling, invalid_reason="gold_invalid"

@@ -17,6 +17,7 @@ from builder.sandbox.runtime import Sandbox
 from builder.stages.scenarios import scenarios
 from builder.stages.scenarios.families import FAMILIES, slot_families
 from builder.stages.scenarios.family_stats import derive_families
+from builder.store import Store
 from tests.test_stage_scenarios import BANK_STATE, CHECKS, FAST, GOLD, NOW, TASK, context, environment, schema_name
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
@@ -208,6 +209,23 @@ async def test_a_task_that_copies_its_seed_is_written_again(tmp_path, sandbox, m
     assert plain.verification.repairs == ("copies_seed",) and plain.task == other["task"]
     retask = [r for r in scripted.requests if schema_name(r) == "TaskDraft"][1]
     assert "repeats the seed request" in retask.messages[-1].content
+
+
+async def test_a_task_an_earlier_run_stored_for_this_environment_is_not_made_again(tmp_path, sandbox):
+    first, _, _ = await one_slot(tmp_path, sandbox, "plain", [TASK], [GOLD])
+    store = Store(tmp_path / "store")
+    store.upsert("environments", [environment("bank")])
+    store.upsert("scenarios", [record for record in first if isinstance(record, Scenario)])
+    # The same slot again (a resumed run writes the same records): the stored ones are itself, not earlier ones.
+    again, _, _ = await one_slot(tmp_path, sandbox, "plain", [TASK], [GOLD])
+    assert [type(record) for record in again] == [Scenario, Scenario]
+    # A new run rewording that request about the same records: dropped, naming the stored task.
+    reworded = {**TASK, "task": "Please " + TASK["task"][0].lower() + TASK["task"][1:]}
+    (rejection,), _, _ = await one_slot(tmp_path, sandbox, "plain", [reworded], [GOLD])
+    assert rejection.reason == "duplicate" and "an earlier run's task" in rejection.detail
+    assert TASK["task"] in rejection.detail
+    # Only environments of the same name are compared.
+    assert len(store.scenario_tasks("bank")) == 2 and store.scenario_tasks("library") == {}
 
 
 async def test_near_duplicate_tasks_of_one_environment_keep_the_first(tmp_path, sandbox):

@@ -190,7 +190,7 @@ async def test_long_context_plays_the_task_on_a_state_grown_with_distractors(tmp
     (plain, _), _, _ = await one_slot(tmp_path, sandbox, "long_context", [TASK], [GOLD],
                                       "scenarios.long_context_records=300")  # fmt: skip
     accounts, customers = plain.initial_state["accounts"], plain.initial_state["customers"]
-    assert plain.family == "long_context" and 250 <= len(accounts) + len(customers) <= 300
+    assert plain.family == "long_context" and abs(len(accounts) + len(customers) - 300) <= 4  # rounds of 7 records
     assert all(accounts[key] == value for key, value in BANK_STATE["accounts"].items())  # the originals, intact
     # No distractor names the task's records or values: Ada (c1) still owns exactly acc-1 and acc-2.
     assert sorted(key for key, account in accounts.items() if account["owner"] == "c1") == ["acc-1", "acc-2"]

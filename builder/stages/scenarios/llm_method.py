@@ -27,7 +27,7 @@ from builder.stages.scenarios.families import (
     withheld,
 )
 from builder.stages.scenarios.graph_method import State
-from builder.stages.scenarios.long_context import enlarge, protected_values
+from builder.stages.scenarios.long_context import checked_enlarge, protected_values
 from builder.stages.scenarios.requests import Draft, _fill, _gold, _initial_state, _repaired_check, _sampling, _task
 from builder.stages.scenarios.variety import copies_seed
 from builder.stages.scenarios.verify import Evidence, verify
@@ -51,21 +51,25 @@ async def build_slot(
         await _fill(env, ctx, small, draft)
         return draft
 
-    def played_on(draft: Draft) -> dict[str, Any]:
-        """The state the scenario is played on: a long_context task's is enlarged with distractor records that
-        hold none of the values the task and gold name (`long_context.enlarge`)."""
+    async def played_on(draft: Draft) -> dict[str, Any]:
+        """The state the scenario is played on: a long_context task's is enlarged with whole copies of its world
+        that hold none of the values the task and gold name, checked in the sandbox, with fewer copies if the
+        environment's tools or the state's relations refuse them (`long_context.checked_enlarge`)."""
         if family != "long_context":
             return small
         task = draft.task
         protected = protected_values(small, [task.task, task.known_up_front, task.reveal_when_asked],
                                      [action.arguments for action in draft.gold])  # fmt: skip
-        return enlarge(small, records=config.long_context_records, protected=protected, seed=scenario_seed(env.id, now))
+        return await asyncio.to_thread(
+            checked_enlarge, ctx.sandbox, env.code, small, records=config.long_context_records, protected=protected,
+            seed=scenario_seed(env.id, now), now=now, contract=env.contract,
+        )  # fmt: skip
 
     draft = await write_task()
     repairs: list[str] = []
     blame_gold_next = True  # for gold_fails_checks: alternate between the gold and the checks, gold first
     for round_ in range(config.repair_attempts + 1):
-        state = played_on(draft)
+        state = await played_on(draft)
         evidence = _copied(draft, seeds) or await asyncio.to_thread(
             verify, ctx.sandbox, env.code, state, draft.gold, draft.checks,
             min_gold_calls=config.min_gold_calls if family not in NO_CHANGE else 1,  # look-ups that show why

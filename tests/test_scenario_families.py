@@ -19,6 +19,7 @@ from builder.stages.scenarios import scenarios
 from builder.stages.scenarios.families import FAMILIES, slot_families
 from builder.stages.scenarios.family_gates import doable_without
 from builder.stages.scenarios.family_stats import derive_families
+from builder.stages.scenarios.state import slot_records
 from builder.stages.scenarios.verify import Evidence
 from tests.test_stage_scenarios import BANK_STATE, CHECKS, FAST, GOLD, NOW, TASK, context, environment, schema_name
 
@@ -283,3 +284,21 @@ async def test_near_duplicate_tasks_of_one_environment_keep_the_first(tmp_path, 
     kept = [record for record in made if isinstance(record, Scenario)]
     (rejection,) = [record for record in made if isinstance(record, Rejection)]
     assert len(kept) == 2 and rejection.reason == "duplicate" and "near-duplicate" in rejection.detail
+
+
+def test_slot_sizes_spread_from_min_records_to_four_times_it():
+    assert [slot_records(slot, 8, 3) for slot in range(8)] == [3, 4, 6, 7, 8, 9, 11, 12]
+    assert slot_records(0, 1, 3) == 3 and [slot_records(slot, 2, 5) for slot in range(2)] == [5, 20]
+
+
+async def test_each_slot_asks_for_a_state_of_its_own_size(tmp_path, sandbox):
+    made, scripted, _ = await one_slot(tmp_path, sandbox, "plain", [TASK], [GOLD], "scenarios.per_environment=4",
+                                       'scenarios.method="llm"', "scenarios.min_records=2")  # fmt: skip
+    asked = sorted(
+        int(r.messages[1].content.rsplit("with at least ", 1)[1].split(" ", 1)[0])
+        for r in scripted.requests
+        if schema_name(r) == "InitialState"
+    )
+    assert asked == [2, 4, 6, 8]
+    # The gate holds every slot to min_records: the bank's 3 customers pass where 8 were asked for.
+    assert not any(isinstance(r, Rejection) and r.reason == "state_too_small" for r in made)

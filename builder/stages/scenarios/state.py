@@ -16,7 +16,7 @@ SIZE_SPREAD = 4  # the last slot of an environment asks for this many times `min
 
 def slot_records(slot: int, slots: int, min_records: int) -> int:
     """The records per collection slot `slot` of `slots` asks its initial state for: from `min_records` for the
-    first slot up to `SIZE_SPREAD` times that for the last, evenly spread (3, 4, 6, 7, 8, 10, 11, 12 for 8 slots
+    first slot up to `SIZE_SPREAD` times that for the last, evenly spread (3, 4, 6, 7, 8, 9, 11, 12 for 8 slots
     and 3), so an environment's tasks are played on states from small to large."""
     if slots <= 1:
         return min_records

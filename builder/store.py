@@ -102,6 +102,22 @@ class Store:
             frame = frame.filter(pl.col("env_id") == env_id)
         return from_frame(Scenario, frame)
 
+    def scenario_tasks(self, env_name: str) -> dict[str, str]:
+        """The task of every stored scenario of an environment named `env_name` (any run, any version of its code),
+        by scenario id: what a new run's tasks for that environment must not repeat. Reads only the three columns
+        it needs, so it stays cheap on a store of many thousand scenarios."""
+        environments, scenarios = self.path("environments"), self.path("scenarios")
+        if not environments.exists() or not scenarios.exists():
+            return {}
+        self._check_schema_version()
+        try:
+            named = pl.scan_parquet(environments).filter(pl.col("name") == env_name).select("id").collect()
+            ids = named["id"].to_list()
+            frame = pl.scan_parquet(scenarios).filter(pl.col("env_id").is_in(ids)).select("id", "task").collect()
+        except Exception as error:  # polars raises several types for truncated or garbled files
+            raise self._damaged(scenarios, error) from None
+        return dict(zip(frame["id"], frame["task"], strict=True))
+
     def trajectories(self, env_id: str | None = None, scenario_id: str | None = None) -> list[Trajectory]:
         frame = self.read_frame("trajectories")
         if env_id is not None:

@@ -58,9 +58,10 @@ from builder.stages.scenarios.graph_method import State, graph_chains, graph_sce
 from builder.stages.scenarios.llm_method import build_slot as _build
 from builder.stages.scenarios.llm_method import seed_requests
 from builder.stages.scenarios.method_stats import report_methods
-from builder.stages.scenarios.variety import near_duplicates
+from builder.stages.scenarios.variety import repeats
 from builder.stages.scenarios.verbalise import Spent
 from builder.stages.scenarios.verify import default_state
+from builder.store import Store
 from builder.usage import Usage, tally
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ logger = logging.getLogger(__name__)
 REASONS = (
     "not_accepted", "env_load_failed", "state_invalid", "state_load_failed", "state_too_small", "state_inconsistent",
     "task_invalid", "check_invalid", "gold_invalid", "check_broken", "gold_call_failed", "answer_not_read",
-    "not_refused", "state_changed", "nothing_withheld", "copies_seed", "task_underspecified",
+    "not_refused", "state_changed", "nothing_withheld", "doable_without_withheld", "copies_seed", "task_underspecified",
     "too_few_calls", "no_state_change", "gold_nondeterministic", "already_solved", "gold_fails_checks",
     "negative_control_failed", "duplicate", "llm_request", "prompt_too_long", "no_chain", "request_invalid",
     "request_leaks", *FAILURES.values(),
@@ -158,15 +159,13 @@ async def scenarios(
     results: list[Record] = []
     outcomes: list[tuple[str, Made]] = []
     seen: set[str] = set()
-    tasks = {slot: result[0].task for slot, result in made.items() if not isinstance(result, Rejection)}
-    near = {list(tasks)[index] for index in near_duplicates(list(tasks.values()))}
+    near = await _near_duplicates(ctx, env, made)
     for slot in range(len(methods)):
         result = made[slot]
         if not isinstance(result, Rejection) and result[0].id in seen:
             result = reject_slot(ctx, env, slot, "duplicate", "the same state and task as an earlier slot")
         elif slot in near:
-            detail = f"a near-duplicate of an earlier slot's task (docs/scenarios.md §11): {tasks[slot]}"
-            result = reject_slot(ctx, env, slot, "duplicate", detail)
+            result = reject_slot(ctx, env, slot, "duplicate", near[slot])
         elif not isinstance(result, Rejection):
             seen.add(result[0].id)
         outcomes.append((methods[slot], result))
@@ -179,6 +178,30 @@ async def scenarios(
     report_families(ctx, [(families.get(slot, "plain"), result, costs[slot]) for slot, (_, result) in
                           enumerate(outcomes)])  # fmt: skip
     return results
+
+
+async def _near_duplicates(ctx: StageContext, env: Environment, made: dict[int, Made]) -> dict[int, str]:
+    """The slots whose task near-duplicates an earlier slot's task or a task the store holds for an environment of
+    this name (earlier runs; docs/scenarios.md §11), each with why. A stored scenario with the id of one made now
+    is the same record (a resumed run), not an earlier one."""
+    kept = {slot: result for slot, result in made.items() if not isinstance(result, Rejection)}
+    made_ids = {scenario.id for result in kept.values() for scenario in result}
+    store = Store(ctx.config.store.path, ctx.config.store.lock_timeout_s)
+    stored = await asyncio.to_thread(store.scenario_tasks, env.name)
+    earlier = list(dict.fromkeys(task for id_, task in stored.items() if id_ not in made_ids))  # one per mode pair
+    slots, tasks = list(kept), [result[0].task for result in kept.values()]
+    found: dict[int, str] = {}
+    for repeat in repeats(tasks, earlier=earlier):
+        if repeat.kind == "near_duplicate":
+            what = (
+                f"an earlier run's task {earlier[-repeat.earlier - 1]!r}" if repeat.earlier < 0
+                else f"slot {slots[repeat.earlier]}'s task"
+            )  # fmt: skip
+            found[slots[repeat.index]] = (
+                f"a near-duplicate (similarity {repeat.similarity}) of {what} (docs/scenarios.md §11): "
+                f"{tasks[repeat.index]}"
+            )
+    return found
 
 
 def slot_methods(method: str, count: int) -> list[str]:

@@ -18,6 +18,7 @@ from builder.run.executor import run_stages
 from builder.run.stage import BatchStage, Rejected, StageContext
 from builder.sandbox.runtime import Sandbox
 from builder.stages.scenarios import scenarios, slot_methods
+from builder.stages.scenarios.families import FAMILIES, slot_families
 from builder.stages.scenarios.graph_method import find_chains, start_graph
 from builder.stages.scenarios.method_stats import derive_report
 from builder.stages.scenarios.verbalise import UserRequest, created_values, leaks, parse_reply
@@ -85,7 +86,8 @@ def verbaliser(*attempts):
 
 
 def context(tmp_path, model, sandbox, *overrides, stats=None):
-    config = load_config(None, [f'store.path="{tmp_path / "store"}"', 'scenarios.method="graph"', *overrides])
+    plain = "scenarios.families={plain=1}"  # `both` alternates plain slots; the families have their own tests
+    config = load_config(None, [f'store.path="{tmp_path / "store"}"', 'scenarios.method="graph"', plain, *overrides])
     stats = stats or StageStats("scenarios", report=ScenariosReport())
     llm = client_for(config.llm, model, model_id="m", on_call=stats.add_call)
     return StageContext(config, "hash", tmp_path, stats, llm=llm, open_sandbox=lambda: sandbox)
@@ -206,8 +208,15 @@ async def test_no_state_gives_a_chain_no_model_is_asked(tmp_path, sandbox):
 
 
 def test_both_methods_alternate_slots_llm_first():
-    assert slot_methods("both", 3) == ["llm", "graph", "llm"] and slot_methods("both", 1) == ["llm"]
-    assert slot_methods("graph", 2) == ["graph", "graph"] and slot_methods("llm", 2) == ["llm", "llm"]
+    assert slot_methods("both", ["plain"] * 3) == ["llm", "graph", "llm"] and slot_methods("both", ["plain"]) == ["llm"]
+    assert slot_methods("graph", ["plain"] * 2) == ["graph", "graph"]
+    assert slot_methods("llm", ["plain", "infeasible"]) == ["llm", "llm"]
+    # `both` keeps the family mix: only plain slots alternate, the other families are the llm method's.
+    mix = slot_families(8, {"plain": 3, "missing_info": 1, "infeasible": 1, "policy_trap": 1, "error_recovery": 1,
+                            "long_context": 1})  # fmt: skip
+    methods = slot_methods("both", mix)
+    assert [family for family, method in zip(mix, methods, strict=True) if method == "graph"] == ["plain"]
+    assert {family for family, method in zip(mix, methods, strict=True) if method == "llm"} == set(FAMILIES)
 
 
 def both_methods_model():

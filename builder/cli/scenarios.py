@@ -147,8 +147,10 @@ async def _run(
 ) -> list[Record]:  # fmt: skip
     from builder.pipeline import SCENARIOS, open_resources
     from builder.stages.scenarios import slot_methods
+    from builder.stages.scenarios.families import slot_families
 
-    methods = slot_methods(config.scenarios.method, config.scenarios.per_environment)
+    methods = slot_methods(config.scenarios.method, slot_families(config.scenarios.per_environment,
+                                                                  config.scenarios.families))  # fmt: skip
     done: list[int] = []
 
     def on_slot(slot: int, method: str, made: list[Scenario] | Rejection) -> None:

@@ -184,7 +184,7 @@ class ScenariosConfig(Section):
         description="How scenarios are made: llm (the model writes state, task, checks and gold, each verified), "
         "graph (tool chains sampled along the environment's dependency graph from its default and test states "
         "are the gold, checks are derived from their state diff, the model only words the user's request), "
-        "both (the per_environment slots alternate, llm first).",
+        "both (the plain slots of the family mix alternate, llm first; the other families are llm).",
     )
     wording: Literal["model", "template", "model_then_template"] = Field(
         "model",

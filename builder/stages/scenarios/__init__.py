@@ -41,7 +41,7 @@ import json
 import logging
 import traceback
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from builder.envs.answer import answer_check
 from builder.envs.audit import FAILURES, Audit, audit_reward
@@ -111,11 +111,12 @@ async def scenarios(
         example = await asyncio.to_thread(default_state, ctx.sandbox, env.code, env.contract)
     except (SessionError, ContractError) as error:
         raise Rejected(ctx.reject(env, "env_load_failed", str(error)[:DETAIL_CHARS])) from None
-    methods = slot_methods(ctx.config.scenarios.method, ctx.config.scenarios.per_environment)
+    kinds = slot_families(ctx.config.scenarios.per_environment, ctx.config.scenarios.families)
+    methods = slot_methods(ctx.config.scenarios.method, kinds)
     llm_slots = [slot for slot, method in enumerate(methods) if method == "llm"]
     graph_slots = [slot for slot, method in enumerate(methods) if method == "graph"]
     spent = {slot: Spent() for slot in graph_slots}
-    families = dict(zip(llm_slots, slot_families(len(llm_slots), ctx.config.scenarios.families), strict=True))
+    families = {slot: kinds[slot] for slot in llm_slots}  # the graph method writes plain tasks only
     costs: dict[int, Usage] = {}
     seeds = seed_requests(ctx, env)
 
@@ -204,11 +205,15 @@ async def _near_duplicates(ctx: StageContext, env: Environment, made: dict[int, 
     return found
 
 
-def slot_methods(method: str, count: int) -> list[str]:
-    """The method of each of `count` slots: all one method, or for `both` alternating llm, graph, llm, ..."""
-    if method == "both":
-        return ["llm" if slot % 2 == 0 else "graph" for slot in range(count)]
-    return [method] * count
+def slot_methods(method: str, families: Sequence[str]) -> list[str]:
+    """The method of each slot, given its family (`slot_families`): all one method; for `both` the plain slots
+    alternate llm, graph, llm, ... and the other families, which only the llm method writes, are llm (so `both`
+    keeps the whole family mix)."""
+    if method != "both":
+        return [method] * len(families)
+    plain = [slot for slot, family in enumerate(families) if family == "plain"]
+    graph = set(plain[1::2])
+    return ["graph" if slot in graph else "llm" for slot in range(len(families))]
 
 
 def _count_verified(ctx: StageContext, verified: int) -> None:

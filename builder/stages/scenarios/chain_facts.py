@@ -2,10 +2,12 @@
 
 A read whose result no later call of the chain takes is no look-up the assistant needs: it is there because the
 user wants to hear what it returns (a **reported** read). Its answer facts are one or two distinctive values the
-read returned: text with a digit, a capital or a space (an id, a date, a time, a name), never a bare word of the
-domain (`active`), a long description (a paraphrase would miss it), a number (units and cents make matching
-unsure), a value the user gives a call, nor a value the chain changes or creates (the agent may read it before or
-after the change). From a list, the first and the last item each give one. `builder.envs.answer` grades them.
+read returned: text with a digit, a capital or a space (an id, a date, a time, a name), else a number of at least
+10 (a balance, an amount; a small count would match any digit), never a bare word of the domain (`active`), a long
+description (a paraphrase would miss it), a value the user gives a call, nor a value the chain changes or creates
+(the agent may read it before or after the change) unless the read comes after every change (a balance after the
+transfer: the final state's). From a list, the first and the last item each give one.
+`builder.envs.answer` grades them.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ def reported(calls: Sequence[ChainCall]) -> list[int]:
 def read_facts(call: ChainCall, calls: Sequence[ChainCall], initial: Any, final: Any) -> list[str]:
     """Up to FACTS_PER_READ distinctive values of `call`'s result (the module docstring's rule), names and dates
     first."""
-    said = {repr(v) for c in calls for v in leaves(c.arguments)}
-    stable = _strings(initial) & _strings(final)
+    said = {_text(v) for c in calls for v in leaves(c.arguments)}
+    last_change = max((i for i, c in enumerate(calls) if c.changed), default=-1)
+    stable = _strings(final) if calls.index(call) > last_change else _strings(initial) & _strings(final)
     items = call.result
     if isinstance(items, dict):
         lists = [v for v in items.values() if isinstance(v, list) and v]
@@ -41,11 +44,11 @@ def read_facts(call: ChainCall, calls: Sequence[ChainCall], initial: Any, final:
     groups = [items[0], items[-1]] if isinstance(items, list) and len(items) > 1 else [items]
     facts: list[str] = []
     for group in groups:
-        options = [v for v in _ranked(group) if repr(v) not in said and v in stable and v not in facts]
+        options = [v for v in _ranked(group) if v not in said and v in stable and v not in facts]
         if options:
             facts.append(options[0])
     if len(facts) < FACTS_PER_READ and len(groups) == 1:
-        more = [v for v in _ranked(groups[0]) if repr(v) not in said and v in stable and v not in facts]
+        more = [v for v in _ranked(groups[0]) if v not in said and v in stable and v not in facts]
         facts += more[: FACTS_PER_READ - len(facts)]
     return facts[:FACTS_PER_READ]
 
@@ -65,6 +68,8 @@ def _ranked(value: Any) -> list[str]:
             name = field.casefold()
             rank = 0 if "name" in name or "title" in name else 1 if re.search(r"\d{4}-\d\d-\d\d", item) else 2
             found.append((rank, item))
+        elif isinstance(item, int | float) and not isinstance(item, bool) and abs(item) >= 10:
+            found.append((3, _text(item)))
 
     walk(value, "")
     return [text for _, text in sorted(found, key=lambda pair: pair[0])]
@@ -75,12 +80,17 @@ def _distinctive(text: str) -> bool:
     return 3 <= len(text) <= MAX_FACT_CHARS and bool(_DISTINCT.search(text)) and "_" not in text
 
 
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else repr(value)
+
+
 def _strings(value: Any) -> set[str]:
+    """The strings, record keys and numbers (as text) of a JSON value."""
     if isinstance(value, dict):
         return set().union(*map(_strings, value.values())) | {k for k in value if isinstance(k, str)}
     if isinstance(value, list):
         return set().union(*map(_strings, value))
-    return {value} if isinstance(value, str) else set()
+    return {_text(value)} if isinstance(value, str | int | float) and not isinstance(value, bool) else set()
 
 
 def without(calls: list[ChainCall], dropped: list[int]) -> list[ChainCall]:

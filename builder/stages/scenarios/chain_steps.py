@@ -2,10 +2,11 @@
 user's plausible request rather than calls stitched together because the tools accept them.
 
 - **No-op writes** (`noop_write`): a call of a state-changing tool whose own diff is empty, or an argument that sets
-  a field of the record the call names to the value it already has ("re-save her email as it is on file"). An
+  a field of the record the call names to the value it already has ("re-save her email as it is on file") or had
+  before the chain (freezing then unfreezing: a change the chain undoes, which the negative control refuses). An
   optional such argument is left out; a call whose every value argument is such is not made.
-- **Free text** (`free_text_unfit`): a string parameter of a write with no enum that is no id, reference, date,
-  email, name or other identifying value (a reason, a note, a description) takes only the value the record the
+- **Free text** (`free_text_unfit`): a string parameter of a write with no enum, no id, reference, date, email
+  or name, whose name says it is prose (a reason, a note, a description: FREE_TEXT) takes only the value the record the
   call names already holds in that field, never an id of any collection nor text of another record; an optional
   one with no such value is left out, a required one makes the step skipped.
 - **Empty reads** (`empty_read`): a read that returned nothing (an empty list, not found) is no step of a
@@ -23,21 +24,22 @@ from typing import Any
 from builder.stages.scenarios.anchors import World, collection_of, described_choices, is_date
 from builder.stages.scenarios.chain_values import first_values, schema_kind
 
-# Parameter words of values that identify or locate a record, or are a code the state defines: not free text.
-NOT_FREE_TEXT = (
-    "id", "ids", "key", "ref", "name", "email", "phone", "title", "code", "username", "plate", "sku", "number",
-    "address", "city", "zip", "postal", "country", "state", "timezone", "currency", "language", "url", "status",
-    "type", "kind", "category", "method", "mode", "role", "query", "search", "keyword", "term", "unit",
+# Parameter words of free text: prose a person writes about one record, which no other record's value fits.
+FREE_TEXT = (
+    "reason", "note", "notes", "description", "comment", "comments", "message", "details", "summary", "remarks",
+    "memo", "instructions", "explanation", "feedback", "text", "body", "content", "symptoms", "complaint",
+    "justification", "resolution", "narrative",
 )  # fmt: skip
 # Fields whose equal value makes a new record a duplicate of an existing one of the same collection.
 IDENTIFYING = ("name", "full_name", "title", "email", "username", "phone", "phone_number", "sku", "plate")
 
 
-def is_free_text(parameter: str, schema: dict[str, Any]) -> bool:
+def is_free_text(parameter: str) -> bool:
     """Whether a string parameter (already known to be no enum, no listed choice, no date and no record key) holds
-    free text: none of its name's words identifies a record or names a code (`reason`, `note`, `description`)."""
-    words = re.split(r"[_\W]+", parameter.casefold())
-    return not any(word in NOT_FREE_TEXT for word in words)
+    free text: its name's last word is one of FREE_TEXT (`reason`, `denial_reason`, `note`, `description`); an
+    id, a reference, a name, an email, a code or a filter is not."""
+    words = [word for word in re.split(r"[_\W]+", parameter.casefold()) if word]
+    return bool(words) and words[-1] in FREE_TEXT
 
 
 def field_of(record: dict[str, Any], parameter: str) -> str | None:
@@ -188,7 +190,7 @@ class StepRules:
         return (
             schema_kind(schema) == "string" and "enum" not in schema and not described_choices(schema)
             and not is_date(parameter, schema) and collection_of(self.world, parameter, schema) is None
-            and self._fed_collection(tool, parameter) is None and is_free_text(parameter, schema)
+            and self._fed_collection(tool, parameter) is None and is_free_text(parameter)
         )  # fmt: skip
 
     def _why_none(

@@ -171,12 +171,14 @@ class _Sampler(Planning, StepRules):
         return chain, ""
 
     def _reported(self, calls: list[ChainCall], final: dict[str, Any]) -> tuple[list[ChainCall], tuple[str, ...]]:
-        """The calls without the reads the user would ask about that give no fact to check (`unchecked_read`),
-        and the answer facts of those kept (`chain_facts`)."""
+        """The calls without the reads the user would ask about that give no fact to check (`unchecked_read`, while
+        `min_calls` remain), and the answer facts of those kept (`chain_facts`)."""
         asked = reported(calls)
         share = FACTS_PER_READ if len(asked) <= MAX_FACTS // FACTS_PER_READ else 1
         found = {i: read_facts(calls[i], calls, self.initial, final)[:share] for i in asked}
-        dropped = [i for i in asked if not found[i]]
+        # a read the user cannot be asked about (no fact to check) is left out while the chain keeps `min_calls`;
+        # one kept is a silent look-up (the template states its values as context, the prompt marks it so)
+        dropped = [i for i in asked if not found[i]][: max(0, len(calls) - self.min_calls)]
         self.steps["unchecked_read"] += len(dropped)
         facts = tuple(dict.fromkeys(f for i in asked for f in found[i]))[:MAX_FACTS]
         return without(calls, dropped), facts
@@ -235,16 +237,23 @@ class _Sampler(Planning, StepRules):
                 sets.append((arguments, sources))
             if len(sets) >= 2 * TRIES:
                 break
-        if writes:  # a write sets no value its record already has (`chain_steps.without_noop`)
-            changing = [(kept, {p: s for p, s in sources.items() if p in kept}) for arguments, sources in sets
-                        if (kept := without_noop(arguments, current, targets(current, arguments, about), required))
-                        is not None]  # fmt: skip
+        if writes:  # a write sets no value its record has or had (`chain_steps.without_noop`)
+            changing = []
+            for arguments, sources in sets:
+                kept = without_noop(arguments, current, self._written(arguments, about, current), required)
+                if kept is not None:
+                    changing.append((kept, {p: s for p, s in sources.items() if p in kept}))
             if sets and not changing:
                 return [], "noop_write"
             sets = [option for i, option in enumerate(changing) if option[0] not in [o[0] for o in changing[:i]]]
         # sets whose records agree first: a slot of the doctor the call names, not another doctor's
         sets.sort(key=lambda option: not self._consistent(option[0]))
         return sets[:TRIES], ""
+
+    def _written(self, arguments: dict[str, Any], about: str | None, current: dict[str, Any]) -> list[dict[str, Any]]:
+        """The records a write names, as they are now and as they were before the chain (setting a value back is
+        undoing the chain's own change: the negative control refuses it)."""
+        return targets(current, arguments, about) + targets(self.initial, arguments, about)
 
     def _consistent(self, arguments: dict[str, Any]) -> bool:
         """Whether the records a call names agree: when records of one's collection reference records of the

@@ -94,11 +94,10 @@ def without_noop(
     same = unchanged_arguments(arguments, state, written)
     if not same:
         return arguments
-    kept = {p: v for p, v in arguments.items() if p not in same or p in required}
-    values = [p for p, v in kept.items() if not records_named(state, v)]
-    if values and all(p in same for p in values):
-        return None
-    return kept
+    values = [p for p, v in arguments.items() if not records_named(state, v)]
+    if all(p in same for p in values):
+        return None  # it names a record and sets nothing new on it
+    return {p: v for p, v in arguments.items() if p not in same or p in required}
 
 
 def free_text_values(parameter: str, state: dict[str, Any], written: list[dict[str, Any]]) -> list[str]:
@@ -165,6 +164,7 @@ class StepRules:
     module stays readable): it reads the sampler's world and its collection helpers."""
 
     world: World
+    schemas: dict[str, dict[str, Any]]
     _collections: Callable[[str], list[str]]  # the sampler's (`chain_plans.Planning`)
     _fed_collection: Callable[[str, str], str | None]  # the sampler's
 
@@ -181,6 +181,17 @@ class StepRules:
             taken = duplicate_values(about, parameter, current)
             return [(source, v) for source, v in pool if v not in taken]
         return pool
+
+    def _own_text(self, tool: str, arguments: dict[str, Any], about: str | None, current: dict[str, Any]) -> bool:
+        """Whether each free-text argument of a write is the text the record this argument set names holds (the
+        options came from the likeliest record; a set may name another)."""
+        properties = self.schemas[tool].get("properties", {})
+        written = targets(current, arguments, about)
+        return all(
+            value in free_text_values(parameter, current, written)
+            for parameter, value in arguments.items()
+            if self._free_text(tool, parameter, properties.get(parameter, {}))
+        )
 
     def _creates(self, tool: str, about: str | None) -> bool:
         """Whether a write of the collection its name names (`about`) takes no key of it: it creates a record."""

@@ -241,7 +241,7 @@ class _Sampler(Planning, StepRules):
             changing = []
             for arguments, sources in sets:
                 kept = without_noop(arguments, current, self._written(arguments, about, current), required)
-                if kept is not None:
+                if kept is not None and self._own_text(name, kept, about, current):
                     changing.append((kept, {p: s for p, s in sources.items() if p in kept}))
             if sets and not changing:
                 return [], "noop_write"

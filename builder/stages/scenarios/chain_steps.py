@@ -179,7 +179,7 @@ class StepRules:
             return [("state", v) for v in free_text_values(parameter, current, targets(current, named, about))]
         if self._creates(tool, about):
             taken = duplicate_values(about, parameter, current)
-            return [(source, v) for source, v in pool if v not in taken]
+            return [(source, v) for source, v in pool if not (isinstance(v, str) and v in taken)]
         return pool
 
     def _own_text(self, tool: str, arguments: dict[str, Any], about: str | None, current: dict[str, Any]) -> bool:

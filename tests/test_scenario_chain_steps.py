@@ -280,3 +280,11 @@ async def test_graph_scenarios_grade_the_answer_to_what_the_user_asks(tmp_path, 
         for fact in record.answer_facts:
             assert not states(record.task, fact)
             assert any(states(result.result, fact) for result in record.verification.gold)
+
+
+def test_the_template_asks_for_a_reported_read_in_the_imperative():
+    from builder.stages.scenarios.template import _imperative
+
+    assert _imperative("Lists a provider's unbooked slots") == "List a provider's unbooked slots"
+    assert _imperative("searches the catalog") == "search the catalog"
+    assert _imperative("get one patient") == "get one patient" and _imperative("process a refund") == "process a refund"

@@ -68,8 +68,18 @@ def _step(call: ChainCall, created: Sequence[str]) -> str:
 def _report(call: ChainCall, created: Sequence[str], summary: str | None) -> str:
     """`tell me what you find when you list a doctor's open slots: doctor D-11`."""
     given = _given(call, created)
-    what = f"tell me what you find when you {summary or _words(call.name)}"
+    what = f"tell me what you find when you {_imperative(summary or _words(call.name))}"
     return f"{what}: {', '.join(given)}" if given else what
+
+
+def _imperative(summary: str) -> str:
+    """A docstring summary in the imperative: "lists a provider's slots" -> "list a provider's slots"."""
+    verb, _, rest = summary.partition(" ")
+    if verb.endswith(("ches", "shes", "sses", "xes")):
+        verb = verb[:-2]
+    elif verb.endswith("s") and not verb.endswith("ss") and len(verb) > 3:
+        verb = verb[:-1]
+    return f"{verb} {rest}".strip()
 
 
 def _given(call: ChainCall, created: Sequence[str]) -> list[str]:

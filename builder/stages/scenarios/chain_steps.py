@@ -31,7 +31,9 @@ FREE_TEXT = (
     "justification", "resolution", "narrative",
 )  # fmt: skip
 # Fields whose equal value makes a new record a duplicate of an existing one of the same collection.
-IDENTIFYING = ("name", "full_name", "title", "email", "username", "phone", "phone_number", "sku", "plate")
+IDENTIFYING = (
+    "name", "full_name", "title", "email", "username", "phone", "phone_number", "sku", "plate", "file_name", "filename",
+)  # fmt: skip
 
 
 def is_free_text(parameter: str) -> bool:

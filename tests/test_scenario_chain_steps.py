@@ -288,3 +288,39 @@ def test_the_template_asks_for_a_reported_read_in_the_imperative():
     assert _imperative("Lists a provider's unbooked slots") == "List a provider's unbooked slots"
     assert _imperative("searches the catalog") == "search the catalog"
     assert _imperative("get one patient") == "get one patient" and _imperative("process a refund") == "process a refund"
+
+
+def test_the_wording_prompt_marks_the_reads_the_user_asks_about():
+    from builder.stages.scenarios.chain import Chain
+    from builder.stages.scenarios.verbalise import request_text
+    from builder.views.budget import prompt_budgets
+
+    state = care_state()
+    interface = inspect_source(CARE)
+    env = Environment(
+        provenance={"config_hash": "hash"}, plan_id="plan-care", name="care_desk", class_name=interface.class_name,
+        description="A care desk.", domain="health", code=CARE, tools=list(interface.tools), state_schema={},
+        status="accepted",
+    )  # fmt: skip
+    final = json.loads(json.dumps(state))
+    final["prescriptions"]["RX-1"]["status"] = "stopped"
+    patient = {"success": True, "patient": state["patients"]["P-2"]}
+    calls = (
+        call("get_patient", {"patient_id": "P-2"}, patient),  # no later call takes it: reported
+        call(
+            "list_prescriptions",
+            {"patient_id": "P-2"},
+            {"success": True, "prescriptions": [state["prescriptions"]["RX-1"]]},
+        ),  # fmt: skip
+        call(
+            "set_prescription_status",
+            {"prescription_id": "RX-1", "status": "stopped"},
+            {"success": True},
+            changed=True,
+            sources={"prescription_id": "result 2 prescriptions[].prescription_id"},
+        ),  # fmt: skip
+    )
+    chain = Chain(calls=calls, initial_state=state, final_state=final, facts=("Daniel Okafor", "1988-02-14"))
+    text = request_text(env, chain, [], NOW, [], prompt_budgets(20000)[0])
+    marked = [line for line in text.splitlines() if "the user asks to be told this result" in line]
+    assert len(marked) == 1 and "Daniel Okafor, 1988-02-14" in marked[0]  # the patient read, not the look-up

@@ -22,6 +22,7 @@ from builder.stages.scenarios.chain import ChainCall
 FACTS_PER_READ = 2
 MAX_FACTS = 4  # per chain: an answer stating more is a recitation
 MAX_FACT_CHARS = 40
+STAMPS = ("timestamp", "created", "updated", "modified", "recorded", "logged")  # bookkeeping times: asked last
 _DISTINCT = re.compile(r"[\dA-Z ]")
 
 
@@ -54,7 +55,8 @@ def read_facts(call: ChainCall, calls: Sequence[ChainCall], initial: Any, final:
 
 
 def _ranked(value: Any) -> list[str]:
-    """The distinctive strings of a result, those of name-like fields, then date-like ones, then the rest."""
+    """The distinctive values of a result: those of name-like fields, then dates, then the rest (ids, phones),
+    then bookkeeping times (`booked_at`, `created`: no user asks for them), then numbers."""
     found: list[tuple[int, str]] = []
 
     def walk(item: Any, field: str) -> None:
@@ -66,10 +68,12 @@ def _ranked(value: Any) -> list[str]:
                 walk(inner, field)
         elif isinstance(item, str) and _distinctive(item):
             name = field.casefold()
-            rank = 0 if "name" in name or "title" in name else 1 if re.search(r"\d{4}-\d\d-\d\d", item) else 2
+            stamp = name.endswith("_at") or any(word in name for word in STAMPS)
+            dated = re.search(r"\d{4}-\d\d-\d\d", item) is not None
+            rank = 0 if "name" in name or "title" in name else 3 if stamp else 1 if dated else 2
             found.append((rank, item))
         elif isinstance(item, int | float) and not isinstance(item, bool) and abs(item) >= 10:
-            found.append((3, _text(item)))
+            found.append((4, _text(item)))
 
     walk(value, "")
     return [text for _, text in sorted(found, key=lambda pair: pair[0])]

@@ -111,7 +111,8 @@ class Store:
             return {}
         self._check_schema_version()
         try:
-            ids = pl.scan_parquet(environments).filter(pl.col("name") == env_name).select("id").collect()["id"].to_list()
+            named = pl.scan_parquet(environments).filter(pl.col("name") == env_name).select("id").collect()
+            ids = named["id"].to_list()
             frame = pl.scan_parquet(scenarios).filter(pl.col("env_id").is_in(ids)).select("id", "task").collect()
         except Exception as error:  # polars raises several types for truncated or garbled files
             raise self._damaged(scenarios, error) from None

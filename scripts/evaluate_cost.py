@@ -156,18 +156,18 @@ async def measure(name: str, code: str, calls: int, sandbox: Sandbox, folder: Pa
         found = re.search(r"score ([\d.]+) < [\d.]+ over (\d+) judged", rejected.rejection.detail or "")
         if found:
             score, judged = float(found.group(1)), int(found.group(2))
-    tokens, requests, fresh, index = Counter(), Counter(), 0, PrefixIndex()
+    tokens, requests, fresh, index = Counter(), Counter(), Counter(), PrefixIndex()
     for request in model.requests:
         text = prompt_text(request)
         reused, chars = index.observe(text)
         tokens[kind(request)] += max(1, len(text) // 4)
         requests[kind(request)] += 1
-        if kind(request) in ("tester", "checker"):
-            fresh += (chars - reused) // 4
+        fresh[kind(request)] += (chars - reused) // 4
     return {
         "decision": decision, "judged": judged, "score": score, "requests": dict(requests),
         "prompt_tokens": dict(tokens), "check_prompt_tokens": tokens["tester"] + tokens["checker"],
-        "check_fresh_tokens": fresh,  # of those, what no earlier request of the environment sent as a prefix
+        # of those, what no earlier request of the environment sent as a prefix (by kind, and the check's sum)
+        "fresh_tokens": dict(fresh), "check_fresh_tokens": fresh["tester"] + fresh["checker"],
     }  # fmt: skip
 
 

@@ -33,8 +33,11 @@ PROMPTS = sorted(path.stem for path in Path(prompts_package.__file__).parent.glo
 
 
 def request_kind(request: ChatRequest) -> str:
-    """The prompt file whose opening line the request carries (the longest such opening wins), else "other"."""
+    """The prompt file whose opening line the request carries (the longest such opening wins), else "other"; a
+    scenario writer's request (it carries both parts' prompts) by the part it asks for."""
     text = "\n".join(message.content or "" for message in request.messages)
+    if prompt("scenario_writer") in text:
+        return "scenario_gold" if "## Write\nThe part `solution`" in text else "scenario_task"
     found = [name for name in PROMPTS if prompt(name).split("\n", 1)[0] in text]
     return max(found, key=lambda name: len(prompt(name).split("\n", 1)[0])) if found else "other"
 

@@ -22,7 +22,9 @@ from tests.test_stage_evaluate import (
     scripted,
 )
 
-BATCHED = ("evaluate.calls_per_request=5",)
+# Five calls a request, with the context of a model that can judge five at once (the CPU profile's 4096 tokens
+# are for one call a request).
+BATCHED = ("evaluate.calls_per_request=5", "llm.max_model_len=8192")
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,16 @@ from builder.config import EvaluateConfig
 from builder.envs.schema import inspect_source
 from builder.envs.session import ToolResult
 from builder.llm import ChatRequest
-from builder.llm.prefix import prompt_text
+from builder.llm.prefix import PrefixIndex, prompt_text
+from builder.prompts import prompt
 from builder.records import Environment
 from builder.stages.evaluate.agents import Agents
-from builder.stages.evaluate.exercise import StateRun, _checker_facts, _tester_facts
+from builder.stages.evaluate.exercise import StateRun, _tester_facts
 from builder.stages.evaluate.exercise import TestState as StateUnderTest
+from builder.stages.evaluate.facts import Ran, _batch_facts, shows_whole_source
+from builder.stages.scenarios.writers import writer_messages
 from builder.views.budget import prompt_budgets
+from builder.views.code import writer_sources
 
 BANK = (Path(__file__).parent / "fixtures" / "envs" / "bank.py").read_text()
 STATE = {
@@ -48,50 +52,108 @@ def shared_start(first: str, second: str) -> str:
     return os.path.commonprefix([first, second])
 
 
-def checker_prompt(env: Environment, arguments: dict, result: ToolResult, after: dict, case: str) -> str:
-    call = {"tool": "transfer", "arguments": arguments, "case": case}
-    changes = [{"path": "transfers", "op": "add"}] if after != STATE else []
-    facts = _checker_facts(env, call, result, STATE, after, changes, BUDGET, NOW)
-    agents = Agents(llm=None, config=EvaluateConfig(), retries=0, seed=0)  # type: ignore[arg-type]
-    return prompt_text(ChatRequest(messages=tuple(agents.checker_messages(facts))))
+AGENTS = Agents(llm=None, config=EvaluateConfig(), retries=0, seed=0)  # type: ignore[arg-type]
+SMALLER = prompt_budgets(20_000)[1]  # a prompt built again one level smaller (too long for the context)
 
 
-def test_two_checker_requests_on_one_state_share_everything_up_to_the_call():
-    env = bank()
-    good = checker_prompt(
-        env, {"source": "acc-7", "target": "acc-8", "amount": 100}, ToolResult(name="transfer", ok=True,
-        result={"success": True}), AFTER, "positive",
-    )  # fmt: skip
-    refused = checker_prompt(
-        env, {"source": "acc-404", "target": "acc-8", "amount": 5}, ToolResult(name="transfer", ok=True,
-        result={"success": False, "error": "no such account"}), STATE, "negative",
-    )  # fmt: skip
-    start = shared_start(good, refused)
-    # The instructions, the environment, the state definition, the method's source, the clock and the state
-    # before the call are one prefix; the call itself (case, arguments, result, state after) follows it.
-    assert "def transfer" in start and "Now:" in start
-    assert "State before" in start and '"acc-7"' in start
-    assert "Tool under test: `transfer`, a" in start and "Arguments" not in start
-    assert len(start) > 0.7 * min(len(good), len(refused))
+def text(messages) -> str:
+    return prompt_text(ChatRequest(messages=tuple(messages)))
 
 
-def test_two_tester_requests_on_one_state_share_everything_up_to_the_round():
-    env = bank()
-    agents = Agents(llm=None, config=EvaluateConfig(), retries=0, seed=0)  # type: ignore[arg-type]
-    state = StateUnderTest(index=0, purpose="a busy branch", state=STATE, now=NOW)
-    run = StateRun(quota=10)
-    prompts = []
-    for slots, done in (
-        ([("transfer", "positive"), ("get_account", "negative")], 3),
-        ([("freeze_account", "negative")], 5),
-    ):
-        facts = _tester_facts(state, run, STATE, 0, BUDGET, slots).replace("Calls 1 to", f"Calls {done} to")
-        prompts.append(prompt_text(ChatRequest(messages=tuple(agents.tester_messages(env, env.tools, facts)))))
-    first, second = prompts
+def ran(number: int, tool: str, arguments: dict, result: dict, after: dict, case: str) -> Ran:
+    changes = [{"path": "transfers", "before": [], "after": after["transfers"]}] if after != STATE else []
+    call = {"tool": tool, "arguments": arguments, "case": case}
+    return Ran(number, call, ToolResult(name=tool, ok=True, result=result), STATE, after, changes)
+
+
+def checker_prompt(batch: list[Ran], now: str = NOW, budget=BUDGET, whole: bool = True) -> str:
+    return text(AGENTS.checker_messages(_batch_facts(bank(), batch, budget, now, whole)))
+
+
+MOVE = {"source": "acc-7", "target": "acc-8", "amount": 100}
+TRANSFER = ran(1, "transfer", MOVE, {"success": True}, AFTER, "positive")
+LOOKUP = ran(1, "get_account", {"account_id": "acc-404"}, {"success": False, "error": "no account"}, STATE, "negative")
+FREEZE = ran(2, "freeze_account", {"account_id": "acc-8"}, {"success": True}, STATE, "positive")
+
+
+def test_checker_requests_of_one_environment_share_its_whole_source_whatever_they_judge():
+    """Two batches with other tools, on two test states with other clocks: one prefix up to the clock, holding
+    the instructions and the environment's whole source (every method, the one under test or not)."""
+    first, second = checker_prompt([TRANSFER]), checker_prompt([LOOKUP, FREEZE], now="2025-04-01T08:00:00")
     start = shared_start(first, second)
-    # Instructions, the environment, its tool schemas, the test state's purpose, its clock and the current state
-    # are one prefix; the round (its numbers, the slots asked for) comes after.
-    assert '"acc-8"' in start and "Recent calls on this state" in start and '"name": "transfer"' in start
-    assert start.endswith("Recent calls on this state:\n- none yet\n\nCalls ")
-    assert "`transfer` with a" not in start
+    assert "```\n\nNow: 2025-0" in start and start.count("Now: ") == 1  # the dates differ from the month on
+    assert all(f"def {name}(self" in start for name in ("transfer", "get_account", "freeze_account", "list_accounts"))
+    assert "overdraft rule" in start and "def __init__(self" in start  # the docstring, the state definition
+    assert "Tool under test" not in start and "State before" not in start
+    assert len(start) > 0.6 * min(len(first), len(second))
+    # The calls themselves follow it, each without a source of its own.
+    assert "Method source" not in second and second.count("Tool under test") == 2
+
+
+def test_checker_shows_only_the_called_sources_when_few_calls_or_a_smaller_prompt():
+    # Every tool called at least twice: the whole source once costs a caching server less than each batch's own.
+    assert shows_whole_source(calls=100, tools=4) and shows_whole_source(38, 19)
+    assert not shows_whole_source(7, 4) and not shows_whole_source(10, 19)  # teacher-9: 10 calls, 19 tools
+    for few in (checker_prompt([LOOKUP, FREEZE], whole=False), checker_prompt([LOOKUP, FREEZE], budget=SMALLER)):
+        assert "def get_account(self" in few and "def freeze_account(self" in few
+        assert "def transfer(self" not in few and "def list_accounts(self" not in few
+        assert few.index("def freeze_account(self") < few.index("Now: ") < few.index("Tool under test")
+
+
+def round_prompt(run: StateRun, current: dict, slots, done: int, budget=BUDGET) -> str:
+    state = StateUnderTest(index=0, purpose="a busy branch", state=STATE, now=NOW)
+    facts = _tester_facts(state, run, STATE, current, 0, budget, slots).replace("Calls 1 to", f"Calls {done} to")
+    return text(AGENTS.tester_messages(bank(), bank().tools, facts))
+
+
+def test_tester_rounds_on_one_state_share_the_state_as_first_set_up_and_see_the_changes_after_it():
+    run = StateRun(quota=10)
+    first = round_prompt(run, STATE, [("transfer", "positive"), ("get_account", "negative")], 1)
+    second = round_prompt(run, AFTER, [("freeze_account", "negative")], 3)
+    start = shared_start(first, second)
+    # Instructions, the environment, its tool schemas, the test state's purpose, its clock and the state as first
+    # set up are one prefix; what the calls changed, the recent calls and the round's slots come after.
+    assert '"name": "transfer"' in start
+    assert start.endswith("Changed since by the calls on this state (path: value now):\n- ")
+    assert '"acc-8"' in start and '"transfers":[]' in start
+    assert "- nothing yet" in first and '- transfers: [{"source":"acc-7"' in second
+    assert "1. `freeze_account` with a NEGATIVE case" in second and "`transfer` with a" not in start
     assert len(start) > 0.85 * min(len(first), len(second))
+
+
+def test_tester_sees_the_current_state_once_the_changes_are_longer():
+    """Changes that outgrow the state as the budget shows it (cut to whole records) give way to that state."""
+    big = {**STATE, "transfers": [{"source": "acc-7", "target": "acc-8", "amount": n} for n in range(60)]}
+    shown = round_prompt(StateRun(quota=10), big, [("transfer", "positive")], 1, budget=prompt_budgets(1500)[0])
+    assert "Current state (JSON):" in shown and "State as first set up" not in shown
+    assert '"amount":0' in shown and "more transfers not shown" in shown
+
+
+def test_the_gold_request_of_a_scenario_repeats_its_task_request_up_to_the_part_asked_for():
+    env = bank()
+    task = writer_messages(env, BUDGET, NOW, STATE, "task", "\n\n## The kind of task\nmissing information")
+    gold = writer_messages(env, BUDGET, NOW, STATE, "solution", "\n\n## Task\nMove 100 from acc-7 to acc-8.")
+    first, second = text(task), text(gold)
+    start = shared_start(first, second)
+    assert start.endswith("## Write\nThe part `")
+    assert prompt("scenario_task") in start and prompt("scenario_gold") in start  # both parts' instructions
+    assert '"acc-7"' in start and '"name": "transfer"' in start  # the state and the tools
+    index = PrefixIndex()
+    index.observe(first)
+    reused, chars = index.observe(second)
+    assert reused / chars > 0.9
+
+
+def test_check_writer_methods_are_in_the_class_order_whatever_the_call_order():
+    code = bank().code
+    assert writer_sources(code, ["transfer", "freeze_account"], BUDGET) == writer_sources(
+        code, ["freeze_account", "get_account", "transfer"], BUDGET
+    )
+    shown = writer_sources(code, ["transfer", "freeze_account"], BUDGET)
+    assert code.index("def transfer(") < code.index("def freeze_account(")  # the fixture's own order
+    assert shown.index("def transfer(") < shown.index("def freeze_account(")
+
+
+def test_user_simulator_rules_come_before_what_differs_per_scenario():
+    template = prompt("user_sim")
+    assert template.index("Rules:") < min(template.index(f"${field}") for field in ("profile", "now", "task"))

@@ -1,9 +1,11 @@
-"""Long-context states (builder/stages/scenarios/long_context.py): distractor records that look real, form their
-own world, keep the task's names unique and leave the fixture scenario's gold and checks working."""
+"""Long-context states (builder/stages/scenarios/long_context.py): distractor records that look real, form whole
+copies of the world that keep its relations (builder/stages/scenarios/invariants.py), keep the task's names unique,
+leave the fixture scenario's gold and checks working, and fall back to fewer when the sandbox refuses them."""
 
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 import re
 import time
@@ -19,12 +21,14 @@ from builder.json_values import leaves, record_pairs
 from builder.records import Action
 from builder.rollout.reward import gold_paths, with_guard
 from builder.sandbox.runtime import Sandbox
-from builder.stages.scenarios.long_context import enlarge, protected_values
+from builder.stages.scenarios.invariants import relation_problems, relations
+from builder.stages.scenarios.long_context import checked_enlarge, enlarge, protected_values, week_shifts
 from tests.fixtures.scenarios import BANK_CHECKS, BANK_GOLD, BANK_STATE, LIBRARY_STATE
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DENTAL = json.loads((FIXTURES / "states" / "teacher8_dental.json").read_text())
 CLAIMS = json.loads((FIXTURES / "states" / "teacher8_claims.json").read_text())
+PROVIDERS = json.loads((FIXTURES / "states" / "teacher9_providers.json").read_text())  # teacher-9's provider network
 # tests/test_stage_scenarios.py's bank: three customers, four accounts.
 BANK_THREE = {
     "customers": {"c1": {"name": "Ada Lovelace", "tier": "gold"}, "c2": {"name": "Grace Hopper", "tier": "basic"},
@@ -37,6 +41,7 @@ BANK_THREE = {
     "daily_limit": 50000,
 }  # fmt: skip
 BANK_PROTECTED = ("acc-1", "acc-2", "Ada Lovelace", "c1", "checking", "savings", "300")
+DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 ENUM_FIELDS = {"tier", "kind", "frozen", "status", "mode", "specialty", "policy_type", "document_type", "method"}
 
 
@@ -76,7 +81,7 @@ def assert_no_protected(original: dict, enlarged: dict, protected: set[str]) -> 
                 if field in ENUM_FIELDS:
                     continue
                 for leaf in leaves(value):
-                    if isinstance(leaf, str):
+                    if isinstance(leaf, str) and not DATE.match(leaf):  # copied dates are exempt
                         assert not conflicting(leaf, protected), (name, key, field, leaf)
 
 
@@ -85,24 +90,21 @@ def assert_no_protected(original: dict, enlarged: dict, protected: set[str]) -> 
 
 @pytest.mark.parametrize(
     "state",
-    [BANK_STATE, BANK_THREE, LIBRARY_STATE, DENTAL["initial_state"], CLAIMS["initial_state"]],
-    ids=["bank", "bank3", "library", "dental", "claims"],
+    [BANK_STATE, BANK_THREE, LIBRARY_STATE, *(s["initial_state"] for s in (DENTAL, CLAIMS, PROVIDERS))],
+    ids=["bank", "bank3", "library", "dental", "claims", "providers"],
 )
 @pytest.mark.parametrize("records", [40, 300])
-def test_sizes_reached_in_proportion_with_the_originals_first_and_unchanged(state, records):
+def test_whole_rounds_of_every_collection_with_the_originals_first_and_unchanged(state, records):
     before = copy.deepcopy(state)
     enlarged = enlarge(state, records=records, protected=(), seed=3)
     assert state == before  # the input is not touched
     assert_originals_intact(state, enlarged)
     sizes = {name: len(pairs) for name, pairs in collections_of(state).items()}
-    grown = {name: len(enlarged[name]) for name in sizes}
     total = sum(sizes.values())
-    if records <= total:
-        assert grown == sizes
-        return
-    assert abs(sum(grown.values()) - records) <= len(sizes)
-    for name, size in sizes.items():
-        assert grown[name] == max(size, round(size * records / total))
+    rounds = max(0, round((records - total) / total))
+    assert {name: len(enlarged[name]) for name in sizes} == {name: size * (1 + rounds) for name, size in sizes.items()}
+    if rounds:
+        assert abs(sum(len(enlarged[name]) for name in sizes) - records) <= total / 2
 
 
 def test_a_state_already_large_enough_or_without_collections_comes_back_as_an_equal_copy():
@@ -208,10 +210,24 @@ def test_the_bank_owner_references_move_to_distractor_customers():
     assert [k for k, a in enlarged["accounts"].items() if a["owner"] == "c1"] == ["acc-1", "acc-2", "acc-3"]
 
 
-def test_a_clone_whose_reference_has_no_clone_is_dropped_not_attached_to_an_original():
+def test_each_round_copies_a_record_with_everything_that_refers_to_it():
     state = {"owners": {"o1": {"name": "Ada Lovelace"}}, "pets": {f"p{i}": {"owner_id": "o1"} for i in range(1, 20)}}
-    enlarged = enlarge(state, records=24, protected=(), seed=1)  # 1 owner stays 1: no owner clone to point at
-    assert len(enlarged["owners"]) == 1 and list(enlarged["pets"]) == list(state["pets"])
+    enlarged = enlarge(state, records=60, protected=(), seed=1)  # two rounds: two owners with 19 pets each
+    assert list(enlarged["owners"]) == ["o1", "o2", "o3"]
+    owners = [pet["owner_id"] for pet in enlarged["pets"].values()]
+    assert {owner: owners.count(owner) for owner in owners} == {"o1": 19, "o2": 19, "o3": 19}
+
+
+def test_a_catalog_of_codes_is_shared_not_grown():
+    state = {
+        "modalities": {"MRI": {"name": "Magnetic Resonance Imaging", "price_cents": 118000},
+                       "CT": {"name": "Computed Tomography", "price_cents": 64000}},
+        "slots": {f"S-{i}": {"modality_id": "MRI" if i % 2 else "CT", "start": f"2025-02-0{i}T09:00"}
+                  for i in range(1, 7)},
+    }  # fmt: skip
+    enlarged = enlarge(state, records=40, protected=(), seed=1)
+    assert enlarged["modalities"] == state["modalities"] and len(enlarged["slots"]) == 6 * 6  # (40 - 8) / 6 rounds
+    assert {slot["modality_id"] for slot in enlarged["slots"].values()} == {"MRI", "CT"}
 
 
 # ------------------------------------------------------------------------------------------ values
@@ -219,19 +235,14 @@ def test_a_clone_whose_reference_has_no_clone_is_dropped_not_attached_to_an_orig
 
 def test_values_look_like_the_collections_own():
     state = DENTAL["initial_state"]
-    enlarged = enlarge(state, records=2000, protected=protected_of(DENTAL), seed=6)
+    enlarged = enlarge(state, records=2000, protected=protected_of(DENTAL), seed=6, now=DENTAL["now"])
     new_slots = [r for _, r in distractors(state, enlarged, "time_slots")]
-    starts = sorted(s["start"][:10] for s in state["time_slots"].values())
-    for slot in new_slots:
-        assert slot["start"] < slot["end"] and slot["start"][10:] in {
-            s["start"][10:] for s in state["time_slots"].values()
-        }
-        assert starts[0] <= slot["start"][:10] <= starts[-1]
-        assert slot["mode"] in {"in_person", "virtual"} and isinstance(slot["is_booked"], bool)
-    services = [r for _, r in distractors(state, enlarged, "services")]
-    prices = [s["price_cents"] for s in state["services"].values()]
-    assert all(min(prices) <= s["price_cents"] <= max(prices) and s["price_cents"] % 500 == 0 for s in services)
-    assert len({s["price_cents"] for s in services}) > len(set(prices))  # perturbed, not only copied
+    for slot in new_slots:  # a copy of an original slot: its time, mode and booking
+        assert slot["start"] < slot["end"] and slot["mode"] in {"in_person", "virtual"}
+        assert any((s["start"], s["end"], s["mode"]) == (slot["start"], slot["end"], slot["mode"])
+                   for s in state["time_slots"].values())  # fmt: skip
+    prices = {s["price_cents"] for s in state["services"].values()}
+    assert {s["price_cents"] for _, s in distractors(state, enlarged, "services")} == prices  # copied, not scaled
     patients = [r for _, r in distractors(state, enlarged, "patients")]
     names = {p["name"] for p in patients}
     assert len(names - {p["name"] for p in state["patients"].values()}) > 100
@@ -245,11 +256,65 @@ def test_values_look_like_the_collections_own():
     assert all(name.startswith("Dr. ") for name in dentists)
 
 
+@pytest.mark.parametrize("scenario", [PROVIDERS, DENTAL], ids=["providers", "dental"])
+def test_the_relations_between_records_hold_among_the_distractors(scenario):
+    state = scenario["initial_state"]
+    found = {str(r) for r in relations(state)}
+    assert "appointment_slots.is_booked = exists appointments by slot_id where status != 'cancelled'" in found or (
+        "time_slots.is_booked = exists appointments by slot_id where status != 'cancelled'" in found
+    )
+    enlarged = enlarge(state, records=1000, protected=protected_of(scenario), seed=2, now=scenario["now"])
+    assert relation_problems(state, enlarged) == []
+    if scenario is PROVIDERS:  # teacher-9's review: a rating without reviews, counts that did not match
+        assert {"providers.rating = mean of reviews.rating by provider_id",
+                "providers.review_count = count reviews by provider_id"} <= found  # fmt: skip
+        reviews = [r for r in enlarged["reviews"].values()]
+        for key, provider in enlarged["providers"].items():
+            ratings = [r["rating"] for r in reviews if r["provider_id"] == key]
+            assert provider["review_count"] == len(ratings)
+            assert abs(provider["rating"] - (sum(ratings) / len(ratings) if ratings else 0)) < 0.06
+        # the review of a distractor is of an appointment of the same distractor patient and provider
+        appointments = enlarged["appointments"]
+        for review in reviews:
+            visit = appointments[review["appointment_id"]]
+            assert (visit["patient_id"], visit["provider_id"]) == (review["patient_id"], review["provider_id"])
+
+
+def test_a_broken_relation_is_found():
+    state = PROVIDERS["initial_state"]
+    enlarged = enlarge(state, records=300, protected=(), seed=2)
+    slot = next(k for k, s in list(enlarged["appointment_slots"].items())[30:] if s["is_booked"])
+    enlarged["appointment_slots"][slot]["is_booked"] = False
+    review = list(enlarged["reviews"])[-1]
+    enlarged["reviews"][review]["rating"] = 1 if enlarged["reviews"][review]["rating"] > 3 else 5
+    problems = relation_problems(state, enlarged)
+    assert any(slot in p and "is_booked" in p for p in problems)
+    assert any("providers.rating" in p for p in problems)
+
+
+def test_dates_move_by_whole_weeks_per_round_and_stay_on_their_side_of_now():
+    state = {"visits": {f"V-{i}": {"start": f"2025-03-{10 + i}T09:30", "booked_on": f"2025-02-{10 + i}"}
+                        for i in range(1, 6)}}  # fmt: skip
+    now = "2025-02-28T12:00:00"  # booked before (Feb 11-15), visits after (Mar 11-15): one week either way
+    assert week_shifts(state, now) == [-7, 0, 7]
+    assert week_shifts(state, None) == [0]
+    enlarged = enlarge(state, records=100, protected=(), seed=4, now=now)
+    original = list(state["visits"].values())
+    for index, (_, visit) in enumerate(distractors(state, enlarged, "visits")):
+        template = original[index % 5]
+        moved = (dt.date.fromisoformat(visit["start"][:10]) - dt.date.fromisoformat(template["start"][:10])).days
+        assert moved % 7 == 0 and visit["start"][10:] == template["start"][10:]
+        booked = (dt.date.fromisoformat(visit["booked_on"]) - dt.date.fromisoformat(template["booked_on"])).days
+        assert booked == moved  # one shift for the whole record (and round)
+        assert visit["booked_on"] < now[:10] < visit["start"]
+    assert len({visit["start"] for visit in enlarged["visits"].values()}) > 5  # rounds moved differently
+
+
 def test_nested_values_and_numbers_stay_coherent_within_a_record():
     state = CLAIMS["initial_state"]
     enlarged = enlarge(state, records=800, protected=protected_of(CLAIMS), seed=8)
     for _, claim in distractors(state, enlarged, "claims"):
-        assert claim["incident_date"] <= claim["filed_date"]  # one shift per record keeps the order
+        assert claim["incident_date"] <= claim["filed_date"]  # one shift per round keeps the order
         assert claim["status_history"][0]["timestamp"][:10] >= claim["incident_date"]
         assert 0 <= claim["approved_amount"] <= claim["claimed_amount"]
 
@@ -280,14 +345,16 @@ def test_one_and_two_digit_numbers_are_not_protected_so_phones_survive():
     state = DENTAL["initial_state"]
     enlarged = enlarge(state, records=500, protected=["1", "30", "Lucas Ferreira"], seed=1)
     phones = [p["phone"] for _, p in distractors(state, enlarged, "patients")]
-    assert len(phones) == round(7 * 500 / 53) - 7 and all(p.startswith("+1-") for p in phones)
+    assert len(phones) == 7 * round((500 - 53) / 53) and all(p.startswith("+1-") for p in phones)
     assert len(enlarge(state, records=500, protected=["555"], seed=1)["patients"]) == 7  # every phone has -555-
 
 
-def test_a_distractor_that_cannot_avoid_a_protected_value_is_dropped():
+def test_a_round_that_cannot_avoid_a_protected_value_is_dropped_whole():
     state = {"notes": {"n1": {"text": "Call Ada Lovelace back about the loan"}}, "tags": {"t1": {"label": "x y"}}}
-    enlarged = enlarge(state, records=20, protected=("Ada Lovelace",), seed=1)
-    assert list(enlarged["notes"]) == ["n1"] and len(enlarged["tags"]) > 1
+    assert enlarge(state, records=20, protected=("Ada Lovelace",), seed=1) == state  # no world with a hole
+    notes = {f"n{i}": {"text": f"note {i}", "author": "Ada Lovelace" if i == 1 else "Grace Hopper"} for i in (1, 2)}
+    enlarged = enlarge({"notes": notes}, records=10, protected=("Ada Lovelace",), seed=1)
+    assert list(enlarged["notes"]) == ["n1", "n2", "n3", "n4", "n5", "n6", "n7", "n8", "n9", "n10"]  # no gaps
 
 
 def test_protected_values_are_the_golds_arguments_and_the_state_values_the_texts_mention():
@@ -373,3 +440,64 @@ def test_a_capable_models_gold_still_passes_on_two_thousand_records(sandbox):
     checks = with_guard(task_checks, gold_paths(sandbox, code, enlarged, gold, now=DENTAL["now"]))
     verdict = published_reward(sandbox, checks_from_scenario(checks), enlarged, final, now=DENTAL["now"])
     assert (verdict.reward, verdict.solved) == (1.0, True)
+
+
+# ------------------------------------------------------------------------------------------ checked in the sandbox
+
+CLUB = '''"""A club: members on plans; a plan counts its members."""
+
+
+class ClubEnv:
+    """Members belong to plans."""
+
+    def __init__(self):
+        self.plans = {"gold": {"title": "Gold", "members": 2}, "basic": {"title": "Basic", "members": 1}}
+        self.members = {"m1": {"name": "Ada Lovelace", "plan_id": "gold"},
+                        "m2": {"name": "Grace Hopper", "plan_id": "gold"},
+                        "m3": {"name": "Alan Turing", "plan_id": "basic"}}
+        self.desks = {"d1": {"floor": 1}, "d2": {"floor": 2}}
+
+    def list_members(self, plan_id: str) -> list:
+        """Members of a plan.
+
+        Args:
+            plan_id: The plan, e.g. "gold".
+
+        Returns:
+            Member ids.
+        """
+        if len(self.desks) > LIMIT:
+            raise RuntimeError("too many desks to list")
+        return sorted(k for k, m in self.members.items() if m["plan_id"] == plan_id)
+'''
+
+
+def test_a_state_whose_relations_or_tools_break_falls_back_to_fewer_distractors(sandbox):
+    counted = CLUB.replace("LIMIT", "10**6")
+    state = {"plans": {"gold": {"title": "Gold", "members": 2}, "basic": {"title": "Basic", "members": 1}},
+             "members": {"m1": {"name": "Ada Lovelace", "plan_id": "gold"},
+                         "m2": {"name": "Grace Hopper", "plan_id": "gold"},
+                         "m3": {"name": "Alan Turing", "plan_id": "basic"}},
+             "desks": {"d1": {"floor": 1}, "d2": {"floor": 2}}}  # fmt: skip
+    assert [str(r) for r in relations(state)] == ["plans.members = count members by plan_id"]
+    assert relation_problems(state, enlarge(state, records=100, seed=1))  # the shared plans now miscount
+    kept = checked_enlarge(sandbox, counted, state, records=100, protected=(), seed=1, now="2025-01-01T09:00:00")
+    assert kept == state  # every size breaks the count: the original, not an inconsistent state
+    without_count = {**state, "plans": {"gold": {"title": "Gold"}, "basic": {"title": "Basic"}}}
+    limited = CLUB.replace("LIMIT", "20").replace(', "members": 2', "").replace(', "members": 1', "")
+    assert len(enlarge(without_count, records=100, seed=1)["desks"]) > 20  # the tool would crash on it
+    kept = checked_enlarge(sandbox, limited, without_count, records=100, protected=(), seed=1,
+                           now="2025-01-01T09:00:00")  # fmt: skip
+    assert 2 < len(kept["desks"]) <= 20 and len(kept["members"]) > 3  # fewer distractors, not none
+
+
+def test_teacher_nines_provider_state_grows_consistently_and_its_gold_still_runs(sandbox):
+    code = (FIXTURES / "states" / "teacher9_providers_env.py").read_text()
+    state, now = PROVIDERS["initial_state"], PROVIDERS["now"]
+    enlarged = checked_enlarge(sandbox, code, state, records=1000, protected=protected_of(PROVIDERS), seed=1,
+                               now=now)  # fmt: skip
+    assert sum(len(v) for v in collections_of(enlarged).values()) >= 1000 and relation_problems(state, enlarged) == []
+    gold = [Action(name=a["name"], arguments=a["arguments"]) for a in PROVIDERS["gold_actions"]]
+    _, results = run_gold(sandbox, code, enlarged, gold, now=now)
+    assert all(r.ok and not r.refused for r in results), [r.content() for r in results]
+    assert results[1].content().count('"provider_id"') == 1  # Dr. Benjamin Osei is still one provider

@@ -857,7 +857,7 @@ async def test_a_large_state_reaches_the_tester_cut_at_record_boundaries_with_a_
         environment("ledger", LEDGER, state_schema=LEDGER_SCHEMA), context(tmp_path, model, sandbox, *overrides)
     )
     tester = next(r for r in model.requests if kind(r) == "tester")
-    shown, notes = shown_state(tester.messages[1].content, "Current state (JSON):\n")
+    shown, notes = shown_state(tester.messages[1].content, "State as first set up (JSON):\n")
     assert shown["accounts"] == big["accounts"] and shown["transfers"] == big["transfers"]
     assert 0 < len(shown["payments"]) < 80
     assert all(big["payments"][key] == record for key, record in shown["payments"].items())  # whole records

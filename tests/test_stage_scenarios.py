@@ -206,7 +206,7 @@ async def test_good_scenario_is_kept_in_both_modes_with_its_evidence(tmp_path, s
     ]  # fmt: skip
     assert plain.difficulty == "medium"  # two state changes, four calls
     assert plain.provenance.parent_ids == (environment("bank").id,)
-    assert plain.provenance.prompt_version.count("@") == 4
+    assert plain.provenance.prompt_version.count("@") == 5  # state, writers' system message, task, check, gold
 
 
 async def test_not_accepted_environments_are_rejected(tmp_path, sandbox):

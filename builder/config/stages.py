@@ -173,7 +173,8 @@ class ScenariosConfig(Section):
         3,
         ge=1,
         description="Fewest records each collection of records (a map or list of objects) must hold in "
-        "a generated initial state.",
+        "a generated initial state; the slots of an environment ask for min_records up to 4 times it, small "
+        "to large (docs/scenarios.md §1).",
     )
     min_gold_calls: int = Field(
         3, ge=1, description="Fewest tool calls the gold sequence of a task may have (look-ups included)."

@@ -121,8 +121,9 @@ def writes_state(method: ast.FunctionDef) -> bool:
 
 
 def writer_sources(code: str, names: Sequence[str], budget: PromptBudget) -> str:
-    """The sources (with their helpers) of the distinct methods in `names` that change the state, at most
-    `budget.methods` of them, in call order."""
+    """The sources (with their helpers) of the distinct methods in `names` that change the state: the first
+    `budget.methods` of them in call order, shown in the class's order (two requests whose solutions call the
+    same methods in another order then start alike, which a model server's prefix cache reuses)."""
     writers = []
     for name in dict.fromkeys(names):
         try:
@@ -131,4 +132,6 @@ def writer_sources(code: str, names: Sequence[str], budget: PromptBudget) -> str
             continue
         if any(writes_state(node) for node in nodes):
             writers.append(name)
-    return "\n\n".join(method_source(code, name) for name in writers[: budget.methods])
+    order = {name: position for position, name in enumerate(_methods(_env_class(code)))}
+    shown = sorted(writers[: budget.methods], key=lambda name: order.get(name, len(order)))
+    return "\n\n".join(method_source(code, name) for name in shown)

@@ -226,14 +226,7 @@ def tester_schema(tools: Sequence[dict[str, Any]], slots: Sequence[tuple[str, Ca
 
 
 def slot_text(number: int, slot: tuple[str, CaseType]) -> str:
-    """One numbered slot of a tester batch: the tool the harness scheduled and the case it asks for."""
+    """One numbered slot of a tester batch: the tool the harness scheduled and the case it asks for (what a case
+    of either kind is, the tester's instructions say once, not every slot)."""
     tool, case = slot
-    return f"{number}. `{tool}` with a {case.upper()} case: {_CASE_GOALS[case]}"
-
-
-_CASE_GOALS: dict[CaseType, str] = {
-    "positive": "valid arguments the tool should accept, using ids and values that exist in the current state "
-    "and respecting the rules.",
-    "negative": "arguments the tool should refuse: an id that does not exist, an out-of-range or empty value, or "
-    "a request that breaks one of the rules. Keep the parameter names and types valid.",
-}
+    return f"{number}. `{tool}` with a {case.upper()} case"

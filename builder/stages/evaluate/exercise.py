@@ -33,6 +33,7 @@ from builder.stages.evaluate.facts import (  # _checker_facts: probes.py asks ab
     _batch_facts,
     _checker_facts,  # noqa: F401
     _tester_facts,
+    shows_whole_source,
 )
 from builder.stages.evaluate.sequential import negatives_in, settled
 from builder.views.budget import PromptBudget, prompt_budgets
@@ -137,6 +138,7 @@ class StateWorker:
         self.rounds = 0  # each call and each unusable reply is a round (JudgedCall.round)
         self.feedback = ""  # the tester's unusable items of the last batch, told in the next request
         self.session: Session | None = None
+        self.first: dict[str, Any] | None = None  # the session's state before its first call, as the tester sees it
 
     async def open(self) -> None:
         self.session = await asyncio.to_thread(_session, self.ctx.sandbox, self.env.code, self.state, self.interface)
@@ -174,8 +176,9 @@ class StateWorker:
         positions = self.pending[:size]
         slots = [schedule(self.interface.tool_names, position, self.negatable) for position in positions]
         current = await self.snapshot()
-        propose = partial(_propose, self.agents, self.env, self.interface, slots, self.state, run, current,
-                          self.config.history_calls, self.feedback)  # fmt: skip
+        self.first = current if self.first is None else self.first
+        propose = partial(_propose, self.agents, self.env, self.interface, slots, self.state, run, self.first,
+                          current, self.config.history_calls, self.feedback)  # fmt: skip
         counted = len(run.invalid)
         try:
             proposed = await shrinking(self.ctx, "evaluate_tester", self.budgets, propose)
@@ -230,8 +233,9 @@ class StateWorker:
         verdicts, failure = {}, None
         if ran:
             try:
+                whole = shows_whole_source(self.config.calls, len(self.interface.tools))
                 verdicts = await shrinking(self.ctx, "evaluate_checker", self.budgets, partial(_check, self.agents,
-                                           self.env, ran, now=self.state.now))  # fmt: skip
+                                           self.env, ran, now=self.state.now, whole=whole))  # fmt: skip
             except InvalidReply as invalid:
                 failure = invalid
         unjudged: list[Ran] = []
@@ -272,9 +276,10 @@ def _in_order(
 
 async def _propose(
     agents: Agents, env: Environment, interface: EnvInterface, slots: list[tuple[str, CaseType]], state: TestState,
-    run: StateRun, current: dict[str, Any], history_calls: int, feedback: str, budget: PromptBudget,
+    run: StateRun, first: dict[str, Any], current: dict[str, Any], history_calls: int, feedback: str,
+    budget: PromptBudget,
 ) -> TesterCalls:  # fmt: skip
-    facts = _tester_facts(state, run, current, history_calls, budget, slots, feedback)
+    facts = _tester_facts(state, run, first, current, history_calls, budget, slots, feedback)
     messages = agents.tester_messages(env, interface.tools, facts)
 
     async def fills_a_slot(reply: TesterCalls) -> str | None:
@@ -286,9 +291,11 @@ async def _propose(
     return await agents.ask_json(messages, TesterCalls, "tester", calls=len(slots), accept=fills_a_slot, schema=schema)
 
 
-async def _check(agents: Agents, env: Environment, ran: list[Ran], budget: PromptBudget, *, now: str) -> dict:
+async def _check(
+    agents: Agents, env: Environment, ran: list[Ran], budget: PromptBudget, *, now: str, whole: bool
+) -> dict:  # fmt: skip
     """The checker's verdicts by call number (the first for each number of the batch; others are ignored)."""
-    facts = _batch_facts(env, ran, budget, now)
+    facts = _batch_facts(env, ran, budget, now, whole)
     numbers = {item.number for item in ran}
 
     async def judges_a_call(reply: CheckerVerdicts) -> str | None:

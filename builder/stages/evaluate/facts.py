@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.envs.session import ToolResult
+from builder.envs.session import ToolResult, diff_states
 from builder.evidence import JudgedCall
 from builder.records import Environment
 from builder.stages.evaluate.agents import CaseType, slot_text
@@ -57,9 +57,13 @@ class Ran:
 
 
 def _tester_facts(
-    state: TestState, run: StateRun, current: dict[str, Any], history_calls: int, budget: PromptBudget,
-    slots: list[tuple[str, CaseType]], feedback: str = "",
+    state: TestState, run: StateRun, first: dict[str, Any], current: dict[str, Any], history_calls: int,
+    budget: PromptBudget, slots: list[tuple[str, CaseType]], feedback: str = "",
 ) -> str:  # fmt: skip
+    """The state as first set up (`first`, the session's state before its first call) and what the calls since
+    changed, then the recent calls and the numbered slots: the first part is the same in every round of the state
+    (a model server's prefix cache reuses it), the changes, calls and numbers are not. Once the changes take
+    more text than the current state, the current state is shown instead."""
     done = len(run.judged)
     recent = run.judged[-history_calls:] if history_calls else []
     lines = [f"- {c.tool}({json.dumps(c.arguments)}) -> {c.result or c.error}" for c in recent]
@@ -68,51 +72,84 @@ def _tester_facts(
     # tester should learn what was wrong (`feedback`). A checker's failure is not the tester's business.
     note = f"\n\nYour previous reply was partly unusable: {feedback}" if feedback else ""
     asked = "\n".join(slot_text(number, slot) for number, slot in enumerate(slots, 1))
-    # The calls' numbers come after the state: the state and the calls before repeat from one round to the next
-    # (a model server's prefix cache reuses them), the numbers never do.
+    changed = changes_text(diff_states(first, current), budget.state_chars)
+    now_state = state_text(current, budget)
+    shown = (
+        f"Current state (JSON):\n{now_state}" if len(changed) > len(now_state) else
+        f"State as first set up (JSON):\n{state_text(first, budget)}\n\n"
+        f"Changed since by the calls on this state (path: value now):\n{changed or '- nothing yet'}"
+    )  # fmt: skip
     return (
         f"Test state {state.index + 1}, as first set up: {state.purpose}\n"
         f"Now: {now_text(state.now)}.\n\n"
-        f"Current state (JSON):\n{state_text(current, budget)}\n\n"
+        f"{shown}\n\n"
         f"Recent calls on this state:\n{history}\n\n"
-        f"Calls {done + 1} to {done + len(slots)} of {run.quota} on this state; the current state above includes "
-        f"the calls made since. Fill these {len(slots)} slots, one call each, numbered as here; they run in this "
-        f"order, each on the state the calls before it left:\n{asked}{note}"
+        f"Calls {done + 1} to {done + len(slots)} of {run.quota} on this state, to run in this order:\n{asked}{note}"
     )
 
 
-def _batch_facts(env: Environment, ran: list[Ran], budget: PromptBudget, now: str) -> str:
-    """The environment, its state definition and clock once (the stable prefix), then each call of the batch
-    with what a single call's check shows: the method's source (once per tool), the state before (the attributes
-    the method uses), the case, arguments, result, state after and the changes. A state view identical to one an
-    earlier call of the batch showed is named, not repeated (`views`: its text -> where it was shown)."""
-    sections = []
-    shown: set[str] = set()
+def changes_text(changes: list[dict[str, Any]], limit: int) -> str:
+    """Changes as `- path: value now` lines (`removed` for a value gone), each value cut to `limit` characters."""
+    return "\n".join(
+        f"- {change['path']}: {clip_json(change['after'], limit) if 'after' in change else 'removed'}"
+        for change in changes
+    )
+
+
+def _batch_facts(env: Environment, ran: list[Ran], budget: PromptBudget, now: str, whole: bool = True) -> str:
+    """The environment's whole source first (every checker request of the environment starts with it, so a model
+    server's prefix cache computes it once: the rules, the state definition, every method and helper), then the
+    test state's clock, then each call of the batch: the state before (the attributes the method uses), the case,
+    arguments, result, state after and the changes. A state view identical to one an earlier call of the batch
+    showed is named, not repeated (`views`: its text -> where it was shown).
+
+    Without `whole` (`shows_whole_source`), or built smaller (a prompt too long for the context, `budget.level`
+    > 0), the source is cut to what the batch needs: the description and rules, the state definition and the
+    source of each tool called."""
     views: dict[str, str] = {}
-    for item in ran:
-        name = item.call["tool"]
-        source = (
-            f"Method source of `{name}`: as for an earlier call of this batch.\n\n" if name in shown else
-            f"Method source of `{name}`:\n```python\n{method_source(env.code, name)}\n```\n\n"
-        )  # fmt: skip
-        shown.add(name)
-        sections.append(f"## Call {item.number}\n\n{source}{_call_facts(env, item, budget, views)}")
-    calls = "\n\n".join(sections)
+    calls = "\n\n".join(f"## Call {item.number}\n\n{_call_facts(env, item, budget, views)}" for item in ran)
+    called = list(dict.fromkeys(item.call["tool"] for item in ran))
     return (
-        f"Environment `{env.class_name}`: {environment_text(env.description, env.code)}\n\n"
-        f"State definition:\n```python\n{class_header(env.code)}\n```\n\n"
+        f"{environment_source(env) if whole and budget.level == 0 else _called_source(env, called)}\n\n"
         f"Now: {now_text(now)}.\n\n"
         f"{len(ran)} call(s) ran in this order, each on the state the one before it left. Give one verdict per "
         f"call, with its number.\n\n{calls}"
     )
 
 
+def shows_whole_source(calls: int, tools: int) -> bool:
+    """Whether the checker requests of an environment start with its whole source: when the check calls every
+    tool at least twice (`calls` judged calls; the schedule takes the tools in turn, so each batch has other
+    tools and would send their sources again), sending the whole class once, as the prefix every request
+    repeats, leaves a server with a prefix cache less to compute. With fewer calls the batches' own sources are
+    less text (about the whole class once, and no later request reuses it)."""
+    return calls >= 2 * tools
+
+
+def environment_source(env: Environment) -> str:
+    """What the checker judges against, the same for every call of the environment: its source."""
+    return (
+        f"Environment `{env.class_name}` ({env.domain}): {env.description}\n\n"
+        f"Its source (the module docstring states the rules, `__init__` the state, each tool is the method of its "
+        f"name):\n```python\n{env.code.strip()}\n```"
+    )
+
+
+def _called_source(env: Environment, tools: list[str]) -> str:
+    methods = "\n\n".join(f"```python\n{method_source(env.code, name)}\n```" for name in tools)
+    return (
+        f"Environment `{env.class_name}`: {environment_text(env.description, env.code)}\n\n"
+        f"State definition:\n```python\n{class_header(env.code)}\n```\n\n"
+        f"Source of the tools called below (each tool is the method of its name):\n\n{methods}"
+    )
+
+
 def _checker_facts(
     env: Environment, call: dict[str, Any], result: ToolResult, before: dict[str, Any], after: dict[str, Any],
-    changes: list[dict[str, Any]], budget: PromptBudget, now: str,
+    changes: list[dict[str, Any]], budget: PromptBudget, now: str, whole: bool = True,
 ) -> str:  # fmt: skip
     """The facts of one call on its own, as a batch of one (the rule probes' confirmations ask about one call)."""
-    return _batch_facts(env, [Ran(1, call, result, before, after, changes)], budget, now)
+    return _batch_facts(env, [Ran(1, call, result, before, after, changes)], budget, now, whole)
 
 
 def _call_facts(env: Environment, item: Ran, budget: PromptBudget, views: dict[str, str]) -> str:
@@ -126,8 +163,8 @@ def _call_facts(env: Environment, item: Ran, budget: PromptBudget, views: dict[s
     if changes:
         views.setdefault(after, f"state after call {item.number}")
     return (
+        f"Tool under test: `{name}`, {CASE_TEXT[item.call['case']]}.\n\n"
         f"State before (attributes the method uses):\n{before_shown}\n\n"
-        f"Tool under test: `{name}`, {CASE_TEXT[item.call['case']]}.\n"
         f"Arguments: {json.dumps(item.call['arguments'], ensure_ascii=False)}\n"
         f"Result: {clip_json(item.result.result, limit)}\n\n"
         f"State after:\n{after}"

@@ -70,7 +70,7 @@ logger = logging.getLogger(__name__)
 REASONS = (
     "not_accepted", "env_load_failed", "state_invalid", "state_load_failed", "state_too_small", "state_inconsistent",
     "task_invalid", "check_invalid", "gold_invalid", "check_broken", "gold_call_failed", "answer_not_read",
-    "not_refused", "state_changed", "nothing_withheld", "copies_seed", "task_underspecified",
+    "not_refused", "state_changed", "nothing_withheld", "doable_without_withheld", "copies_seed", "task_underspecified",
     "too_few_calls", "no_state_change", "gold_nondeterministic", "already_solved", "gold_fails_checks",
     "negative_control_failed", "duplicate", "llm_request", "prompt_too_long", "no_chain", "request_invalid",
     "request_leaks", *FAILURES.values(),

@@ -1,11 +1,11 @@
 """The collections of a state, read field by field, and the distractor records cloned from them: the rules are
-in builder/stages/scenarios/long_context.py, which allocates the clones' ids and calls `clone` for each."""
+in builder/stages/scenarios/long_context.py, which allocates the clones' ids and calls `clone` for each record of
+each round (one `Round` per copy of the world)."""
 
 from __future__ import annotations
 
 import copy
 import datetime as dt
-import math
 import random
 import re
 from dataclasses import dataclass, field
@@ -29,7 +29,9 @@ _LAST_NAMES = (
 ).split()
 _FIELD_RETRIES = 8
 _IDENTIFIER_LIKE = re.compile(r"^\S*[@._0-9]\S*$")  # one word with a symbol or digit: an e-mail, a file name
-_KEEP_ENUM = 0.7  # the share of enum values a clone keeps from its template (a paid claim keeps its history)
+# Kinds whose values a clone copies (shifted, for dates) so that relations between records hold; the protected
+# values do not apply to them: a task names its records by names, texts and keys, which clones never repeat.
+COPIED = frozenset({"self_id", "reference", "enum", "number", "date"})
 MISSING = object()
 
 
@@ -37,12 +39,9 @@ MISSING = object()
 class Field:
     """What the values of one field of a collection are, and the values seen."""
 
-    kind: str  # "self_id", "reference", "enum", "number", "person", "text", "other"
+    kind: str  # "self_id", "reference", "enum", "number", "date", "person", "text", "other"
     values: list[Any] = field(default_factory=list)
     target: str | None = None  # the referenced collection
-    step: int | None = None  # integer step of a number field
-    low: float = 0.0
-    high: float = 0.0
     seen: set[str] | None = None  # the values so far of a one-word text field whose values are all distinct
 
 
@@ -56,9 +55,20 @@ class Collection:
     ids: list[Any]  # the keys others refer to: dict keys, or the id field of list items (positions if none)
     id_field: str | None  # the record's own id field, if any
     fields: dict[str, Field] = field(default_factory=dict)
-    date_range: tuple[dt.date, dt.date] | None = None  # of the records' first dates
+    catalog: bool = False  # keyed by codes (`MRI`, `savings`) and naming no person: shared, never grown
     clones: dict[tuple[Any, int], Any] = field(default_factory=dict)  # (original id, round) -> clone id
-    made: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)  # (key or None, record)
+
+
+@dataclass
+class Round:
+    """One copy of the world: its number, the whole days every date of it moves by, and what it renamed, so that
+    a value repeated across records (a patient's name on an appointment) is renamed the same way everywhere."""
+
+    number: int
+    shift: int
+    rng: random.Random
+    names: dict[str, str] = field(default_factory=dict)  # person name -> its clone's
+    texts: dict[str, str] = field(default_factory=dict)  # a template's text -> its clone's
 
 
 # ------------------------------------------------------------------------------------------ reading the state
@@ -94,7 +104,7 @@ def _own_id_field(collection: str, pairs: list[tuple[Any, dict[str, Any]]], is_l
 
 
 def profile(c: Collection, collections: dict[str, Collection]) -> None:
-    """The kind of every field of `c`'s records, and the collection's date range."""
+    """The kind of every field of `c`'s records, and whether `c` is a catalog."""
     names: list[str] = []
     for _, record in c.pairs:
         names += [name for name in record if name not in names]
@@ -102,9 +112,8 @@ def profile(c: Collection, collections: dict[str, Collection]) -> None:
         values = [record.get(name, MISSING) for _, record in c.pairs]
         values = [v for v in values if v is not MISSING]
         c.fields[name] = _field(c, name, values, collections)
-    firsts = [_first_date(record) for _, record in c.pairs]
-    firsts = [d for d in firsts if d is not None]
-    c.date_range = (min(firsts), max(firsts)) if firsts else None
+    codes = all(isinstance(i, str) and not re.search(r"\d", i) for i in c.ids)
+    c.catalog = codes and not c.is_list and not any(f.kind == "person" for f in c.fields.values())
 
 
 def _field(c: Collection, name: str, values: list[Any], collections: dict[str, Collection]) -> Field:
@@ -117,12 +126,12 @@ def _field(c: Collection, name: str, values: list[Any], collections: dict[str, C
     if present and all(isinstance(v, bool) for v in present):
         return Field("enum", present)
     if present and all(isinstance(v, int | float) and not isinstance(v, bool) for v in present):
-        integers = all(isinstance(v, int) for v in present)
-        step = math.gcd(*present) if integers else None
-        return Field("number", present, step=step or None, low=min(present), high=max(present))
+        return Field("number", present)
     if present and all(isinstance(v, str) for v in present):
+        if all(_date_of(v) is not None for v in present):
+            return Field("date", present)
         if any(_date_of(v) is not None for v in present):
-            return Field("other", present)  # dates move with the record's shift
+            return Field("other", present)  # dates move with the round's shift
         distinct = set(present)
         if all(_ENUM_TOKEN.match(v) for v in present) or (len(present) >= 4 and len(distinct) <= len(present) / 2):
             return Field("enum", present)
@@ -167,19 +176,28 @@ def _date_of(value: Any) -> dt.date | None:
         return None
 
 
+def date_leaves(state: Any) -> list[str]:
+    """Every date or date-time string in `state`."""
+    return [leaf for leaf in leaves(state) if _date_of(leaf) is not None]
+
+
+def shift_date(value: str, days: int) -> str:
+    day = _date_of(value)
+    return value if day is None or not days else (day + dt.timedelta(days=days)).isoformat() + value[10:]
+
+
 # ------------------------------------------------------------------------------------------ filling a clone
 
 
 def clone(
-    c: Collection, original: Any, round_: int, new_id: Any, collections: dict[str, Collection],
-    blocked: re.Pattern[str] | None, rng: random.Random,
+    c: Collection, original: Any, new_id: Any, round_: Round, collections: dict[str, Collection],
+    blocked: re.Pattern[str] | None,
 ) -> dict[str, Any] | None:  # fmt: skip
-    """The distractor cloned from the record with id `original` in round `round_`, or None when it cannot be made
-    without touching an original record or containing a protected value. Texts are filled last, so that an
-    e-mail address can follow the renamed person."""
+    """The distractor cloned in `round_` from the record with id `original`, or None when its names, texts or
+    key cannot avoid a protected value. References, enums and numbers are copied (references to the same round's
+    clones), dates shifted by the round's days; names, e-mails, phones and other identifying texts are new.
+    Texts are filled last, so that an e-mail address can follow the renamed person."""
     template = c.pairs[c.ids.index(original)][1]
-    shift = _date_shift(c, template, rng)
-    factor = rng.uniform(0.5, 1.5)
     record: dict[str, Any] = dict.fromkeys(template)
     renamed: dict[str, str] = {}
     for name, value in template.items():
@@ -187,98 +205,54 @@ def clone(
         if spec.kind == "self_id":
             record[name] = new_id
         elif spec.kind == "reference":
-            record[name] = _remap(value, collections[spec.target], round_, rng)  # type: ignore[index]
-        elif spec.kind == "enum":
-            keep = value is None or rng.random() < _KEEP_ENUM
-            record[name] = value if keep else rng.choice(spec.values)
-        elif spec.kind == "number" and isinstance(value, int | float) and not isinstance(value, bool):
-            record[name] = _scaled(value, spec, factor)
+            record[name] = remap(value, collections[spec.target], round_.number)  # type: ignore[index]
+        elif spec.kind in ("enum", "number"):
+            record[name] = value
+        elif spec.kind == "date" and isinstance(value, str):
+            record[name] = shift_date(value, round_.shift)
         elif spec.kind == "person" and isinstance(value, str):
-            record[name] = _person(value, spec, blocked, rng)
+            record[name] = _person(value, spec, blocked, round_)
             if isinstance(record[name], str):
                 renamed.update(_renamed_words(value, record[name]))
         elif spec.kind != "text" or not isinstance(value, str):
-            record[name] = _other(name, value, c, shift, collections, round_, blocked, rng)
+            record[name] = _other(name, value, c, collections, blocked, round_)
         if record[name] is MISSING:
             return None
     for name, value in template.items():
         if c.fields[name].kind == "text" and isinstance(value, str):
-            record[name] = _text(_follow_renames(value, renamed), c.fields[name], blocked, rng)
+            record[name] = _text(value, renamed, c.fields[name], blocked, round_)
             if record[name] is MISSING:
                 return None
-    if blocked is not None:
-        if conflicts(new_id, blocked):
-            return None
-        for name, value in record.items():
-            if c.fields[name].kind != "enum" and any(conflicts(leaf, blocked) for leaf in leaves(value)):
-                return None
+    if blocked is not None and conflicts(new_id, blocked):
+        return None
     return record
 
 
-def _remap(value: Any, target: Collection, round_: int, rng: random.Random) -> Any:
-    """A reference (or a list of them) pointed at clones of `target`: the same round's clone of the same record,
-    else a random clone; `MISSING` when `target` has no clone at all."""
+def remap(value: Any, target: Collection, number: int) -> Any:
+    """A reference (or a list of them) pointed at the clone of round `number` of the record it names; a catalog's
+    codes, and values that name no record, stay."""
     if isinstance(value, list):
-        mapped = [_remap(item, target, round_, rng) for item in value]
-        return MISSING if any(m is MISSING for m in mapped) else mapped
-    if value in (None, ""):
-        return value
-    if (value, round_) in target.clones:
-        return target.clones[(value, round_)]
-    if not target.clones:
-        return MISSING
-    same = [clone for (orig, _), clone in target.clones.items() if orig == value]
-    return rng.choice(same or list(target.clones.values()))
+        return [remap(item, target, number) for item in value]
+    return target.clones.get((value, number), value) if not target.catalog else value
 
 
-def _scaled(value: int | float, spec: Field, factor: float) -> int | float:
-    if spec.low == spec.high:
-        return value
-    scaled = min(max(value * factor, spec.low), spec.high)
-    if isinstance(value, int):
-        step = spec.step or 1
-        return int(min(max(round(scaled / step) * step, spec.low), spec.high))
-    decimals = max((len(repr(v).partition(".")[2]) for v in spec.values if isinstance(v, float)), default=2)
-    return round(scaled, min(decimals, 6))
-
-
-def _first_date(record: dict[str, Any]) -> dt.date | None:
-    dates = [d for d in (_date_of(leaf) for leaf in leaves(record)) if d is not None]
-    return min(dates) if dates else None
-
-
-def _date_shift(c: Collection, template: dict[str, Any], rng: random.Random) -> int:
-    """Whole days to move every date of this clone by, so that its first date lands within the range of the
-    first dates of the collection's records (a one-year policy that started in 2022 does not move to 2039 because
-    a life policy in the collection ends then)."""
-    first = _first_date(template)
-    if first is None or c.date_range is None:
-        return 0
-    earliest, latest = c.date_range
-    return rng.randint((earliest - first).days, (latest - first).days)
-
-
-def _shift_dates(value: Any, days: int) -> Any:
-    if isinstance(value, dict):
-        return {key: _shift_dates(item, days) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_shift_dates(item, days) for item in value]
-    if days and (day := _date_of(value)) is not None:
-        return (day + dt.timedelta(days=days)).isoformat() + value[10:]
-    return value
-
-
-def _text(value: str, spec: Field, blocked: re.Pattern[str] | None, rng: random.Random) -> Any:
-    """A text for a clone: a single token with digits (a phone, a code) gets new digits in its last number, other
-    texts stay the template's (a clinic's name, city and address stay together); while it holds a protected value,
-    another record's value is drawn (`MISSING` if they all do). A field of distinct one-word values with a digit
-    or `@._` (an e-mail, a file name) stays distinct: a repeat gets a number (`sgoldberg2@example.com`)."""
+def _text(
+    value: str, renamed: dict[str, str], spec: Field, blocked: re.Pattern[str] | None, round_: Round
+) -> Any:  # fmt: skip
+    """A text for a clone, the same for the same text within a round: the template's, with the renamed person's
+    words followed (`olivia.bennett@...` -> `nadia.okafor@...`); a single token with digits (a phone, a code) gets
+    new digits in its last number; while it holds a protected value, another record's value is drawn (`MISSING`
+    if they all do). A field of distinct one-word values with a digit or `@._` (an e-mail, a file name) stays
+    distinct: a repeat gets a number (`sgoldberg2@example.com`)."""
+    if value in round_.texts:
+        return round_.texts[value]
+    rng, candidate = round_.rng, _follow_renames(value, renamed)
     for attempt in range(_FIELD_RETRIES):
-        picked = value
-        if " " not in value and (digits := list(re.finditer(r"\d+", value))):
+        picked = candidate
+        if " " not in candidate and (digits := list(re.finditer(r"\d+", candidate))):
             last = digits[-1]
             fresh = "".join(rng.choice("0123456789") for _ in last.group(0))
-            picked = value[: last.start()] + fresh + value[last.end() :]
+            picked = candidate[: last.start()] + fresh + candidate[last.end() :]
             if spec.seen is not None and picked in spec.seen and attempt < _FIELD_RETRIES - 1:
                 continue  # new digits again (a phone number stays shaped like one), then a number is added
         if spec.seen is not None:
@@ -286,8 +260,9 @@ def _text(value: str, spec: Field, blocked: re.Pattern[str] | None, rng: random.
         if not conflicts(picked, blocked):
             if spec.seen is not None:
                 spec.seen.add(picked)
+            round_.texts[value] = picked
             return picked
-        value = rng.choice(spec.values)
+        candidate = rng.choice(spec.values)
     return MISSING
 
 
@@ -303,10 +278,13 @@ def _distinct(value: str, seen: set[str]) -> str:
     return candidate
 
 
-def _person(value: str, spec: Field, blocked: re.Pattern[str] | None, rng: random.Random) -> Any:
-    """A person's name for a clone: a title (`Dr.`) is kept; each name word comes from another value of the field
-    at the same position or from a built-in list of first and last names; drawn again while it contains a
-    protected value (`MISSING` if it always does)."""
+def _person(value: str, spec: Field, blocked: re.Pattern[str] | None, round_: Round) -> Any:
+    """A person's name for a clone, the same for the same name within a round: a title (`Dr.`) is kept; each
+    name word comes from another value of the field at the same position or from a built-in list of first and
+    last names; drawn again while it contains a protected value (`MISSING` if it always does)."""
+    if value in round_.names:
+        return round_.names[value]
+    rng = round_.rng
     title, _, rest = value.partition(" ") if _TITLE.match(value) else ("", "", value)
     words = rest.split(" ")
     peers = [v.split(" ")[-len(words) :] for v in spec.values if len(v.split(" ")) >= len(words)]
@@ -318,6 +296,7 @@ def _person(value: str, spec: Field, blocked: re.Pattern[str] | None, rng: rando
             picked.append(rng.choice(peers)[i] if draw < 0.3 and peers else rng.choice(pool) if draw < 0.9 else word)
         name = " ".join(([title] if title else []) + picked)
         if not conflicts(name, blocked):
+            round_.names[value] = name
             return name
     return MISSING
 
@@ -340,38 +319,38 @@ def _follow_renames(value: str, renamed: dict[str, str]) -> str:
 
 
 def _other(
-    name: str, value: Any, c: Collection, shift: int, collections: dict[str, Collection], round_: int,
-    blocked: re.Pattern[str] | None, rng: random.Random,
+    name: str, value: Any, c: Collection, collections: dict[str, Collection], blocked: re.Pattern[str] | None,
+    round_: Round,
 ) -> Any:  # fmt: skip
-    """A date, nested value or mixed field: the template's value, else (while it holds a protected value) another
-    record's; dates move by the clone's shift; `*_id` fields inside point at clones."""
+    """A nested value or mixed field: the template's value, else (while it holds a protected value) another
+    record's; dates inside move by the round's shift; `*_id` fields inside point at the round's clones."""
     others = [record[name] for _, record in c.pairs if name in record and record[name] is not value]
-    candidates = [value] + rng.sample(others, min(len(others), _FIELD_RETRIES))
+    candidates = [value] + round_.rng.sample(others, min(len(others), _FIELD_RETRIES))
     for candidate in candidates:
-        if isinstance(candidate, dict | list) or _date_of(candidate) is not None:
-            candidate = _shift_dates(copy.deepcopy(candidate), shift)
-        candidate = _remap_nested(candidate, collections, round_, rng)
-        if candidate is MISSING:
-            return MISSING
+        candidate = _remap_nested(_shift_dates(copy.deepcopy(candidate), round_.shift), collections, round_.number)
         if not any(conflicts(leaf, blocked) for leaf in leaves(candidate)):
             return candidate
     return MISSING
 
 
-def _remap_nested(value: Any, collections: dict[str, Collection], round_: int, rng: random.Random) -> Any:
-    """`*_id` fields inside nested dicts naming a record of a collection, pointed at clones of it."""
+def _shift_dates(value: Any, days: int) -> Any:
+    if isinstance(value, dict):
+        return {key: _shift_dates(item, days) for key, item in value.items()}
     if isinstance(value, list):
-        items = [_remap_nested(item, collections, round_, rng) for item in value]
-        return MISSING if any(i is MISSING for i in items) else items
+        return [_shift_dates(item, days) for item in value]
+    return shift_date(value, days) if isinstance(value, str) else value
+
+
+def _remap_nested(value: Any, collections: dict[str, Collection], number: int) -> Any:
+    """`*_id` fields inside nested dicts naming a record of a collection, pointed at the round's clones."""
+    if isinstance(value, list):
+        return [_remap_nested(item, collections, number) for item in value]
     if not isinstance(value, dict):
         return value
     out = {}
     for key, item in value.items():
         target = _nested_target(key, item, collections) if isinstance(key, str) and key.endswith("_id") else None
-        item = _remap(item, target, round_, rng) if target else _remap_nested(item, collections, round_, rng)
-        if item is MISSING:
-            return MISSING
-        out[key] = item
+        out[key] = remap(item, target, number) if target else _remap_nested(item, collections, number)
     return out
 
 

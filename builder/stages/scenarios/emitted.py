@@ -22,6 +22,16 @@ Difficulty = Literal["easy", "medium", "hard"]
 
 
 @dataclass(frozen=True)
+class Declined:
+    """How a family's non-conversational row is graded when it must change nothing (missing_info, policy_trap:
+    `family_gates.one_shot_decline`): the facts its answer must state, and its gold (the look-ups that read
+    them; none for missing_info)."""
+
+    facts: tuple[str, ...]
+    gold: tuple[Action, ...] = ()
+
+
+@dataclass(frozen=True)
 class Words:
     """What the user says (the model's part of a scenario, under either method, or the graph method's template)
     and its difficulty rating."""
@@ -62,11 +72,12 @@ def scenario_records(
     wording: Literal["model", "template"] = "model",
     answer_facts: Sequence[str] = (),
     family: str = "plain",
-    withheld_as: str | None = None,
+    declined: Declined | None = None,
 ) -> list[Scenario]:
-    """The slot's scenario in every mode of `scenarios.modes` (they share a `scenario_group`). A missing_info
-    slot's non-conversational scenario is graded apart (`withheld_as`): the request lacks a value, so nothing may
-    change (its guard allows no path), there is no gold, and the answer must name what is missing."""
+    """The slot's scenario in every mode of `scenarios.modes` (they share a `scenario_group`). A missing_info or
+    policy_trap slot's non-conversational scenario is graded apart (`declined`): the request lacks a value, or
+    asks for a forbidden thing with no alternative, so nothing may change (its guard allows no path), and the
+    answer must state `declined.facts` (what is missing; why it is forbidden); its gold is `declined.gold`."""
     task = " ".join(words.task.split())
     guard = guard_source(allowed_paths(state, evidence.final_state or state))
     nothing = guard_source([])
@@ -91,9 +102,9 @@ def scenario_records(
         ending=words.ending,
     )
     def graded(mode: str) -> dict[str, Any]:
-        if withheld_as is not None and mode == "non_conversational":
-            return {"checklist": (GUARD_ITEM,), "checks": (nothing,), "answer_facts": (withheld_as,),
-                    "gold_actions": ()}  # fmt: skip
+        if declined is not None and mode == "non_conversational":
+            return {"checklist": (GUARD_ITEM,), "checks": (nothing,), "answer_facts": declined.facts,
+                    "gold_actions": declined.gold}  # fmt: skip
         return {
             "checklist": (*checklist, GUARD_ITEM), "checks": (*checks, guard), "answer_facts": tuple(answer_facts),
             "gold_actions": tuple(gold),

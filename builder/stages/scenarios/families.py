@@ -8,12 +8,16 @@ tau-bench: policy-bound refusals). Each llm-method slot gets a family (`slot_fam
 - `missing_info`: the user leaves out one value the calls need (`withheld`), which a real user would know. In
   conversational mode the user gives it only when asked: the agent must ask, then do the task (the plain checks).
   In non-conversational mode nothing can be done: success is no change and an answer that names what is
-  missing (`answer_facts` = `withheld_as`, e.g. "amount", `asked_for`).
+  missing (`answer_facts` = `withheld_as`, e.g. "amount", `asked_for`); so every change the task asks for must
+  need the value (`family_gates.doable_without`).
 - `infeasible`: the request breaks a rule in this state; the call that would carry it out (`refused_call`) must be
   refused by the environment. Success is no change and an answer that declines and states why (`answer_facts`:
   the values from the state that show it, read during the episode); the gold is the look-ups that find them.
-- `policy_trap`: the user asks for something the rules forbid (`refused_call`, refused) and says what they accept
-  instead; success is the alternative done (its checks), the forbidden change never made (the guard).
+- `policy_trap`: the user asks for something the rules forbid (`refused_call`, refused). In conversation, told it
+  is not possible, they accept an alternative (`reveal_when_asked`): success is the alternative done (its
+  checks), the forbidden change never made (the guard). The one-shot request states no alternative, and no
+  change is made without the user's yes (tau-bench's rule): success is no change and an answer that declines
+  and states why (`refusal_facts`, read by the gold's look-ups; `family_gates`).
 - `error_recovery`: the user gives a stale or wrong detail a real user would, so the natural first call
   (`refused_call`) fails; the agent must find the right record by another detail. The gold is the corrected course.
 - `long_context`: a plain task whose initial state is enlarged with distractor records (`long_context`), so the
@@ -69,6 +73,14 @@ class RefusingDraft(TaskDraft):
     refused_call: GoldAction = Field(description="The call the environment must refuse or answer with an error.")
 
 
+class PolicyTrapDraft(RefusingDraft):
+    refusal_facts: list[Annotated[str, Field(max_length=200)]] = Field(
+        min_length=1, max_length=6,
+        description="Values from the state, exactly as a look-up returns them, that show why the request is "
+        "forbidden (a slot's status, a referral's expiry date); an answer that declines must state them.",
+    )  # fmt: skip
+
+
 class InfeasibleDraft(RefusingDraft):
     checklist: list[Annotated[str, Field(max_length=300)]] = Field(default_factory=list, max_length=0)
     answer_facts: list[Annotated[str, Field(max_length=200)]] = Field(min_length=1, max_length=6)
@@ -80,6 +92,8 @@ def task_model(family: str) -> type[TaskDraft]:
         return MissingInfoDraft
     if family == "infeasible":
         return InfeasibleDraft
+    if family == "policy_trap":
+        return PolicyTrapDraft
     if family in REFUSING:
         return RefusingDraft
     return TaskDraft
@@ -92,9 +106,10 @@ def family_note(family: str) -> str:
 
 def family_texts(family: str, task: TaskDraft, modes: Sequence[str]) -> dict[str, str]:
     """What the user says in each mode, for the sufficiency gate: the task, or the user script. A missing_info
-    task lacks a value by design in its task; only the conversational script must hold everything."""
+    task lacks a value by design in its task, a policy_trap task the alternative; only the conversational script
+    must hold everything."""
     said = {"non_conversational": task.task, "conversational": f"{task.known_up_front}\n{task.reveal_when_asked}"}
-    graded = ("conversational",) if family == "missing_info" else modes
+    graded = ("conversational",) if family in ("missing_info", "policy_trap") else modes
     return {mode: said[mode] for mode in modes if mode in graded}
 
 
@@ -132,8 +147,8 @@ def gold_note(family: str, task: TaskDraft) -> str:
     notes = {
         "infeasible": f"The rules forbid this request ({call} is refused): write only the look-ups that show why, "
         "and no call that changes the state.",
-        "policy_trap": f"What the user asks first is forbidden ({call} is refused): solve it with what they accept "
-        "instead.",
+        "policy_trap": f"What the user asks is forbidden ({call} is refused). Told so, the user says: "
+        f"{task.reveal_when_asked} Solve it that way.",
         "error_recovery": f"{call} fails (a detail the user gives is stale): do not make it; find the right record "
         "by the other detail.",
     }

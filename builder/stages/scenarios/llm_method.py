@@ -16,7 +16,6 @@ from builder.run.stage import Rejected, StageContext
 from builder.stages.scenarios.emitted import Words, reject_slot, scenario_records
 from builder.stages.scenarios.families import (
     NO_CHANGE,
-    MissingInfoDraft,
     asked_for,
     family_note,
     family_prompts,
@@ -26,13 +25,14 @@ from builder.stages.scenarios.families import (
     task_model,
     withheld,
 )
+from builder.stages.scenarios.family_gates import family_problem, one_shot_decline
 from builder.stages.scenarios.graph_method import State
-from builder.stages.scenarios.long_context import enlarge, protected_values
+from builder.stages.scenarios.long_context import checked_enlarge, protected_values
 from builder.stages.scenarios.requests import Draft, _fill, _gold, _initial_state, _repaired_check, _sampling, _task
 from builder.stages.scenarios.variety import copies_seed
 from builder.stages.scenarios.verify import Evidence, verify
 
-PROMPTS = ("scenario_state", "scenario_task", "scenario_check", "scenario_gold")
+PROMPTS = ("scenario_state", "scenario_writer", "scenario_task", "scenario_check", "scenario_gold")
 
 
 async def build_slot(
@@ -51,21 +51,25 @@ async def build_slot(
         await _fill(env, ctx, small, draft)
         return draft
 
-    def played_on(draft: Draft) -> dict[str, Any]:
-        """The state the scenario is played on: a long_context task's is enlarged with distractor records that
-        hold none of the values the task and gold name (`long_context.enlarge`)."""
+    async def played_on(draft: Draft) -> dict[str, Any]:
+        """The state the scenario is played on: a long_context task's is enlarged with whole copies of its world
+        that hold none of the values the task and gold name, checked in the sandbox, with fewer copies if the
+        environment's tools or the state's relations refuse them (`long_context.checked_enlarge`)."""
         if family != "long_context":
             return small
         task = draft.task
         protected = protected_values(small, [task.task, task.known_up_front, task.reveal_when_asked],
                                      [action.arguments for action in draft.gold])  # fmt: skip
-        return enlarge(small, records=config.long_context_records, protected=protected, seed=scenario_seed(env.id, now))
+        return await asyncio.to_thread(
+            checked_enlarge, ctx.sandbox, env.code, small, records=config.long_context_records, protected=protected,
+            seed=scenario_seed(env.id, now), now=now, contract=env.contract,
+        )  # fmt: skip
 
     draft = await write_task()
     repairs: list[str] = []
     blame_gold_next = True  # for gold_fails_checks: alternate between the gold and the checks, gold first
     for round_ in range(config.repair_attempts + 1):
-        state = played_on(draft)
+        state = await played_on(draft)
         evidence = _copied(draft, seeds) or await asyncio.to_thread(
             verify, ctx.sandbox, env.code, state, draft.gold, draft.checks,
             min_gold_calls=config.min_gold_calls if family not in NO_CHANGE else 1,  # look-ups that show why
@@ -74,6 +78,7 @@ async def build_slot(
             refused=refused_call(draft.task), expect_change=family not in NO_CHANGE,
             withheld=withheld(draft.task),
         )  # fmt: skip
+        evidence = (family_problem(draft.task, evidence) if evidence.reason is None else None) or evidence
         if evidence.reason is None:
             return _scenarios(env, ctx, state, draft, evidence, state_repairs, repairs, family)
         if round_ == config.repair_attempts:
@@ -114,7 +119,10 @@ def seed_requests(ctx: StageContext, env: Environment) -> tuple[str, ...]:
 
 
 # Failures whose repair is a new task (and fresh gold and checks): the task itself is wrong.
-TASK_REPAIRS = frozenset({"already_solved", "task_underspecified", "not_refused", "nothing_withheld", "copies_seed"})
+TASK_REPAIRS = frozenset({
+    "already_solved", "task_underspecified", "not_refused", "nothing_withheld", "doable_without_withheld",
+    "copies_seed",
+})  # fmt: skip
 
 
 async def _repair_checks(
@@ -135,7 +143,7 @@ def _task_feedback(draft: Draft, evidence: Evidence) -> str:
         return f"{draft.task.task}\nWhy: {evidence.detail}\nWrite a different task."
     if evidence.reason == "copies_seed":
         return f"{draft.task.task}\nWhy: {evidence.detail}\nWrite a task of your own for this state, in your own words."
-    if evidence.reason in ("not_refused", "nothing_withheld"):
+    if evidence.reason in ("not_refused", "nothing_withheld", "doable_without_withheld"):
         return f"{draft.task.task}\nWhy: {evidence.detail}\nWrite a task of the same kind that holds in this state."
     if evidence.reason == "answer_not_read":
         facts = json.dumps(draft.task.answer_facts, ensure_ascii=False)
@@ -189,5 +197,5 @@ def _scenarios(
         env, ctx, method="llm", provenance=provenance, state=state, now=draft.now, words=words,
         checklist=task.checklist, checks=draft.checks, gold=evidence.actions, evidence=evidence,
         state_repairs=state_repairs, repairs=repairs, answer_facts=task.answer_facts, family=family,
-        withheld_as=asked_for(task.withheld_as) if isinstance(task, MissingInfoDraft) else None,
+        declined=one_shot_decline(task, evidence, asked_for(getattr(task, "withheld_as", ""))),
     )  # fmt: skip

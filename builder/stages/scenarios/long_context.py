@@ -1,95 +1,191 @@
 """Long-context states: a verified initial state enlarged with distractor records the task never touches.
 
-`enlarge(state, records=N, protected=..., seed=...)` returns a copy of `state` whose collections of records (the
-top-level attributes `builder.json_values.record_pairs` calls collections) hold about N records in total. The
-originals stay first, unchanged; the distractors are appended after them. The rules:
+`enlarge(state, records=N, protected=..., seed=..., now=...)` returns a copy of `state` whose collections of
+records (the top-level attributes `builder.json_values.record_pairs` calls collections) hold about N records in
+total. The originals stay first, unchanged; the distractors are appended after them. The rules:
 
-- **Proportional sizes.** Each collection grows to `round(size * N / total)` records, never below its own size.
-- **A world of copies.** Distractors are made in rounds: round g clones every original record once (collection
-  by collection, in order), until each collection reaches its size. A reference inside a clone (a field whose
-  values are keys of another collection, or ids of a list collection's items) points at the clone of the same
-  round of the record it named, else at another clone of that collection; a clone whose reference has no clone
-  to point at is dropped. So distractors form their own consistent world and never attach to the records the
-  task is about ("cancel all my bookings" keeps its meaning).
+- **Copies of the whole world.** Distractors are made in rounds; each round clones every record of every
+  collection once (except catalogs, below), so that the relations between records the environment's tools rely
+  on hold among the clones as they do among the originals: a clone's references point at the same round's
+  clones of the records they named, and its enums, numbers and booleans are the template's, so a booked slot's
+  clone is held by the clone of its appointment, a provider's clone has the clones of its reviews, whose ratings
+  its rating is the mean of, and its `review_count` counts them. The number of rounds is
+  `round((N - total) / grown)` (`grown`: the records of the collections that grow). So distractors form their
+  own consistent worlds and never attach to the records the task is about ("cancel all my bookings" keeps its
+  meaning).
+- **Catalogs are shared.** A map keyed by codes without digits whose records name no person (`MRI`, `CT`;
+  `savings`) is a catalog: it does not grow, and clones keep naming its codes.
+- **Dates move by whole weeks, per round.** Every date of a round moves by the same multiple of 7 days (at most
+  8 weeks either way), drawn among those that keep every date of the state on its side of `now` (and 0 without
+  `now`): weekdays, times of day, order, and what is past or upcoming all hold.
 - **Keys in the collection's format.** Keys that share a prefix and a number (`acc-1`, `P-7`, `POL-1003`,
   `0042`) continue the numbering after the largest (`acc-5`, `acc-6`, ...; zero padding kept), so an environment
   that makes the next id from the count or the maximum still makes a fresh one. Other keys (`ABC123`, uuids) get
   random keys of the same shape (letters for letters, digits for digits, hex for hex). A record's own id field
   (`"patient_id": "P-1"` under key `P-1`; `id` / `<thing>_id` of list items, unique across items) gets the new id.
-- **Real-looking values.** Per field, from the values the collection's records have: enum-like fields (bools,
-  single lowercase tokens such as `in_person`, or few distinct values) keep the template's value 70% of the time,
-  else take a seen one; numbers are scaled by one factor per record (so `approved <= claimed` mostly holds),
-  rounded to the field's step (the gcd of its integer values) and kept within the field's observed range; dates
-  and date-times move by one whole-day shift per record, so that its first date stays within the range of the
-  collection's first dates (`start < end` and the time of day hold); person names (a `name`/`author`/`owner`/...
-  field whose values are all one or two capitalised words, maybe after `Dr.`) draw each word from other values of
-  the field or a built-in list of first and last names, and the record's other texts follow the renamed words
-  (`olivia.bennett@example.com` -> `nadia.okafor@example.com`); a one-word text with digits (a phone) gets new
-  digits in its last number; other texts and nested values (a clinic's address, a status history) stay the
-  template's, so a record stays coherent. Identifier-like texts (distinct one-word values with a digit or `@._`:
-  e-mails, file names) stay distinct (`sgoldberg2@example.com`).
-- **Protected values stay unique.** No string inside a distractor (its key included) contains a protected value
-  as a whole word sequence, case-insensitively (`Ada Lovelace` blocks `Ada Lovelace Jr` but not `Adam`; `acc-1`
-  blocks `acc-1` but not `acc-17`). Enum-like fields and numbers of one or two digits are exempt (`savings` and
-  `3` identify no record). A field that conflicts is drawn again from other records; a distractor still
-  conflicting after that is dropped. `protected_values` lists what a scenario must protect.
-- **Deterministic**: the same state, size, protected values and seed give the same result.
+- **New identities.** Person names (a `name`/`author`/`owner`/... field whose values are all one or two
+  capitalised words, maybe after `Dr.`) draw each word from other values of the field or a built-in list of first
+  and last names, and the record's other texts follow the renamed words (`olivia.bennett@example.com` ->
+  `nadia.okafor@example.com`); a one-word text with digits (a phone) gets new digits in its last number; other
+  texts and nested values (a clinic's address, a status history) stay the template's. Identifier-like texts
+  (distinct one-word values with a digit or `@._`: e-mails, file names) stay distinct (`sgoldberg2@example.com`).
+  Within a round the same name or text is renamed the same way in every record.
+- **Protected values stay unique.** No name, text, nested value or key of a distractor contains a protected
+  value as a whole word sequence, case-insensitively (`Ada Lovelace` blocks `Ada Lovelace Jr` but not `Adam`;
+  `acc-1` blocks `acc-1` but not `acc-17`); what a clone copies (enums, numbers, dates, references) is exempt,
+  since a task names its records by names, texts and keys. A field that conflicts is drawn again from other
+  records; a round with a record that still conflicts is dropped whole (a world with a hole would break the
+  relations). `protected_values` lists what a scenario must protect.
+- **Deterministic**: the same state, size, protected values, seed and `now` give the same result.
 
 Only top-level collections grow; nested ones (a list of items inside a record) are copied with their record.
 The fields are read and the clones filled in builder/stages/scenarios/distractors.py; this module sizes the
-collections, allocates the clones' ids and keeps the protected values out.
+rounds, allocates the clones' ids and keeps the protected values out. `checked_enlarge` loads the enlarged state
+in the sandbox and checks it (the environment's tools, references, the relations of `invariants.py`), falling
+back to fewer rounds rather than play a task on an inconsistent state.
 """
 
 from __future__ import annotations
 
 import copy
+import datetime as dt
+import logging
 import random
 import re
 from collections.abc import Iterable
 from typing import Any
 
+from builder.envs.lint import Contract
+from builder.envs.state_schema import reference_problems
 from builder.json_values import leaves, record_pairs
+from builder.sandbox.runtime import Sandbox
 from builder.stages.scenarios.distractors import (
     Collection,
+    Round,
     clone,
     conflicts,
+    date_leaves,
     profile,
     read_collection,
+    shift_date,
 )
+from builder.stages.scenarios.invariants import relation_problems
+from builder.stages.scenarios.verify import load_state
+
+logger = logging.getLogger(__name__)
 
 _NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")
 _HEX_RUN = re.compile(r"[0-9a-f]*")
+_WEEKS = 8  # a round's dates move by at most this many weeks either way
 
 
-def enlarge(state: dict[str, Any], *, records: int, protected: Iterable[str] = (), seed: int = 0) -> dict[str, Any]:
+def enlarge(
+    state: dict[str, Any], *, records: int, protected: Iterable[str] = (), seed: int = 0, now: str | None = None
+) -> dict[str, Any]:
     """A copy of `state` whose collections of records hold about `records` records in total, the originals first
-    and unchanged, then distractor records (see the module docstring for the rules). A state already as large, or
-    without collections, comes back as an unchanged copy."""
+    and unchanged, then whole-world rounds of distractor records (see the module docstring for the rules). A state
+    already as large, or without collections to grow, comes back as an unchanged copy."""
     result = copy.deepcopy(state)
     collections = {
         name: read_collection(name, value) for name, value in state.items() if record_pairs(value) is not None
     }
+    for c in collections.values():
+        profile(c, collections)
     total = sum(len(c.pairs) for c in collections.values())
-    if total == 0 or records <= total:
+    grown = {name: c for name, c in collections.items() if not c.catalog and c.pairs}
+    size = sum(len(c.pairs) for c in grown.values())
+    rounds = round((records - total) / size) if size and records > total else 0
+    if rounds <= 0:
         return result
     blocked = protected_pattern(protected)
     rng = random.Random(seed)
-    for c in collections.values():
-        profile(c, collections)
-    targets = {name: max(len(c.pairs), round(len(c.pairs) * records / total)) for name, c in collections.items()}
-    _allocate_ids(collections, targets, blocked, rng)
-    for name, c in collections.items():
-        for (original, round_), new_id in c.clones.items():
-            record = clone(c, original, round_, new_id, collections, blocked, rng)
-            if record is not None:
-                c.made.append((new_id, record))
-        value = result[name]
-        for new_id, record in c.made:
-            if c.is_list:
-                value.append(record)
-            else:
-                value[new_id] = record
+    shifts = week_shifts(state, now)
+    makers = {name: _IdMaker(c, blocked, rng) for name, c in grown.items()}
+    for number in range(1, rounds + 1):
+        for name, c in grown.items():
+            makers[name].mark()
+            for original in c.ids:
+                c.clones[(original, number)] = makers[name].next()
+        made = _round(grown, collections, Round(number, rng.choice(shifts), rng), blocked)
+        if made is None:  # a hole in this world would break its relations: none of it, and its ids are reused
+            for name, c in grown.items():
+                makers[name].reset()
+                for original in c.ids:
+                    del c.clones[(original, number)]
+            continue
+        for name, c in grown.items():
+            value = result[name]
+            for new_id, record in made[name]:
+                if c.is_list:
+                    value.append(record)
+                else:
+                    value[new_id] = record
     return result
+
+
+def _round(
+    grown: dict[str, Collection], collections: dict[str, Collection], round_: Round, blocked: re.Pattern[str] | None
+) -> dict[str, list[tuple[Any, dict[str, Any]]]] | None:
+    """Every record of one round, per collection, or None when one of them cannot avoid a protected value."""
+    made: dict[str, list[tuple[Any, dict[str, Any]]]] = {}
+    for name, c in grown.items():
+        made[name] = []
+        for original in c.ids:
+            new_id = c.clones[(original, round_.number)]
+            record = clone(c, original, new_id, round_, collections, blocked)
+            if record is None:
+                return None
+            made[name].append((new_id, record))
+    return made
+
+
+def week_shifts(state: dict[str, Any], now: str | None) -> list[int]:
+    """The shifts in days (whole weeks, at most `_WEEKS` either way) that keep every date of `state` on its side of
+    `now`: past stays past, today today, upcoming upcoming. Only 0 without `now`."""
+    if not now:
+        return [0]
+    try:
+        moment = dt.datetime.fromisoformat(now)
+    except ValueError:
+        return [0]
+    dates = set(date_leaves(state))
+
+    def side(value: str) -> int:
+        point: Any = value[:10] if len(value) <= 10 else value[:19].replace(" ", "T")
+        here = moment.date().isoformat() if len(value) <= 10 else moment.isoformat()[:19]
+        return (point > here) - (point < here)
+
+    sides = {value: side(value) for value in dates}
+    return [
+        days
+        for days in range(-7 * _WEEKS, 7 * _WEEKS + 1, 7)
+        if all(side(shift_date(value, days)) == where for value, where in sides.items())
+    ]
+
+
+def checked_enlarge(
+    sandbox: Sandbox, code: str, state: dict[str, Any], *, records: int, protected: Iterable[str], seed: int,
+    now: str, contract: Contract = "strict",
+) -> dict[str, Any]:  # fmt: skip
+    """`enlarge`, then the enlarged state as the environment holds it once it loads in the sandbox, every tool
+    answers on it without crashing (`verify.load_state`), its references resolve and it keeps every relation the
+    original holds (`invariants.relation_problems`). Else fewer distractors: the records beyond the original
+    halve, down to the original state itself. Blocks on the sandbox."""
+    protected = list(protected)
+    total = sum(len(pairs) for value in state.values() if (pairs := record_pairs(value)) is not None)
+    target = records
+    while target > total:
+        enlarged = enlarge(state, records=target, protected=protected, seed=seed, now=now)
+        if enlarged == state:
+            break
+        loaded, problems = load_state(sandbox, code, enlarged, now=now, seed=seed, contract=contract)
+        if loaded is not None and not problems:
+            problems = reference_problems(loaded) + relation_problems(state, loaded)
+        if loaded is not None and not problems:
+            return loaded
+        logger.warning("long-context state of %d records refused, trying fewer: %s", target, "; ".join(problems)[:500])
+        target = total + (target - total) // 2
+    return state
 
 
 def protected_values(state: dict[str, Any], texts: Iterable[str], arguments: Iterable[Any]) -> set[str]:
@@ -129,60 +225,49 @@ def _whole(folded: str) -> str:
 # ------------------------------------------------------------------------------------------ new ids
 
 
-def _allocate_ids(
-    collections: dict[str, Collection], targets: dict[str, int], blocked: re.Pattern[str] | None, rng: random.Random
-) -> None:
-    """Decide every clone's id, round by round, before any clone is filled (references need them)."""
-    makers = {name: _id_maker(c, blocked, rng) for name, c in collections.items()}
-    needed = {name: targets[name] - len(c.pairs) for name, c in collections.items()}
-    round_ = 0
-    while any(n > 0 for n in needed.values()):
-        round_ += 1
-        for name, c in collections.items():
-            for original in c.ids:
-                if needed[name] <= 0:
-                    break
-                c.clones[(original, round_)] = makers[name]()
-                needed[name] -= 1
+class _IdMaker:
+    """Fresh ids in the format of a collection's ids: numbered ids continue after the largest number; other ids get
+    random ids shaped like a random existing one; positions of an id-less list continue. `mark` and `reset` give
+    back the ids of a dropped round, so that numbering stays contiguous."""
 
+    def __init__(self, c: Collection, blocked: re.Pattern[str] | None, rng: random.Random) -> None:
+        self.blocked, self.rng, self.ids = blocked, rng, c.ids
+        self.taken = {str(i) for i in c.ids}
+        self.prefix = self.suffix = None
+        self.width, self.number, self.saved = 0, 0, (0, set())
+        if c.is_list and c.id_field is None:
+            self.kind, self.number = "position", len(c.ids)
+        elif all(isinstance(i, int) and not isinstance(i, bool) for i in c.ids):
+            self.kind, self.number = "integer", max(c.ids) + 1
+        else:
+            self.kind = "shaped"
+            shapes = [m for i in c.ids if (m := _NUMBERED.match(str(i))) and not re.search(r"\d", m.group(1))]
+            if len(shapes) == len(c.ids) and len({(m.group(1), m.group(3)) for m in shapes}) == 1:
+                digits = [m.group(2) for m in shapes]
+                padded = any(d.startswith("0") and len(d) > 1 for d in digits)
+                self.kind, self.prefix, self.suffix = "numbered", shapes[0].group(1), shapes[0].group(3)
+                self.width = min(len(d) for d in digits) if padded else 0  # `0042` -> `0043`; `acc-9` -> `acc-10`
+                self.number = max(int(d) for d in digits) + 1
 
-def _id_maker(c: Collection, blocked: re.Pattern[str] | None, rng: random.Random):  # noqa: ANN202 - a closure
-    """A function returning fresh ids in the format of `c`'s ids: numbered ids continue after the largest number;
-    other ids get random ids shaped like a random existing one; positions of an id-less list continue."""
-    taken = {str(i) for i in c.ids}
-    ids = c.ids
-    if c.is_list and c.id_field is None:
-        counter = iter(range(len(ids), 10**12))
-        return lambda: next(counter)
-    if all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        numbers = iter(range(max(ids) + 1, 10**12))
-        return lambda: next(numbers)
-    shapes = [match for i in ids if (match := _NUMBERED.match(str(i))) and not re.search(r"\d", match.group(1))]
-    if len(shapes) == len(ids) and len({(m.group(1), m.group(3)) for m in shapes}) == 1:
-        prefix, suffix = shapes[0].group(1), shapes[0].group(3)
-        digits = [m.group(2) for m in shapes]
-        padded = any(d.startswith("0") and len(d) > 1 for d in digits)
-        width = min(len(d) for d in digits) if padded else 0  # `0042` -> `0043`; `acc-9` -> `acc-10`
-        start = max(int(d) for d in digits) + 1
-        numbers = iter(range(start, 10**12))
+    def mark(self) -> None:
+        self.saved = (self.number, set(self.taken))
 
-        def numbered() -> str:
-            while True:
-                key = f"{prefix}{next(numbers):0{width}d}{suffix}"
-                if key not in taken and not conflicts(key, blocked):
-                    taken.add(key)
-                    return key
+    def reset(self) -> None:
+        self.number, self.taken = self.saved[0], self.saved[1]
 
-        return numbered
-
-    def shaped() -> str:
+    def next(self) -> Any:
+        if self.kind in ("position", "integer"):
+            self.number += 1
+            return self.number - 1
         while True:
-            key = _reshape(str(rng.choice(ids)), rng)
-            if key not in taken and not conflicts(key, blocked):
-                taken.add(key)
+            if self.kind == "numbered":
+                key = f"{self.prefix}{self.number:0{self.width}d}{self.suffix}"
+                self.number += 1
+            else:
+                key = _reshape(str(self.rng.choice(self.ids)), self.rng)
+            if key not in self.taken and not conflicts(key, self.blocked):
+                self.taken.add(key)
                 return key
-
-    return shaped
 
 
 def _reshape(key: str, rng: random.Random) -> str:

@@ -24,8 +24,9 @@ from builder.records import (
 )
 from builder.run.stage import StageContext
 from builder.stages._llm import ask, repaired, shrinking, system_user
-from builder.stages.scenarios.state import attribute_problems, size_problems
+from builder.stages.scenarios.state import attribute_problems, size_problems, slot_records
 from builder.stages.scenarios.verify import load_state
+from builder.stages.scenarios.writers import writer_messages
 from builder.views.budget import PromptBudget, prompt_budgets
 from builder.views.code import interface_text, now_text, writer_sources
 from builder.views.state import involved_state, state_output_type, state_text
@@ -126,19 +127,22 @@ async def _ask_fitting(
 async def _initial_state(
     env: Environment, ctx: StageContext, slot: int, example: dict[str, Any]
 ) -> tuple[dict[str, Any], str, int]:
-    """A generated state that passed the load and realism gates, as the environment holds it; the scenario's `now`
-    (the model's "today" for the state); and the repairs it took (`repaired`, the whole loop built smaller while
-    a request is too long for the context)."""
+    """A generated state that passed the load and realism gates, as the environment holds it (slot `slot` asks
+    for `state.slot_records` records per collection: small for the first slots, large for the last); the
+    scenario's `now` (the model's "today" for the state); and the repairs it took (`repaired`, the whole loop
+    built smaller while a request is too long for the context)."""
     config = ctx.config.scenarios
     schema = generated_state_schema(env.state_schema, example)
     model = state_output_type(schema, "InitialState")
+    # Asked for small to large across the slots; the gate holds every slot to `min_records`, the floor.
+    records = slot_records(slot, config.per_environment, config.min_records)
 
     def request(budget: PromptBudget) -> list[ChatMessage]:
         user = (
             f"{interface_text(env, budget)}\n\n## State schema\n{json.dumps(schema)}\n\n## Default state of the class\n"
             f"{state_text(example, budget)}\n\nWrite initial state {slot + 1} of {config.per_environment} for this "
             "environment (different people, items and situations from the others), with at least "
-            f"{config.min_records} records in every collection of records."
+            f"{records} records in every collection of records."
         )
         return system_user(prompt("scenario_state"), user)
 
@@ -175,14 +179,10 @@ async def _task(
     says which family of task to write (`families.family_note`), `output_type` is that family's draft."""
 
     def request(budget: PromptBudget) -> list[ChatMessage]:
-        user = (
-            f"{interface_text(env, budget)}\n\n## Now\n{now_text(now)}\n\n## Current state\n{state_text(state, budget)}"
-        )
-        if note:
-            user += f"\n\n## The kind of task\n{note}"
+        needs = f"\n\n## The kind of task\n{note}" if note else ""
         if feedback:
-            user += f"\n\n## A previous task for this state was refused\n{feedback}"
-        return system_user(prompt("scenario_task"), user)
+            needs += f"\n\n## A previous task for this state was refused\n{feedback}"
+        return writer_messages(env, budget, now, state, "task", needs)
 
     draft, messages = await _ask_fitting(
         ctx, env, "scenario_task", request, output_type, sampling=_sampling(ctx), invalid_reason="task_invalid"
@@ -248,14 +248,8 @@ async def _gold(
     if not feedback:
 
         def request(budget: PromptBudget) -> list[ChatMessage]:
-            user = (
-                f"{interface_text(env, budget)}\n\n## Now\n{now_text(draft.now)}\n\n"
-                f"## Current state\n{state_text(state, budget)}\n\n"
-                f"## Task\n{draft.task.task}"
-            )
-            if draft.gold_note:
-                user += f"\n\n## Note\n{draft.gold_note}"
-            return system_user(prompt("scenario_gold"), user)
+            needs = f"\n\n## Task\n{draft.task.task}" + (f"\n\n## Note\n{draft.gold_note}" if draft.gold_note else "")
+            return writer_messages(env, budget, draft.now, state, "solution", needs)
 
         reply, messages = await _ask_fitting(
             ctx, env, "scenario_gold", request, GoldSolution, sampling=sampling, invalid_reason="gold_invalid"

@@ -1,5 +1,6 @@
 """The static gates a generated initial state must pass before it is loaded: records per entity and attributes
-the class has (references between entities: `builder.envs.state_schema.reference_problems`).
+the class has (references between entities: `builder.envs.state_schema.reference_problems`), and the size each
+slot's state is asked for.
 
 Pure functions over JSON data; nothing here runs generated code.
 """
@@ -9,6 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from builder.envs.state_schema import record_collections
+
+SIZE_SPREAD = 4  # the last slot of an environment asks for this many times `min_records` records per collection
+
+
+def slot_records(slot: int, slots: int, min_records: int) -> int:
+    """The records per collection slot `slot` of `slots` asks its initial state for: from `min_records` for the
+    first slot up to `SIZE_SPREAD` times that for the last, evenly spread (3, 4, 6, 7, 8, 9, 11, 12 for 8 slots
+    and 3), so an environment's tasks are played on states from small to large."""
+    if slots <= 1:
+        return min_records
+    return round(min_records * (1 + (SIZE_SPREAD - 1) * min(slot, slots - 1) / (slots - 1)))
 
 
 def size_problems(state: dict[str, Any], schema: dict[str, Any], min_records: int) -> list[str]:

@@ -107,7 +107,7 @@ async def test_model_then_template_words_the_slot_once_every_reply_was_refused(t
         assert record.verification.verified and record.verification.negative_control
         assert set(record.verification.repairs) <= {"request_leaks", "task_underspecified", "request_invalid"}
         assert len(record.verification.repairs) == 2
-        assert record.provenance.model is None and record.provenance.prompt_version == "template@1"
+        assert record.provenance.model is None and record.provenance.prompt_version == "template@2"
         assert "acc-1" not in record.task or "Ada" not in record.task  # not the prompt's example
     graph = ctx.stats.report.to_json()["methods"]["graph"]
     assert (graph["verified"], graph["template_worded"], graph["calls"]) == (2, 2, 4)

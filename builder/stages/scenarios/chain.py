@@ -25,6 +25,7 @@ class Chain(Frozen):
     initial_state: JSON
     final_state: JSON
     anchor: str | None = None  # `collection/key` of the record the user's goal is about
+    facts: tuple[str, ...] = ()  # what the answer must state: values the reads the user asks about returned
 
     @property
     def actions(self) -> tuple[Action, ...]:

@@ -35,7 +35,9 @@ from builder.stages.scenarios.anchors import (
     allowed as admitted,
 )
 from builder.stages.scenarios.chain import Chain, ChainCall, Plan, Sampled, chain_changes
+from builder.stages.scenarios.chain_facts import FACTS_PER_READ, MAX_FACTS, read_facts, reported, without
 from builder.stages.scenarios.chain_plans import Planning
+from builder.stages.scenarios.chain_steps import StepRules, duplicates, is_empty, targets, without_noop
 from builder.stages.scenarios.chain_values import (
     first_values,
     fits,
@@ -50,6 +52,8 @@ from builder.stages.scenarios.verify import run_actions
 USE_RESULT = 0.85  # chance a parameter fed by an earlier result takes it (else a state value)
 OMIT_OPTIONAL = 0.6  # chance an optional parameter no result feeds is left at its default
 TRIES = 6  # argument sets tried for one call before the attempt is dropped as call_failed
+# Why a step is left out of a chain while the chain goes on (`chain_steps`, `chain_facts`), counted per step.
+STEP_REASONS = ("noop_write", "free_text_unfit", "empty_read", "duplicate_record", "unchecked_read")
 
 
 def sample_chains(
@@ -59,17 +63,19 @@ def sample_chains(
 ) -> Sampled:  # fmt: skip
     """Up to `count` distinct verified chains from `state`, in at most `attempts` (default 10 per chain) tries.
 
-    `seed` seeds the sampling; `now` and `env_seed` are the sandbox world's, as for any session. Drop reasons:
-    no_writer, no_value (a required id nothing gives), call_failed (every argument set tried was refused),
-    incoherent (a value of a record not linked to the chain's anchor), no_state_change, nondeterministic,
-    duplicate, load_failed.
+    `seed` seeds the sampling; `now` and `env_seed` are the sandbox world's, as for any session. Drop reasons
+    (attempts): no_writer, no_value (a required id nothing gives), call_failed (every argument set tried was
+    refused), duplicate_record (a create made a record with an existing one's name or email), too_short (fewer
+    than `min_calls` calls were left), incoherent (a value of a record not linked to the chain's anchor),
+    no_state_change, nondeterministic, duplicate, load_failed. Steps left out while the attempt goes on are
+    counted under STEP_REASONS (`chain_steps`, `chain_facts`).
     """
     if not 1 <= min_calls <= max_calls:
         raise ValueError(f"need 1 <= min_calls <= max_calls, got {min_calls} and {max_calls}")
     with Session(sandbox, code, state, now=now, seed=env_seed, contract=contract) as session:
         schemas = {t["function"]["name"]: t["function"]["parameters"] for t in session.tools}
         initial = session.snapshot()
-    sampler = _Sampler(graph, schemas, initial, world_of(initial), now)
+    sampler = _Sampler(graph, schemas, initial, world_of(initial), now, min_calls)
     kept: list[Chain] = []
     dropped: Counter[str] = Counter()
     for attempt in range(attempts if attempts is not None else 10 * count):
@@ -94,15 +100,18 @@ def sample_chains(
         sampler.used.update(call.name for call in chain.calls)
         if chain.anchor is not None:
             sampler.anchors_used[chain.anchor] += 1
+    dropped.update(sampler.steps)
     return Sampled(chains=tuple(kept), dropped=dict(dropped))
 
 
-class _Sampler(Planning):
+class _Sampler(Planning, StepRules):
     """Plans and runs attempts from one state, learning which values each tool refuses."""
 
     def __init__(self, graph: ToolGraph, schemas: dict[str, dict[str, Any]], initial: dict[str, Any],
-                 world: World, now: str) -> None:  # fmt: skip
+                 world: World, now: str, min_calls: int = 1) -> None:  # fmt: skip
         self.graph, self.schemas, self.initial, self.world, self.now = graph, schemas, initial, world, now
+        self.min_calls, self.writers = min_calls, set(graph.writers())
+        self.steps: Counter[str] = Counter()  # steps left out of attempts, by reason (STEP_REASONS)
         self.used: Counter[str] = Counter()
         self.anchors_used: Counter[tuple[str, str]] = Counter()
         # (collection, collection) pairs whose records reference one another's (time_slots -> doctors)
@@ -119,8 +128,11 @@ class _Sampler(Planning):
         with Session(sandbox, code, self.initial, now=self.now, seed=env_seed, contract=contract) as session:
             before = session.snapshot()
             for name in plan.tools:
-                options = self._argument_sets(name, calls, allowed, rng)
+                options, why = self._argument_sets(name, calls, allowed, rng, before)
                 if not options:
+                    if why in STEP_REASONS:  # the step is left out; the chain goes on without it
+                        self.steps[why] += 1
+                        continue
                     return None, "no_value"
                 for arguments, sources in options:  # noqa: B007 - the accepted set is used below
                     result = session.call(name, arguments)
@@ -133,11 +145,20 @@ class _Sampler(Planning):
                         return None, "call_failed"  # a refusal that changed the state cannot be left out
                 else:
                     return None, "call_failed"
+                writes = name in self.writers
+                if writes and after == before or not writes and is_empty(result.result):
+                    self.steps["noop_write" if writes else "empty_read"] += 1  # it changed or told nothing
+                    continue
+                if writes and duplicates(before, after):
+                    return None, "duplicate_record"  # a second record with an existing one's name or email
                 calls.append(ChainCall(name=name, arguments=arguments, sources=sources, result=result.result,
                                        changed=after != before))  # fmt: skip
                 before = after
         if before == self.initial:
             return None, "no_state_change"
+        calls, facts = self._reported(calls, before)
+        if len(calls) < self.min_calls:
+            return None, "too_short"
         if allowed is not None and not all(
             coherent_value(self.world, value, allowed) for call in calls for value in leaves(call.arguments)
         ):
@@ -146,7 +167,21 @@ class _Sampler(Planning):
                        now=self.now, seed=env_seed, contract=contract)[1] != before:  # fmt: skip
             return None, "nondeterministic"
         anchor = f"{plan.anchor[0]}/{plan.anchor[1]}" if plan.anchor is not None else None
-        return Chain(calls=tuple(calls), initial_state=self.initial, final_state=before, anchor=anchor), ""
+        chain = Chain(calls=tuple(calls), initial_state=self.initial, final_state=before, anchor=anchor, facts=facts)
+        return chain, ""
+
+    def _reported(self, calls: list[ChainCall], final: dict[str, Any]) -> tuple[list[ChainCall], tuple[str, ...]]:
+        """The calls without the reads the user would ask about that give no fact to check (`unchecked_read`, while
+        `min_calls` remain), and the answer facts of those kept (`chain_facts`)."""
+        asked = reported(calls)
+        share = FACTS_PER_READ if len(asked) <= MAX_FACTS // FACTS_PER_READ else 1
+        found = {i: read_facts(calls[i], calls, self.initial, final)[:share] for i in asked}
+        # a read the user cannot be asked about (no fact to check) is left out while the chain keeps `min_calls`;
+        # one kept is a silent look-up (the template states its values as context, the prompt marks it so)
+        dropped = [i for i in asked if not found[i]][: max(0, len(calls) - self.min_calls)]
+        self.steps["unchecked_read"] += len(dropped)
+        facts = tuple(dict.fromkeys(f for i in asked for f in found[i]))[:MAX_FACTS]
+        return without(calls, dropped), facts
 
     def _learn(self, tool: str, arguments: dict[str, Any], *, accepted: bool) -> None:
         for parameter, value in arguments.items():
@@ -157,20 +192,25 @@ class _Sampler(Planning):
                 self.refused[key] += 1
 
     def _argument_sets(
-        self, name: str, calls: list[ChainCall], allowed: set[tuple[str, str]] | None, rng: random.Random
-    ) -> list[tuple[dict[str, Any], dict[str, str]]]:
-        """Up to TRIES distinct argument sets for `name`, values the tool accepted before first and values it
-        refused last; empty when a required parameter has no value."""
+        self, name: str, calls: list[ChainCall], allowed: set[tuple[str, str]] | None, rng: random.Random,
+        current: dict[str, Any],
+    ) -> tuple[list[tuple[dict[str, Any], dict[str, str]]], str]:  # fmt: skip
+        """Up to TRIES distinct argument sets for `name` on the `current` state, values the tool accepted before
+        first and values it refused last, and why there is none: a required parameter with no value (no_value,
+        or free_text_unfit, duplicate_record for a free text or a create's name nothing fits), or every set would
+        set values the record already has (noop_write)."""
         parameters = self.schemas[name]
         required = set(parameters.get("required", []))
-        writes = name in self.graph.writers()
+        writes = name in self.writers
+        about = named_collection(name, {c for c, _ in self.world.records}) if writes else None
         pools: dict[str, list[tuple[str, Any]]] = {}
         offered: dict[str, list[tuple[str, Any]]] = {}  # optional parameters left out, with their options
         for parameter, schema in parameters.get("properties", {}).items():
             pool = self._options(name, parameter, schema, calls, allowed, writes, pools, rng)
+            pool = self._fitting(name, parameter, schema, pool, pools, about, current) if writes else pool
             if not pool:
                 if parameter in required:
-                    return []
+                    return [], self._why_none(name, parameter, schema, about, current)
                 continue
             if parameter not in required and not any(s.startswith("result ") for s, _ in pool):
                 # an optional id of a linked record (whose reminders) is kept more often than a filter
@@ -197,9 +237,23 @@ class _Sampler(Planning):
                 sets.append((arguments, sources))
             if len(sets) >= 2 * TRIES:
                 break
+        if writes:  # a write sets no value its record has or had (`chain_steps.without_noop`)
+            changing = []
+            for arguments, sources in sets:
+                kept = without_noop(arguments, current, self._written(arguments, about, current), required)
+                if kept is not None and self._own_text(name, kept, about, current):
+                    changing.append((kept, {p: s for p, s in sources.items() if p in kept}))
+            if sets and not changing:
+                return [], "noop_write"
+            sets = [option for i, option in enumerate(changing) if option[0] not in [o[0] for o in changing[:i]]]
         # sets whose records agree first: a slot of the doctor the call names, not another doctor's
         sets.sort(key=lambda option: not self._consistent(option[0]))
-        return sets[:TRIES]
+        return sets[:TRIES], ""
+
+    def _written(self, arguments: dict[str, Any], about: str | None, current: dict[str, Any]) -> list[dict[str, Any]]:
+        """The records a write names, as they are now and as they were before the chain (setting a value back is
+        undoing the chain's own change: the negative control refuses it)."""
+        return targets(current, arguments, about) + targets(self.initial, arguments, about)
 
     def _consistent(self, arguments: dict[str, Any]) -> bool:
         """Whether the records a call names agree: when records of one's collection reference records of the

@@ -190,8 +190,9 @@ def verify_chain(
     contract: Contract = "strict",
 ) -> tuple[list[str], Evidence]:  # fmt: skip
     """The derived checks of `chain` and the verifier's evidence on them with the chain as gold (every gate,
-    the negative control included: a change a later call undid fails it, and the chain is not a scenario)."""
+    the negative control included: a change a later call undid fails it, and the chain is not a scenario; its
+    answer facts must be what the gold's reads return: answer_not_read)."""
     checks = derive_checks(chain.initial_state, chain.final_state)
     actions = list(chain.actions)
     return checks, verify(sandbox, code, chain.initial_state, actions, checks, min_gold_calls=1, now=now, seed=seed,
-                          contract=contract)  # fmt: skip
+                          contract=contract, facts=chain.facts)  # fmt: skip

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from builder.envs.answer import is_number, states
 from builder.envs.graph import ToolGraph, extract_graph
 from builder.envs.lint import ContractError
 from builder.envs.session import SessionError
@@ -36,7 +37,15 @@ from builder.stages.scenarios.emitted import Words, difficulty, scenario_records
 from builder.stages.scenarios.requests import _sampling
 from builder.stages.scenarios.template import VERSION as TEMPLATE_VERSION
 from builder.stages.scenarios.template import template_request
-from builder.stages.scenarios.verbalise import PROMPT, Spent, UserRequest, created_values, refusal, verbalise
+from builder.stages.scenarios.verbalise import (
+    PROMPT,
+    Spent,
+    UserRequest,
+    created_values,
+    refusal,
+    user_texts,
+    verbalise,
+)
 from builder.stages.scenarios.verify import Evidence
 
 MAX_CALLS = 8  # the longest chain sampled (the issue's bound)
@@ -149,6 +158,7 @@ async def graph_scenario(env: Environment, ctx: StageContext, found: Found, spen
         provenance = ctx.provenance(
             [env], model=ctx.llm.model_id, sampling=_sampling(ctx), prompt_version=prompt_version(PROMPT)
         )
+    facts = answer_facts(found.chain.facts, user_texts(request, ctx.config.scenarios.modes))
     words = Words(
         task=request.task, user_profile=request.user_profile, known_up_front=request.known_up_front,
         reveal_when_asked=request.reveal_when_asked, ending=request.ending, difficulty=request.difficulty,
@@ -157,8 +167,14 @@ async def graph_scenario(env: Environment, ctx: StageContext, found: Found, spen
         env, ctx, method="graph", provenance=provenance, state=found.chain.initial_state, now=found.now,
         words=words, checklist=[item.describe() for item in found.items], checks=found.checks,
         gold=found.chain.actions, evidence=found.evidence, state_repairs=0, repairs=spent.refused,
-        wording="model" if provenance.model is not None else "template",
+        wording="model" if provenance.model is not None else "template", answer_facts=facts,
     )  # fmt: skip
+
+
+def answer_facts(facts: Sequence[str], texts: dict[str, str]) -> tuple[str, ...]:
+    """The chain's answer facts the user's words do not state (a number excepted, as `verify.answer_problems`
+    rules): stating what the user said proves no read."""
+    return tuple(f for f in facts if is_number(f) or not any(states(text, f) for text in texts.values()))
 
 
 def _templated(env: Environment, ctx: StageContext, found: Found) -> UserRequest:

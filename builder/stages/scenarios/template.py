@@ -7,6 +7,10 @@ words (`freeze_account` -> "freeze account acc-1") with its docstring summary; e
 parameter's name in words (`account_id` -> "account"), so no identifier with an underscore appears. Values
 from earlier results, which include every value the system creates, are never stated: the assistant finds them.
 
+A read whose result the user wants to hear (`chain_facts.reported`: no later call takes it; the chain's answer
+facts are its values) is asked for in its place among the changes: "tell me what you find when you list a doctor's
+open slots: doctor D-11".
+
 Conversational: `known_up_front` is the goal in general words (the changing tools' summaries), and
 `reveal_when_asked` the values. The words go through the same leak and sufficiency gates as a model's.
 """
@@ -19,10 +23,11 @@ from typing import Any
 
 from builder.records import Environment
 from builder.stages.scenarios.chain import Chain, ChainCall
+from builder.stages.scenarios.chain_facts import reported
 from builder.stages.scenarios.emitted import Difficulty
 from builder.stages.scenarios.verbalise import UserRequest
 
-VERSION = "template@1"  # the template's version in provenance: bump when its wording changes
+VERSION = "template@2"  # the template's version in provenance: bump when its wording changes
 
 
 def template_request(env: Environment, chain: Chain, created: Sequence[str], difficulty: Difficulty) -> UserRequest:
@@ -30,9 +35,16 @@ def template_request(env: Environment, chain: Chain, created: Sequence[str], dif
     creates (`verbalise.created_values`), never stated."""
     summaries = {tool["function"]["name"]: _summary(tool["function"].get("description", "")) for tool in env.tools}
     changes = [call for call in chain.calls if call.changed]
-    steps = [_step(call, created) for call in changes]
+    told = set(reported(chain.calls)) if chain.facts else set()
+    steps = [
+        _step(call, created) if call.changed else _report(call, created, summaries.get(call.name))
+        for i, call in enumerate(chain.calls) if call.changed or i in told
+    ]  # fmt: skip
     # Values a look-up takes from the user (a customer id, a search text) lead the assistant to the records.
-    context = [value for call in chain.calls if not call.changed for value in _given(call, created)]
+    context = [
+        value for i, call in enumerate(chain.calls) if not call.changed and i not in told
+        for value in _given(call, created)
+    ]  # fmt: skip
     about = f" It concerns {_join(list(dict.fromkeys(context)))}." if context else ""
     goals = [summaries.get(call.name) or _words(call.name) for call in changes]
     goal = _join(list(dict.fromkeys(goals)))
@@ -41,7 +53,7 @@ def template_request(env: Environment, chain: Chain, created: Sequence[str], dif
         user_profile=f"A user of the {env.name} system who writes short, plain requests.",
         known_up_front=f"I would like to {goal}.",
         reveal_when_asked=f"The details: {'; then '.join(steps)}.{about}",
-        ending="Stops once told every change is done.",
+        ending="Stops once told every change is done" + (" and what was asked." if told else "."),
         difficulty=difficulty,
     )
 
@@ -51,6 +63,23 @@ def _step(call: ChainCall, created: Sequence[str]) -> str:
     given = _given(call, created)
     name = _words(call.name)
     return f"{name}: {', '.join(given)}" if given else name
+
+
+def _report(call: ChainCall, created: Sequence[str], summary: str | None) -> str:
+    """`tell me what you find when you list a doctor's open slots: doctor D-11`."""
+    given = _given(call, created)
+    what = f"tell me what you find when you {_imperative(summary or _words(call.name))}"
+    return f"{what}: {', '.join(given)}" if given else what
+
+
+def _imperative(summary: str) -> str:
+    """A docstring summary in the imperative: "lists a provider's slots" -> "list a provider's slots"."""
+    verb, _, rest = summary.partition(" ")
+    if verb.endswith(("ches", "shes", "sses", "xes")):
+        verb = verb[:-2]
+    elif verb.endswith("s") and not verb.endswith("ss") and len(verb) > 3:
+        verb = verb[:-1]
+    return f"{verb} {rest}".strip()
 
 
 def _given(call: ChainCall, created: Sequence[str]) -> list[str]:

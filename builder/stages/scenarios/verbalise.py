@@ -35,6 +35,7 @@ from builder.records import ChatMessage, Environment
 from builder.run.stage import Rejected, StageContext
 from builder.stages._llm import repaired, shrinking, system_user
 from builder.stages.scenarios.chain import Chain
+from builder.stages.scenarios.chain_facts import reported
 from builder.stages.scenarios.derived_checks import CheckItem
 from builder.stages.scenarios.requests import _sampling
 from builder.stages.scenarios.sufficiency import unsupported_arguments
@@ -205,6 +206,7 @@ def request_text(
     where it comes from), the changes and the values the system creates."""
     involved = involved_state(chain.initial_state, list(chain.actions))
     lines = []
+    told = set(reported(chain.calls)) if chain.facts else set()
     for number, call in enumerate(chain.calls, 1):
         lines.append(f"{number}. {call.name}({json.dumps(call.arguments, ensure_ascii=False)})")
         for parameter, value in call.arguments.items():
@@ -216,6 +218,9 @@ def request_text(
         result = json.dumps(call.result, ensure_ascii=False)
         limit = budget.result_chars
         lines.append(f"   result: {result if len(result) <= limit else result[:limit] + ' …'}")
+        if number - 1 in told and (facts := [f for f in chain.facts if f in result]):
+            lines.append(f"   the user asks to be told this result; the answer will state {', '.join(facts)} "
+                         "(the user never says these values)")  # fmt: skip
     changes = "\n".join(f"- {item.describe()}" for item in items if item.kind != "untouched")
     return (
         f"# Environment {env.name} ({env.domain})\n{environment_text(env.description, env.code)}\n\n"

@@ -25,6 +25,7 @@ from builder.stages.scenarios.chain_steps import (
     is_empty,
     is_free_text,
     targets,
+    undone,
     without_noop,
 )
 from builder.stages.scenarios.chains import STEP_REASONS, sample_chains
@@ -324,3 +325,13 @@ def test_the_wording_prompt_marks_the_reads_the_user_asks_about():
     text = request_text(env, chain, [], NOW, [], prompt_budgets(20000)[0])
     marked = [line for line in text.splitlines() if "the user asks to be told this result" in line]
     assert len(marked) == 1 and "Daniel Okafor, 1988-02-14" in marked[0]  # the patient read, not the look-up
+
+
+def test_a_write_that_takes_back_an_earlier_step_is_found():
+    initial = {"slots": {"S1": {"booked": False}}, "appointments": {}}
+    booked = {"slots": {"S1": {"booked": True}}, "appointments": {"A1": {"slot": "S1", "status": "scheduled"}}}
+    cancelled = {"slots": {"S1": {"booked": False}}, "appointments": {"A1": {"slot": "S1", "status": "cancelled"}}}
+    assert undone(initial, booked, cancelled) == ["slots.S1.booked"]
+    # moving on (a status that was never the initial one) or a first change is no undoing
+    completed = {"slots": {"S1": {"booked": True}}, "appointments": {"A1": {"slot": "S1", "status": "completed"}}}
+    assert undone(initial, booked, completed) == [] and undone(initial, initial, booked) == []

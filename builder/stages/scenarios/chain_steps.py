@@ -11,6 +11,8 @@ user's plausible request rather than calls stitched together because the tools a
   one with no such value is left out, a required one makes the step skipped.
 - **Empty reads** (`empty_read`): a read that returned nothing (an empty list, not found) is no step of a
   request; it is left out of the chain.
+- **Undone writes** (`undoes_write`): a write that sets back to its initial value what an earlier step of the
+  chain changed (book a slot, then cancel that booking) drops the attempt: one user asks for one or the other.
 - **Duplicate records** (`duplicate_record`): a create whose identifying value (a name, an email, a title) equals
   that of an existing record of the same collection is not sampled (a second "Daniel Okafor").
 """
@@ -145,6 +147,20 @@ def duplicates(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
                 ):
                     found.append(f"{collection}/{key} ({field}={value!r})")
     return found
+
+
+_ABSENT = object()  # a path the initial state does not have
+
+
+def undone(initial: Any, before: Any, after: Any, path: str = "") -> list[str]:
+    """The paths an earlier step of the chain changed (`before` differs from `initial` there) that this step sets
+    back to their initial value: booking a slot then cancelling that booking, freezing then unfreezing. A user asks
+    for one or the other, and the negative control cannot tell such a step from no step."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        start = initial if isinstance(initial, dict) else {}
+        inner = [(key, f"{path}.{key}".lstrip(".")) for key in before.keys() & after.keys()]
+        return [found for key, at in inner for found in undone(start.get(key, _ABSENT), before[key], after[key], at)]
+    return [path] if before != initial and after == initial and before != after else []
 
 
 def is_empty(result: Any) -> bool:

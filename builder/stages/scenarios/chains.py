@@ -37,7 +37,7 @@ from builder.stages.scenarios.anchors import (
 from builder.stages.scenarios.chain import Chain, ChainCall, Plan, Sampled, chain_changes
 from builder.stages.scenarios.chain_facts import FACTS_PER_READ, MAX_FACTS, read_facts, reported, without
 from builder.stages.scenarios.chain_plans import Planning
-from builder.stages.scenarios.chain_steps import StepRules, duplicates, is_empty, targets, without_noop
+from builder.stages.scenarios.chain_steps import StepRules, duplicates, is_empty, targets, undone, without_noop
 from builder.stages.scenarios.chain_values import (
     first_values,
     fits,
@@ -151,6 +151,8 @@ class _Sampler(Planning, StepRules):
                     continue
                 if writes and duplicates(before, after):
                     return None, "duplicate_record"  # a second record with an existing one's name or email
+                if writes and undone(self.initial, before, after):
+                    return None, "undoes_write"  # the step takes back what an earlier one did
                 calls.append(ChainCall(name=name, arguments=arguments, sources=sources, result=result.result,
                                        changed=after != before))  # fmt: skip
                 before = after

@@ -46,6 +46,9 @@ from builder.views.state import involved_state, state_text
 
 PROMPT = "scenario_request"
 _ISO_DAY = re.compile(r"\d{4}-\d\d-\d\d")
+_ISO_MINUTE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d")
+_ISO_SECOND = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+_NAME_OF_A_FIELD = re.compile(r"[a-z]+(?:_[a-z]+)+")  # `time_slot`, `dose_log`: a key or a kind, not a created value
 _ID_LIKE = re.compile(r"^(?=.*[\d_\-])[\w\-.:]{2,80}$")  # one token with a digit, `_` or `-`: an id, a code, a date
 _FENCE = re.compile(r"```(?:json)?\s*\n(.*?)\n\s*```", re.DOTALL)
 
@@ -93,8 +96,10 @@ def created_values(chain: Chain, now: str) -> list[str]:
         for value in _values(argument)
     }
     given |= {value[:10] for value in given if _ISO_DAY.match(value)}
+    given |= {spelling for value in given if _ISO_MINUTE.fullmatch(value) for spelling in (value, value + ":00")}
+    given |= {value[:16] for value in given if _ISO_SECOND.fullmatch(value)}  # the user's time as the system stores it
     known = before | given | {now, now[:10]} | set().union(*map(_field_names, states_and_results))
-    return sorted(value for value in after - known if _ID_LIKE.match(value))
+    return sorted(value for value in after - known if _ID_LIKE.match(value) and not _NAME_OF_A_FIELD.match(value))
 
 
 def leaks(request: UserRequest, created: Sequence[str], tool_names: Sequence[str]) -> list[str]:

@@ -235,7 +235,8 @@ FAMILY_MEANING = {
     "missing_info": "the user leaves out a value: ask for it (conversational), or change nothing and say what is "
     "missing (non-conversational)",
     "infeasible": "the rules forbid the request: change nothing and say why",
-    "policy_trap": "the request is forbidden but an allowed alternative meets the need: do the alternative",
+    "policy_trap": "the request is forbidden, an allowed alternative meets the need: offer it and do it once the "
+    "user agrees (conversational); decline, say why and do nothing in its place (non-conversational)",
     "error_recovery": "a stale detail makes the natural first call fail: find the right record",
     "long_context": "hundreds of distractor records: find the task's records by search",
 }

@@ -113,7 +113,22 @@ def test_the_answer_check_is_read_off_the_scenario():
     )
     assert answer_check({"answer_facts": '["500"]', "family": "infeasible"}).declines
     named = answer_check({"answer_facts": ["amount"], "family": "missing_info", "mode": "non_conversational"})
-    assert named == AnswerCheck(("amount",), grounded=False)  # it names what the user left out: no tool says it
+    assert named == AnswerCheck(("amount",), grounded=False, named=True)  # what the user left out: no tool says it
+
+
+def test_a_missing_value_is_named_by_its_name_or_its_head_word():
+    # teacher-12's one-shot agents: both answers were right and earned 0 when the whole name had to appear
+    end_date = answer_check({"answer_facts": ["new end date"], "family": "missing_info", "mode": "non_conversational"})
+    said = "I haven't changed it: I need the new last rental day (a date after 2025-07-15) before I can extend it."
+    assert end_date.grade(said, seen="") == (True, ())
+    months = answer_check({"answer_facts": ["extra months"], "family": "missing_info", "mode": "non_conversational"})
+    assert months.grade("Extensions are in whole months; how many more would you like?", seen="")[0]
+    assert months.grade("I need the number of month(s) to add.", seen="")[0]
+    # naming something else, or only the generic word of the name, is not naming it
+    assert not end_date.grade("I need to know the amount you want to pay.", seen="")[0]
+    assert not end_date.grade("What new arrangement would you like?", seen="")[0]
+    # values to state keep the exact rule: a head word is not the value
+    assert not answer_check({"answer_facts": ["new end date"], "family": "plain"}).grade("the date", "new end date")[0]
     assert not answer_check({"family": "plain"}) and answer_check({}).grade("anything", "") == (None, ())
     assert tool_text([{"role": "tool", "content": "a"}, {"role": "user", "content": "b"}]) == "a"
 

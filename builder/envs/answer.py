@@ -15,7 +15,9 @@ how the agent formats a value:
   also needs its time when that is not midnight ("09:20", "9:20 am", "9 AM" for 09:00; seconds are ignored).
 
 A fact the agent could only have guessed is not stated: each fact must also be in what the tools returned during
-the episode (`seen`, `tool_text`), except a missing_info scenario's, which names the value the user left out. An
+the episode (`seen`, `tool_text`), except a missing_info scenario's, which names the value the user left out and
+is stated by that name or its head word, singular or plural (`names`: "the new last rental day (a date after
+...)" names "new end date", "how many months" names "extra months"). An
 infeasible scenario's answer (and a policy_trap scenario's non-conversational one) must also decline
 (`declines`: "cannot", "unable", "unfortunately", ...), so an answer that claims success while the state is
 unchanged earns nothing. `answer_check(row)` reads these rules off a
@@ -87,6 +89,7 @@ class AnswerCheck:
     facts: tuple[str, ...] = ()
     grounded: bool = True
     declines: bool = False
+    named: bool = False  # the facts name what is missing (`names`), not values to state
 
     def __bool__(self) -> bool:
         return bool(self.facts) or self.declines
@@ -95,7 +98,8 @@ class AnswerCheck:
         """(passed, what is missing: unstated or unread facts, "a decline"); passed is None when it asks nothing."""
         if not self:
             return None, ()
-        missing = [f for f in self.facts if not states(answer, f) or (self.grounded and not states(seen, f))]
+        said = names if self.named else states
+        missing = [f for f in self.facts if not said(answer, f) or (self.grounded and not states(seen, f))]
         if self.declines and not declines(answer):
             missing.append("a decline (the request cannot be done)")
         return not missing, tuple(missing)
@@ -115,7 +119,20 @@ def answer_check(scenario: Mapping[str, Any] | Any) -> AnswerCheck:
     one_shot = mode == "non_conversational"
     named = family == "missing_info" and one_shot
     declining = family == "infeasible" or (family == "policy_trap" and one_shot)  # no change without a yes
-    return AnswerCheck(tuple(facts), grounded=not named, declines=declining)
+    return AnswerCheck(tuple(facts), grounded=not named, declines=declining, named=named)
+
+
+def names(answer: str, missing: str) -> bool:
+    """Whether the answer names a missing value: its whole name (`states`) or the name's head word, its last word
+    of three letters or more, singular or plural ("date" of "new end date", "months" of "extra months")."""
+    if states(answer, missing):
+        return True
+    head = next((word for word in reversed(words(missing)) if len(word) >= 3 and not word.isdigit()), None)
+    return head is not None and _singular(head) in {_singular(word) for word in words(answer)}
+
+
+def _singular(word: str) -> str:
+    return word[:-1] if word.endswith("s") and len(word) > 3 else word
 
 
 def declines(answer: str) -> bool:

@@ -62,7 +62,8 @@ COLUMN_DOCS: dict[str, dict[str, str]] = {
         "answer_facts": "when the task asks to be told something: the values the agent's answer must state, each "
         "returned by a gold call and, to count, by a tool in the agent's episode (matched regardless of case, "
         "punctuation and number or date format: `builder.envs.answer`); in a `missing_info` task's "
-        "non-conversational row, the name of the missing value; empty otherwise",
+        "non-conversational row, the name of the missing value (named by it or its head word: \"date\" for \"new "
+        "end date\"); empty otherwise",
         "gold_actions": "a tool-call sequence that solves the task: `name`, `arguments` (JSON)",
         "difficulty": "`easy`, `medium` or `hard`: from the measured `pass_rate` when at least 2 rollouts were graded "
         "(easy at 0.8 or above, hard below 0.4), else from the size of the gold sequence",

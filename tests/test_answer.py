@@ -225,3 +225,34 @@ def run(sandbox, calls) -> tuple[dict, str]:
     with Session(sandbox, BANK.read_text(), BANK_STATE) as session:
         seen = [session.call(call.name, call.arguments).content() for call in calls]
         return session.snapshot(), "\n".join(seen)
+
+
+def test_a_decline_must_rest_on_what_was_read_not_on_repeating_it():
+    # teacher-12's review: a right refusal without the start date earned 0; one made up around the number got 1.0
+    infeasible = answer_check({"answer_facts": ["2025-06-02"], "family": "infeasible", "mode": "non_conversational"})
+    read = '{"rental_id": "R-3", "start_date": "2025-06-02", "status": "active"}'
+    assert infeasible.grade("Sorry, I can't cancel it: the rental has already started.", seen=read) == (True, ())
+    assert not infeasible.grade("Sorry, I can't cancel it: the rental has already started.", seen="")[0]  # no look
+    assert not infeasible.grade("Done, it is cancelled.", seen=read)[0]  # claims success
+
+
+def test_cents_are_stated_as_a_currency_amount():
+    total = answer_check({"answer_facts": ["70600"], "family": "plain", "mode": "conversational"})
+    seen = '{"total_cents": 70600}'
+    for said in ("The new total is $706.00.", "That comes to 706 dollars.", "Total: 70,600 cents", "€706"):
+        assert total.grade(said, seen)[0], said
+    assert not total.grade("The new total is 706.", seen)[0]  # a bare number is not money
+    assert not answer_check({"answer_facts": ["12"]}).grade("$0.12", "12")[0]  # small numbers are not cents
+
+
+def test_asking_for_the_kind_of_value_names_it():
+    def asked(fact: str, said: str) -> bool:
+        return answer_check({"answer_facts": [fact], "family": "missing_info", "mode": "non_conversational"}).grade(
+            said, seen=""
+        )[0]
+
+    assert asked("new date", "Which day should we move it to?")
+    assert asked("extra months", "How long would you like to keep it?")
+    assert asked("payment amount", "How much would you like to pay?")
+    assert not asked("new date", "How much would you like to pay?")
+    assert not asked("extra months", "Which day should we move it to?")

@@ -156,7 +156,7 @@ def test_the_reward_and_the_audit_are_in_the_card(tmp_path):
     assert "| `order` | the gold with two independent calls swapped | 1 | 0 | 0 | 3 |" in audit
     reward = section(card, "## The reward")
     assert "**reward** = 1.0 when solved; **0.0** when the guard fails, when a check that already held" in reward
-    assert "So an agent that makes no call scores exactly 0" in reward
+    assert "So an agent that makes no call scores 0 (except on a `missing_info`" in reward
     grpo = section(card, "### GRPO")
     assert "share of the scenario's checks" not in grpo and "the reward is the published reward" in grpo
 

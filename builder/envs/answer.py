@@ -16,11 +16,14 @@ how the agent formats a value:
 
 A fact the agent could only have guessed is not stated: each fact must also be in what the tools returned during
 the episode (`seen`, `tool_text`), except a missing_info scenario's, which names the value the user left out and
-is stated by that name or its head word, singular or plural (`names`: "the new last rental day (a date after
-...)" names "new end date", "how many months" names "extra months"). An
-infeasible scenario's answer (and a policy_trap scenario's non-conversational one) must also decline
-(`declines`: "cannot", "unable", "unfortunately", ...), so an answer that claims success while the state is
-unchanged earns nothing. `answer_check(row)` reads these rules off a
+is stated by that name, its head word (singular or plural) or a word that asks for that kind of value (`names`,
+`ASKED_AS`: "which day" names "new end date", "how long" names "extra months"). An
+infeasible scenario's answer (and a policy_trap scenario's non-conversational one) must decline instead
+(`declines`: "cannot", "unable", "unfortunately", ...), after reading what makes the request impossible: its
+facts must be in what the tools returned, though the answer need not repeat them ("it has already started" is a
+good reason without the start date). So an answer that claims success while the state is unchanged, or a
+refusal made without looking, earns nothing. A whole number of 100 or more is also stated as a currency amount
+of its hundredth ("$706.00" states 70600, the cents a tool returned). `answer_check(row)` reads these rules off a
 scenario (its `answer_facts`, `family` and `mode`), the same way on every path.
 
 The check is deterministic string matching on data, not code: it runs in the calling process.
@@ -65,7 +68,8 @@ def states(answer: str, fact: str) -> bool:
     if not fact:
         return True
     if (number := _as_number(fact)) is not None:
-        return number in _numbers(answer)
+        return number in _numbers(answer) or (number.is_integer() and abs(number) >= 100
+                                               and number / 100 in _money(answer))  # fmt: skip
     said = words(answer)
     if _contains(said, words(fact)):
         return True
@@ -99,7 +103,10 @@ class AnswerCheck:
         if not self:
             return None, ()
         said = names if self.named else states
-        missing = [f for f in self.facts if not said(answer, f) or (self.grounded and not states(seen, f))]
+        if self.declines:  # a decline must rest on what the agent read; it need not repeat the values
+            missing = [f for f in self.facts if not states(seen, f)]
+        else:
+            missing = [f for f in self.facts if not said(answer, f) or (self.grounded and not states(seen, f))]
         if self.declines and not declines(answer):
             missing.append("a decline (the request cannot be done)")
         return not missing, tuple(missing)
@@ -128,7 +135,22 @@ def names(answer: str, missing: str) -> bool:
     if states(answer, missing):
         return True
     head = next((word for word in reversed(words(missing)) if len(word) >= 3 and not word.isdigit()), None)
-    return head is not None and _singular(head) in {_singular(word) for word in words(answer)}
+    if head is None:
+        return False
+    said = {_singular(word) for word in words(answer)}
+    cues = next((kind for kind in ASKED_AS if _singular(head) in kind), {_singular(head)})
+    return bool(said & cues) or any(phrase in fold(answer) for phrase in cues if " " in phrase)
+
+
+# The words that ask for a value of one kind: the head word of a missing value's name in one of these sets is
+# named by any of them ("which day" asks for "the new date", "how long" for "extra months").
+ASKED_AS = (
+    frozenset({"date", "day", "when", "deadline"}),
+    frozenset({"time", "hour", "when"}),
+    frozenset({"month", "week", "night", "duration", "length", "period", "how long"}),
+    frozenset({"amount", "price", "payment", "sum", "cost", "fee", "how much"}),
+    frozenset({"quantity", "number", "count", "unit", "how many"}),
+)
 
 
 def _singular(word: str) -> str:
@@ -217,6 +239,15 @@ def _as_number(fact: str) -> float | None:
 
 def _numbers(answer: str) -> set[float]:
     found = (_to_float(match.replace(",", "")) for match in _NUMBER.findall(answer))
+    return {number for number in found if number is not None}
+
+
+_MONEY = re.compile(r"[$€£]\s*(\d[\d,]*(?:\.\d+)?)|(\d[\d,]*(?:\.\d+)?)\s*(?:dollars|euros|pounds|usd|eur|gbp)\b", re.I)
+
+
+def _money(answer: str) -> set[float]:
+    """The currency amounts of an answer ("$706.00", "706 dollars"): a fact in cents (70600) is stated by them."""
+    found = (_to_float(a or b) for a, b in _MONEY.findall(answer))
     return {number for number in found if number is not None}
 
 

@@ -14,7 +14,8 @@ adapters, `python -m builder reward`), for a scenario's checks on (initial state
 - reward = 1.0 when solved; 0.0 when the guard fails or a check that already held on the initial state no
   longer holds (collateral damage either way); else the share of the *counted* items that pass, a counted item
   being a check that is false on the initial state or the answer check (no answer was given before the
-  episode). Doing nothing therefore scores exactly 0, and partial credit never reaches 1.
+  episode). Doing nothing therefore scores 0 (but for asking for a missing value, which is a missing_info task's
+  one-shot answer), and partial credit never reaches 1.
 
 `run_checks` alone scores the plain share of checks passed (used by `env replay --checks` and the scenario
 verification, which look at each check, not at a reward).

@@ -295,6 +295,15 @@ async def test_a_task_an_earlier_run_stored_for_this_environment_is_not_made_aga
     assert len(store.scenario_tasks("bank")) == 2 and store.scenario_tasks("library") == {}
 
 
+async def test_the_same_change_to_the_same_state_is_one_task_however_worded(tmp_path, sandbox):
+    worded = {**TASK, "task": "Ada Lovelace here (c1): shift 30.00 out of acc-1 into acc-2 and then lock "
+              "acc-2 for me, thanks."}  # fmt: skip
+    made, _, _ = await one_slot(tmp_path, sandbox, "plain", [TASK, worded], [GOLD], "scenarios.per_environment=2",
+                                'scenarios.method="llm"')  # fmt: skip
+    (rejection,) = [record for record in made if isinstance(record, Rejection)]
+    assert rejection.reason == "duplicate" and "the same state change on the same initial state" in rejection.detail
+
+
 async def test_near_duplicate_tasks_of_one_environment_keep_the_first(tmp_path, sandbox):
     reworded = {**TASK, "task": TASK["task"].replace("Move", "Please move")}
     made, _, _ = await one_slot(tmp_path, sandbox, "plain", [TASK, reworded], [GOLD], "scenarios.per_environment=2",

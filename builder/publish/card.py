@@ -225,7 +225,12 @@ def _stats(stats: dict[str, StageStats], export_counts: dict[str, dict]) -> str:
         rows.append(
             f"| export: {name} | {counts['in']} | {counts['kept']} | {sum(dropped.values())} | {_reasons(dropped)} |"
         )
-    note = "" if stats else "\n\nThe pipeline's own stage statistics were not given to this release (no `stats.json`)."
+    note = (
+        "\n\nThe stage rows are the run that exported this release; the export rows count the store it was built "
+        "from, which also holds what earlier runs kept."
+        if stats
+        else "\n\nThe pipeline's own stage statistics were not given to this release (no `stats.json`)."
+    )
     return "\n".join(rows) + note
 
 

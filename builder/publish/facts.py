@@ -130,7 +130,8 @@ def roles(config: BuildConfig, stats: dict[str, StageStats], tables: dict[str, d
     if by_model:
         lines += [
             "",
-            "Rollouts by agent model and split (graded rollouts exclude infrastructure failures):",
+            "Rollouts of the run that exported this release, by agent model and split (graded rollouts exclude "
+            "infrastructure failures; the release also holds what earlier runs kept in the store):",
             "",
             "| model | split | scenarios | rollouts | graded | solved | pass rate |",
             "|---|---|---|---|---|---|---|",

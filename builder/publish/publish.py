@@ -249,13 +249,16 @@ def export_counts(frames: dict[str, pl.DataFrame], tables: dict[str, dict[str, p
             dropped["environment_in_rl_split"] += 1
         elif not row["solved"]:
             dropped["unsolved"] += 1
+    kept = tables["sft"]["train"].height
+    # solved train rows select left out (too short or too long for SFT: `select.sft_min_turns`, ...)
+    dropped["not_selected"] = max(0, trajectories.height - kept - sum(dropped.values()))
     return {
         "environments": {
             "in": envs.height,
             "kept": len(published_envs),
             "dropped": {f"status_{row['status']}": row["count"] for row in env_dropped.to_dicts()},
         },
-        "sft": {"in": trajectories.height, "kept": tables["sft"]["train"].height, "dropped": dropped},
+        "sft": {"in": trajectories.height, "kept": kept, "dropped": dropped},
     }
 
 

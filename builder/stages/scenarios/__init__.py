@@ -192,17 +192,8 @@ async def _near_duplicates(ctx: StageContext, env: Environment, made: dict[int, 
     earlier = list(dict.fromkeys(task for id_, task in stored.items() if id_ not in made_ids))  # one per mode pair
     slots, tasks = list(kept), [result[0].task for result in kept.values()]
     found: dict[int, str] = {}
-    outcomes: dict[tuple[str, str], int] = {}  # the same change to the same state is the same task, however worded
-    for slot, result in kept.items():
-        changes = result[0].verification.gold_state_changes
-        key = (json.dumps(result[0].initial_state, sort_keys=True), json.dumps(changes, sort_keys=True))
-        if changes and key in outcomes:
-            found[slot] = (
-                f"the same state change on the same initial state as slot {outcomes[key]}: {tasks[slots.index(slot)]}"
-            )
-        outcomes.setdefault(key, slot)
     for repeat in repeats(tasks, earlier=earlier):
-        if repeat.kind == "near_duplicate" and slots[repeat.index] not in found:
+        if repeat.kind == "near_duplicate":
             what = (
                 f"an earlier run's task {earlier[-repeat.earlier - 1]!r}" if repeat.earlier < 0
                 else f"slot {slots[repeat.earlier]}'s task"
@@ -211,6 +202,13 @@ async def _near_duplicates(ctx: StageContext, env: Environment, made: dict[int, 
                 f"a near-duplicate (similarity {repeat.similarity}) of {what} (docs/scenarios.md §11): "
                 f"{tasks[repeat.index]}"
             )
+    outcomes: dict[tuple[str, str], int] = {}  # the same change to the same state is the same task, however worded
+    for position, (slot, result) in enumerate(kept.items()):
+        changes = result[0].verification.gold_state_changes
+        key = (json.dumps(result[0].initial_state, sort_keys=True), json.dumps(changes, sort_keys=True))
+        if changes and key in outcomes and slot not in found:
+            found[slot] = f"the same state change on the same initial state as slot {outcomes[key]}: {tasks[position]}"
+        outcomes.setdefault(key, slot)
     return found
 
 

@@ -254,5 +254,8 @@ def test_asking_for_the_kind_of_value_names_it():
     assert asked("new date", "Which day should we move it to?")
     assert asked("extra months", "How long would you like to keep it?")
     assert asked("payment amount", "How much would you like to pay?")
+    # teacher-13: offering the open dates to choose from asks for the date
+    assert asked("date", "The centre has two open slots: Tuesday, 18 February at 16:00 and 4 March. Which one?")
+    assert asked("date", "Open slots: 2025-02-18 16:00 and 2025-03-04 09:00. Which would you like?")
     assert not asked("new date", "How much would you like to pay?")
     assert not asked("extra months", "Which day should we move it to?")

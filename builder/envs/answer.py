@@ -139,9 +139,13 @@ def names(answer: str, missing: str) -> bool:
         return False
     said = {_singular(word) for word in words(answer)}
     cues = next((kind for kind in ASKED_AS if _singular(head) in kind), {_singular(head)})
+    if cues is ASKED_AS[0] and (said & _CALENDAR or _ISO_IN_TEXT.search(answer)):
+        return True  # dates offered to choose from ("18 February or 4 March: which one?") ask for the date
     return bool(said & cues) or any(phrase in fold(answer) for phrase in cues if " " in phrase)
 
 
+_CALENDAR = frozenset(MONTHS) | {"monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"}
+_ISO_IN_TEXT = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 # The words that ask for a value of one kind: the head word of a missing value's name in one of these sets is
 # named by any of them ("which day" asks for "the new date", "how long" for "extra months").
 ASKED_AS = (

@@ -28,6 +28,7 @@ from typing import Any
 from tqdm import tqdm
 
 from builder.config import BuildConfig
+from builder.cpu import process_tree_cpu_s
 from builder.errors import ItemError, OperatorError, RunError
 from builder.limits import DETAIL_CHARS
 from builder.llm.accounting import estimate_gpu_hours
@@ -118,7 +119,7 @@ async def run_stages(
                 stats = all_stats.setdefault(stage.name, StageStats(stage.name))
                 stats.report = stage.report.model_validate(stats.report.model_dump(by_alias=True))
                 ctx = resources.context(config, digest, folder.root, stats, earlier_sources(stages, index))
-                started = time.monotonic()
+                started, started_cpu = time.monotonic(), process_tree_cpu_s()
                 try:
                     if isinstance(stage, ItemStage):
                         await _run_item_stage(stage, inputs, ctx, folder, items or local_items)
@@ -127,6 +128,7 @@ async def run_stages(
                     await asyncio.to_thread(_persist, stage, folder, config)
                 finally:
                     stats.wall_s += time.monotonic() - started
+                    stats.cpu_s += process_tree_cpu_s() - started_cpu
                     # The managed server's own prefix-cache counters beside builder's figure (`LazyModel`).
                     for model in (ctx.llm, ctx.rl_agent):
                         if (read := getattr(model, "read_server_counters", None)) is not None:

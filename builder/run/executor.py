@@ -166,20 +166,37 @@ def _run_totals(all_stats: dict[str, StageStats], config: BuildConfig, digest: s
 async def local_items(
     stage: ItemStage, pending: list[Record], ctx: StageContext
 ) -> AsyncIterator[tuple[str, Sequence[Record]]]:
-    """The `ItemRunner` of this process: the inputs concurrently (at most the stage's concurrency at once), each
-    yielded with its results as it finishes."""
-    semaphore = asyncio.Semaphore(max(1, stage.concurrency(ctx.config)))
+    """The `ItemRunner` of this process: the inputs concurrently (at most the stage's concurrency at once, started
+    in order), each yielded with its results as it finishes. Only the inputs in flight have a task: a finished
+    task is let go once its results are handed on, so a stage holds what is in flight, not every output it has made
+    (a task list of all inputs kept every result until the stage ended: ~1 MB per environment at 500)."""
+    waiting = iter(pending)
+    running: set[asyncio.Task[tuple[str, Sequence[Record]]]] = set()
 
     async def one(item: Record) -> tuple[str, Sequence[Record]]:
-        async with semaphore:
-            return item.id, await call_item(stage, item, ctx)
+        return item.id, await call_item(stage, item, ctx)
 
-    tasks = [asyncio.ensure_future(one(item)) for item in pending]
+    def start_next() -> None:
+        item = next(waiting, None)
+        if item is not None:
+            running.add(asyncio.ensure_future(one(item)))
+
     try:
-        for finished in asyncio.as_completed(tasks):
-            yield await finished
+        for _ in range(max(1, stage.concurrency(ctx.config))):
+            start_next()
+        while running:
+            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                running.discard(task)
+                start_next()
+            # Every failure read (none is logged as never retrieved); the first stops the stage.
+            failures = [error for task in finished if (error := task.exception()) is not None]
+            if failures:
+                raise failures[0]
+            for task in finished:
+                yield task.result()
     finally:
-        for task in tasks:
+        for task in running:
             task.cancel()
 
 

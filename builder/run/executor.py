@@ -167,9 +167,9 @@ async def local_items(
     stage: ItemStage, pending: list[Record], ctx: StageContext
 ) -> AsyncIterator[tuple[str, Sequence[Record]]]:
     """The `ItemRunner` of this process: the inputs concurrently (at most the stage's concurrency at once, started
-    in order), each yielded with its results as it finishes. Only the inputs in flight have a task: a finished
-    task is let go once its results are handed on, so a stage holds what is in flight, not every output it has made
-    (a task list of all inputs kept every result until the stage ended: ~1 MB per environment at 500)."""
+    in order), each yielded with its results as it finishes. Only the inputs in flight have a task, and a finished
+    task is let go once its results are handed on: a list of a task per input kept every result until the stage
+    ended (the stage's end reads its whole table anyway, to compact and persist it, so the peak did not move)."""
     waiting = iter(pending)
     running: set[asyncio.Task[tuple[str, Sequence[Record]]]] = set()
 

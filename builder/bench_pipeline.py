@@ -8,6 +8,11 @@ tokens / `DECODE_TOK_S`, times `latency_scale` (default 0.001, so a run takes mi
 hours; the figure is printed). Token counts are the client's estimate (4 characters a token) of these replies,
 which have a capable model's shape but no reasoning, and pass every gate at the first try.
 
+Each stage's cost is given in wall seconds and in CPU seconds of builder and its sandbox workers (`builder.cpu`):
+on a machine other jobs share, wall time stretches with their load and CPU time far less, so the CPU figures are
+the ones to compare between sizes (`--envs 100,1000` runs each size in a process of its own and prints the ratios
+against the first: `compare`).
+
 The projection to an 8-GPU day uses the measured tokens per environment (prompt tokens not a repeated prefix,
 completion tokens) and `GPU_PREFILL_TOK_S` / `GPU_DECODE_TOK_S`, an assumed throughput of one GPU stated with its
 source below; it is arithmetic on those two figures, not a measurement. A second projection does the same

@@ -8,6 +8,11 @@ tokens / `DECODE_TOK_S`, times `latency_scale` (default 0.001, so a run takes mi
 hours; the figure is printed). Token counts are the client's estimate (4 characters a token) of these replies,
 which have a capable model's shape but no reasoning, and pass every gate at the first try.
 
+Each stage's cost is given in wall seconds and in CPU seconds of builder and its sandbox workers (`builder.cpu`):
+on a machine other jobs share, wall time stretches with their load and CPU time far less, so the CPU figures are
+the ones to compare between sizes (`--envs 100,1000` runs each size in a process of its own and prints the ratios
+against the first: `compare`).
+
 The projection to an 8-GPU day uses the measured tokens per environment (prompt tokens not a repeated prefix,
 completion tokens) and `GPU_PREFILL_TOK_S` / `GPU_DECODE_TOK_S`, an assumed throughput of one GPU stated with its
 source below; it is arithmetic on those two figures, not a measurement. A second projection does the same
@@ -28,6 +33,7 @@ from unittest import mock
 
 from builder.bench_teacher import KINDS, PLACES, teacher
 from builder.config import BuildConfig
+from builder.cpu import process_tree_cpu_s
 from builder.errors import RunError
 from builder.llm import ChatRequest, Reply, TokenUsage, text_reply
 from builder.pipeline import run_pipeline
@@ -142,17 +148,20 @@ def bench_pipeline(config: BuildConfig, root: Path, envs: int, *, latency_scale:
 
     model = VLLMLike(latency_scale)
     run_dir = root / "run"
-    started = time.monotonic()
+    started, started_cpu = time.monotonic(), process_tree_cpu_s()
     stats = _run(config, run_dir, model)
-    export_started = time.monotonic()
+    export_started, export_started_cpu = time.monotonic(), process_tree_cpu_s()
     out, manifest = export_after_run(config, run_dir / "stats.json")
-    export_s = time.monotonic() - export_started
-    wall_s = time.monotonic() - started
+    export_s, export_cpu_s = time.monotonic() - export_started, process_tree_cpu_s() - export_started_cpu
+    wall_s, cpu_s = time.monotonic() - started, process_tree_cpu_s() - started_cpu
     kept = stats["evaluate"].kept
     if kept == 0:
         raise RunError("bench pipeline: no environment was accepted; see the run folder's builder.log")
     per_env = {name: round(stage.wall_s / envs, 4) for name, stage in stats.items()}
     per_env["export"] = round(export_s / envs, 4)
+    cpu_per_env = {name: round(stage.cpu_s / envs, 4) for name, stage in stats.items()}
+    cpu_per_env["export"] = round(export_cpu_s / envs, 4)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     slept_s = model.model_s * latency_scale
     usage = [stage.usage for stage in stats.values()]
     prompt_tokens = sum(u.prompt_tokens for u in usage)
@@ -174,10 +183,16 @@ def bench_pipeline(config: BuildConfig, root: Path, envs: int, *, latency_scale:
         # A lower bound: the slept time is summed over requests in flight together.
         "non_model_s_per_env": round((wall_s - slept_s) / envs, 4),
         "stage_s_per_env": per_env,
+        # CPU seconds of builder and its sandbox workers (builder/cpu.py), which other jobs on a shared machine
+        # do not inflate as they do wall time; the scripted model's own work (answering a request) is in it.
+        "cpu_s": round(cpu_s, 2),
+        "cpu_s_per_env": round(cpu_s / envs, 4),
+        "stage_cpu_s_per_env": cpu_per_env,
         "peak_rss_mb": {
-            "builder": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "builder": round(peak_mb, 1),
             "largest_child": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
         },
+        "peak_rss_mb_per_env": round(peak_mb / envs, 3),
         "store_bytes": _size(Path(config.store.path)),
         "release_bytes": _size(out),
         "release_version": manifest["version"],
@@ -214,10 +229,15 @@ def render(figures: dict) -> str:
         f"{figures['trajectories']} trajectories) in {figures['wall_s']:.1f} s; model latency scaled by "
         f"{figures['latency_scale']:g} ({figures['model_s_modeled']:.0f} s modeled, {figures['model_s_slept']:.1f} s "
         "slept)",
-        f"non-model seconds per environment: {figures['non_model_s_per_env']:.3f}",
-        "stage wall seconds per environment:",
-        *(f"  {name:<10} {seconds:8.3f}" for name, seconds in figures["stage_s_per_env"].items()),
-        f"peak memory: builder {rss['builder']:.0f} MB, largest child process {rss['largest_child']:.0f} MB",
+        f"non-model seconds per environment: {figures['non_model_s_per_env']:.3f} wall, "
+        f"{figures['cpu_s_per_env']:.3f} CPU (builder and its sandbox workers)",
+        "stage seconds per environment:      wall       CPU",
+        *(
+            f"  {name:<10} {seconds:>22.3f} {figures['stage_cpu_s_per_env'][name]:9.3f}"
+            for name, seconds in figures["stage_s_per_env"].items()
+        ),
+        f"peak memory: builder {rss['builder']:.0f} MB ({figures['peak_rss_mb_per_env']:.2f} MB per environment), "
+        f"largest child process {rss['largest_child']:.0f} MB",
         f"store {figures['store_bytes'] / 1e6:.2f} MB, release {figures['release_version']} "
         f"{figures['release_bytes'] / 1e6:.2f} MB",
         f"tokens per accepted environment: {tokens['prompt']} prompt ({tokens['prefix_reuse']:.0%} a repeated "
@@ -230,3 +250,51 @@ def render(figures: dict) -> str:
         f"  throughput: {projection['throughput_source']}",
     ]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------- several sizes at once
+
+
+def compare(sizes: list[dict]) -> list[dict]:
+    """Each size's cost per environment against the first's (the baseline): CPU and non-model wall seconds per
+    environment, each stage's CPU, and the peak memory each environment past the baseline's adds."""
+    base = sizes[0]
+    rows = []
+    for figures in sizes[1:]:
+        extra_envs = figures["envs"] - base["envs"]
+        extra_mb = figures["peak_rss_mb"]["builder"] - base["peak_rss_mb"]["builder"]
+        rows.append({
+            "envs": figures["envs"],
+            "baseline_envs": base["envs"],
+            "cpu_s_per_env_ratio": _ratio(figures["cpu_s_per_env"], base["cpu_s_per_env"]),
+            "non_model_s_per_env_ratio": _ratio(figures["non_model_s_per_env"], base["non_model_s_per_env"]),
+            "stage_cpu_ratio": {
+                name: _ratio(seconds, base["stage_cpu_s_per_env"][name])
+                for name, seconds in figures["stage_cpu_s_per_env"].items()
+            },
+            "peak_mb_per_extra_env": round(extra_mb / extra_envs, 3) if extra_envs else None,
+        })  # fmt: skip
+    return rows
+
+
+def _ratio(value: float, base: float) -> float | None:
+    return round(value / base, 3) if base else None
+
+
+def render_sizes(sizes: list[dict], comparisons: list[dict]) -> str:
+    """Every size's figures, then each against the first."""
+    lines = [part for figures in sizes for part in (render(figures), "")]
+    for row in comparisons:
+        lines.append(
+            f"{row['envs']} against {row['baseline_envs']} environments, cost per environment: "
+            f"CPU {_times(row['cpu_s_per_env_ratio'])}, non-model wall {_times(row['non_model_s_per_env_ratio'])}; "
+            f"peak memory {row['peak_mb_per_extra_env']:.2f} MB per extra environment"
+        )
+        lines.append(
+            "  CPU per stage: " + ", ".join(f"{name} {_times(ratio)}" for name, ratio in row["stage_cpu_ratio"].items())
+        )
+    return "\n".join(lines)
+
+
+def _times(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"

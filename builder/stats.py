@@ -72,6 +72,9 @@ class StageStats:
     usage: Usage = Usage()
     llm_latency_s: float = 0.0  # wall time of the requests sent to the server (cache hits take none)
     wall_s: float = 0.0
+    # CPU seconds of the driver process and its children (the sandbox's workers) while the stage ran; the Ray
+    # actors' own are not in it (builder/cpu.py).
+    cpu_s: float = 0.0
     report: Report = field(default_factory=StageReport)  # the stage's own report (its type: `builder.reports`)
     servers: dict[str, ServerStats] = field(default_factory=dict)  # per model server URL (`add_server_call`)
     executor: dict = field(default_factory=dict)  # --executor ray: per-actor throughput, where time went (last try)

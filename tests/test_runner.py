@@ -70,6 +70,9 @@ async def test_stages_write_kept_and_rejected_tables(tmp_path, monkeypatch):
     saved = json.loads((run / "stats.json").read_text())
     assert saved["stages"]["topics"]["dropped"] == {"exception:ValueError": 1, "too_round": 4}
     assert saved["stages"]["topics"]["wall_s"] > 0
+    # CPU seconds of the process while the stage ran (no sandbox here): some, and no more than wall time allows on
+    # this machine's cores.
+    assert 0 < saved["stages"]["topics"]["cpu_s"] <= saved["stages"]["topics"]["wall_s"] * os.cpu_count() + 0.05
     assert saved["stages"]["topics"]["tokens_per_kept"] == 300 / 15  # (10 + 5) tokens x 20 calls over 15 kept
     assert (run / "config.json").exists() and json.loads((run / "run.json").read_text())["config_hash"]
 

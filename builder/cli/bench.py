@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 
 from builder.cli.common import EXIT_OK, add_config_options, config_of
 
@@ -71,7 +73,14 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     )
     add_config_options(pipeline)
     pipeline.add_argument("--json", action="store_true", help="print one JSON object")
-    pipeline.add_argument("--envs", type=_at_least_one, default=10, metavar="N", help="environments (default 10)")
+    pipeline.add_argument(
+        "--envs",
+        type=_sizes,
+        default=[10],
+        metavar="N[,N...]",
+        help="environments (default 10); several sizes, e.g. 100,1000, run one after the other, each in a process of "
+        "its own, and each is compared with the first",
+    )
     pipeline.add_argument(
         "--latency-scale",
         type=float,
@@ -117,18 +126,48 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_pipeline(args: argparse.Namespace) -> int:
+    from builder.bench_pipeline import compare, render_sizes
+
+    if len(args.envs) == 1:
+        return _bench_pipeline_size(args, args.envs[0])
+    # Each size in a fresh process: its peak memory and CPU time are its own, not the sum with the sizes before.
+    sizes = [json.loads(_run_size(args, envs).splitlines()[-1]) for envs in args.envs]
+    comparisons = compare(sizes)
+    print(json.dumps({"sizes": sizes, "compared": comparisons}) if args.json else render_sizes(sizes, comparisons))
+    return EXIT_OK
+
+
+def _run_size(args: argparse.Namespace, envs: int) -> str:
+    """`bench pipeline --envs <envs> --json` with this invocation's config options, in a process of its own."""
+    command = [sys.executable, "-m", "builder", "bench", "pipeline", "--envs", str(envs), "--json"]
+    command += ["--profile", args.profile] + (["--config", str(args.config)] if args.config else [])
+    command += [part for override in args.overrides for part in ("--set", override)]
+    if args.latency_scale is not None:
+        command += ["--latency-scale", repr(args.latency_scale)]
+    return subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True).stdout
+
+
+def _bench_pipeline_size(args: argparse.Namespace, envs: int) -> int:
     from builder.bench_pipeline import LATENCY_SCALE, bench_overrides, bench_pipeline, render, write_seeds
     from builder.cli.run import log_to_file
 
-    root = config_of(args).run.runs_root / f"bench-pipeline-{args.envs}"
-    write_seeds(root, args.envs)  # a fresh folder: every stage runs, nothing resumed
+    root = config_of(args).run.runs_root / f"bench-pipeline-{envs}"
+    write_seeds(root, envs)  # a fresh folder: every stage runs, nothing resumed
     (root / "run").mkdir()
     log_to_file(root / "run" / "builder.log")  # as `run` logs: part of what the pipeline costs
-    args.overrides[:0] = bench_overrides(root, args.envs)  # the user's own --set come after, and win
+    args.overrides[:0] = bench_overrides(root, envs)  # the user's own --set come after, and win
     scale = LATENCY_SCALE if args.latency_scale is None else args.latency_scale
-    figures = bench_pipeline(config_of(args), root, args.envs, latency_scale=scale)
+    figures = bench_pipeline(config_of(args), root, envs, latency_scale=scale)
     print(json.dumps(figures) if args.json else render(figures))
     return EXIT_OK
+
+
+def _sizes(text: str) -> list[int]:
+    """`N` or `N,M,...`: each at least 1."""
+    try:
+        return [_at_least_one(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or N,M,... (whole numbers), got {text!r}") from None
 
 
 def _at_least_one(text: str) -> int:

@@ -15,7 +15,9 @@ import json
 from builder.llm.base import ChatRequest
 
 BLOCK_CHARS = 64  # about vLLM's 16-token block
-MAX_BLOCKS = 4_000_000  # blocks remembered at most (~200 MB); past it new prefixes are measured but not kept
+# Blocks remembered at most (~400 MB: ~100 B a block, its int and set slot); past it new prefixes are measured but
+# not kept.
+MAX_BLOCKS = 4_000_000
 
 
 class PrefixIndex:

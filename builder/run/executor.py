@@ -28,6 +28,7 @@ from typing import Any
 from tqdm import tqdm
 
 from builder.config import BuildConfig
+from builder.cpu import process_tree_cpu_s
 from builder.errors import ItemError, OperatorError, RunError
 from builder.limits import DETAIL_CHARS
 from builder.llm.accounting import estimate_gpu_hours
@@ -118,7 +119,7 @@ async def run_stages(
                 stats = all_stats.setdefault(stage.name, StageStats(stage.name))
                 stats.report = stage.report.model_validate(stats.report.model_dump(by_alias=True))
                 ctx = resources.context(config, digest, folder.root, stats, earlier_sources(stages, index))
-                started = time.monotonic()
+                started, started_cpu = time.monotonic(), process_tree_cpu_s()
                 try:
                     if isinstance(stage, ItemStage):
                         await _run_item_stage(stage, inputs, ctx, folder, items or local_items)
@@ -127,6 +128,7 @@ async def run_stages(
                     await asyncio.to_thread(_persist, stage, folder, config)
                 finally:
                     stats.wall_s += time.monotonic() - started
+                    stats.cpu_s += process_tree_cpu_s() - started_cpu
                     # The managed server's own prefix-cache counters beside builder's figure (`LazyModel`).
                     for model in (ctx.llm, ctx.rl_agent):
                         if (read := getattr(model, "read_server_counters", None)) is not None:
@@ -164,20 +166,37 @@ def _run_totals(all_stats: dict[str, StageStats], config: BuildConfig, digest: s
 async def local_items(
     stage: ItemStage, pending: list[Record], ctx: StageContext
 ) -> AsyncIterator[tuple[str, Sequence[Record]]]:
-    """The `ItemRunner` of this process: the inputs concurrently (at most the stage's concurrency at once), each
-    yielded with its results as it finishes."""
-    semaphore = asyncio.Semaphore(max(1, stage.concurrency(ctx.config)))
+    """The `ItemRunner` of this process: the inputs concurrently (at most the stage's concurrency at once, started
+    in order), each yielded with its results as it finishes. Only the inputs in flight have a task, and a finished
+    task is let go once its results are handed on: a list of a task per input kept every result until the stage
+    ended (the stage's end reads its whole table anyway, to compact and persist it, so the peak did not move)."""
+    waiting = iter(pending)
+    running: set[asyncio.Task[tuple[str, Sequence[Record]]]] = set()
 
     async def one(item: Record) -> tuple[str, Sequence[Record]]:
-        async with semaphore:
-            return item.id, await call_item(stage, item, ctx)
+        return item.id, await call_item(stage, item, ctx)
 
-    tasks = [asyncio.ensure_future(one(item)) for item in pending]
+    def start_next() -> None:
+        item = next(waiting, None)
+        if item is not None:
+            running.add(asyncio.ensure_future(one(item)))
+
     try:
-        for finished in asyncio.as_completed(tasks):
-            yield await finished
+        for _ in range(max(1, stage.concurrency(ctx.config))):
+            start_next()
+        while running:
+            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                running.discard(task)
+                start_next()
+            # Every failure read (none is logged as never retrieved); the first stops the stage.
+            failures = [error for task in finished if (error := task.exception()) is not None]
+            if failures:
+                raise failures[0]
+            for task in finished:
+                yield task.result()
     finally:
-        for task in tasks:
+        for task in running:
             task.cancel()
 
 

@@ -249,8 +249,7 @@ def export_counts(frames: dict[str, pl.DataFrame], tables: dict[str, dict[str, p
             dropped["environment_in_rl_split"] += 1
         elif not row["solved"]:
             dropped["unsolved"] += 1
-    kept = tables["sft"]["train"].height
-    # solved train rows select left out (too short or too long for SFT: `select.sft_min_turns`, ...)
+    kept = tables["sft"]["train"].height  # the rest are solved train rows select left out (too short, too long)
     dropped["not_selected"] = max(0, trajectories.height - kept - sum(dropped.values()))
     return {
         "environments": {

@@ -259,3 +259,4 @@ def test_asking_for_the_kind_of_value_names_it():
     assert asked("date", "Open slots: 2025-02-18 16:00 and 2025-03-04 09:00. Which would you like?")
     assert not asked("new date", "How much would you like to pay?")
     assert not asked("extra months", "Which day should we move it to?")
+    assert not asked("date", "You may want to check back later.")  # "may" is no month here

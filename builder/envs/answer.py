@@ -144,7 +144,8 @@ def names(answer: str, missing: str) -> bool:
     return bool(said & cues) or any(phrase in fold(answer) for phrase in cues if " " in phrase)
 
 
-_CALENDAR = frozenset(MONTHS) | {"monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"}
+# Month and weekday names that mark a date in an answer ("may" is left out: "you may ...").
+_CALENDAR = frozenset(MONTHS) - {"may"} | {"monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"}
 _ISO_IN_TEXT = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 # The words that ask for a value of one kind: the head word of a missing value's name in one of these sets is
 # named by any of them ("which day" asks for "the new date", "how long" for "extra months").

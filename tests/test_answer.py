@@ -11,7 +11,15 @@ import pytest
 
 from builder.cli import main
 from builder.config import SandboxConfig
-from builder.envs.answer import AnswerCheck, agent_answer, answer_check, natural_answer, states, tool_text
+from builder.envs.answer import (
+    AnswerCheck,
+    agent_answer,
+    answer_check,
+    claims_success,
+    natural_answer,
+    states,
+    tool_text,
+)
 from builder.envs.audit import audit_reward
 from builder.envs.checks import checks_from_scenario, published_reward
 from builder.envs.schema import inspect_source
@@ -260,3 +268,17 @@ def test_asking_for_the_kind_of_value_names_it():
     assert not asked("new date", "How much would you like to pay?")
     assert not asked("extra months", "Which day should we move it to?")
     assert not asked("date", "You may want to check back later.")  # "may" is no month here
+
+
+def test_an_answer_that_must_decline_or_ask_must_not_claim_success():
+    # teacher-13's review: no calls and "Done! I have updated the email" named the missing value and earned 1.0
+    email = answer_check({"answer_facts": ["new email"], "family": "missing_info", "mode": "non_conversational"})
+    assert not email.grade("Done! I have updated the email on your guest profile.", seen="")[0]
+    assert email.grade("Which address should I switch it to? Nothing has been changed yet.", seen="")[0]
+    infeasible = answer_check({"answer_facts": ["2008-03-01"], "family": "infeasible", "mode": "non_conversational"})
+    read = '{"birth_date": "2008-03-01"}'
+    assert not infeasible.grade("You are booked for Feb 18 at 4pm. I can't send a reminder though.", read)[0]
+    assert infeasible.grade("Sorry, you are not eligible yet: donors must be 17. I haven't booked anything.", read)[0]
+    assert infeasible.grade("That class is full, so I haven't changed your booking.", read)[0]  # a full class
+    assert not claims_success("No changes have been made and nothing has been updated.")
+    assert claims_success("All set: your city has been updated to Melbourne.")

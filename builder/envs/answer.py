@@ -22,7 +22,8 @@ infeasible scenario's answer (and a policy_trap scenario's non-conversational on
 (`declines`: "cannot", "unable", "unfortunately", ...), after reading what makes the request impossible: its
 facts must be in what the tools returned, though the answer need not repeat them ("it has already started" is a
 good reason without the start date). So an answer that claims success while the state is unchanged, or a
-refusal made without looking, earns nothing. A whole number of 100 or more is also stated as a currency amount
+refusal made without looking, earns nothing; nor does one that must decline or name a missing value but
+claims success (`claims_success`). A whole number of 100 or more is also stated as a currency amount
 of its hundredth ("$706.00" states 70600, the cents a tool returned). `answer_check(row)` reads these rules off a
 scenario (its `answer_facts`, `family` and `mode`), the same way on every path.
 
@@ -81,8 +82,18 @@ def states(answer: str, fact: str) -> bool:
 DECLINE_CUES = (
     "cannot", "can't", "can not", "couldn't", "could not", "unable", "not able", "not possible", "isn't possible",
     "impossible", "not allowed", "isn't allowed", "not permitted", "won't be able", "unfortunately", "sorry",
-    "i'm afraid", "no longer", "was not", "wasn't", "did not", "didn't",
+    "i'm afraid", "no longer", "was not", "wasn't", "did not", "didn't", "is full", "fully booked", "not eligible",
+    "isn't eligible", "ineligible", "already started", "too early", "too late",
 )  # fmt: skip
+# What claims the request was carried out: an answer that must decline or ask must not say it (a decline cue
+# beside "you're booked" does not make a claim of success a refusal).
+SUCCESS_CUES = (
+    "all set", "all done", "successfully", "you're booked", "you are booked", "you're all booked", "i've booked",
+    "i have booked", "has been updated", "have been updated", "i've updated", "i have updated", "has been changed",
+    "have been changed", "i've changed", "i have changed", "i've cancelled", "i have cancelled", "done!",
+)  # fmt: skip
+_NEGATORS = frozenset({"nothing", "not", "no", "never", "haven't", "hasn't", "wasn't", "isn't", "couldn't", "can't",
+                       "cannot", "won't", "didn't", "without"})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -109,6 +120,8 @@ class AnswerCheck:
             missing = [f for f in self.facts if not said(answer, f) or (self.grounded and not states(seen, f))]
         if self.declines and not declines(answer):
             missing.append("a decline (the request cannot be done)")
+        if (self.declines or self.named) and claims_success(answer):
+            missing.append("no claim of success (nothing was to be done)")
         return not missing, tuple(missing)
 
 
@@ -155,17 +168,29 @@ ASKED_AS = (
     frozenset({"month", "week", "night", "duration", "length", "period", "how long"}),
     frozenset({"amount", "price", "payment", "sum", "cost", "fee", "how much"}),
     frozenset({"quantity", "number", "count", "unit", "how many"}),
+    frozenset({"email", "mail", "address"}),
 )
 
 
 def _singular(word: str) -> str:
-    return word[:-1] if word.endswith("s") and len(word) > 3 else word
+    return word[:-1] if word.endswith("s") and not word.endswith("ss") and len(word) > 3 else word  # not "address"
 
 
 def declines(answer: str) -> bool:
     """Whether the answer says the request cannot be done (one of `DECLINE_CUES`)."""
     text = fold(answer).replace("\u2019", "'")
     return any(re.search(rf"(?<![a-z]){re.escape(cue)}(?![a-z])", text) for cue in DECLINE_CUES)
+
+
+def claims_success(answer: str) -> bool:
+    """Whether the answer says the request was carried out (one of `SUCCESS_CUES`)."""
+    text = fold(answer).replace("\u2019", "'")
+    for cue in SUCCESS_CUES:
+        for match in re.finditer(rf"(?<![a-z]){re.escape(cue)}(?![a-z])", text):
+            before = re.findall(r"[a-z']+", text[: match.start()])[-3:]
+            if not _NEGATORS.intersection(before):  # "nothing has been changed" claims nothing
+                return True
+    return False
 
 
 def tool_text(messages: Iterable[Mapping[str, Any]]) -> str:

@@ -335,3 +335,16 @@ def test_a_write_that_takes_back_an_earlier_step_is_found():
     # moving on (a status that was never the initial one) or a first change is no undoing
     completed = {"slots": {"S1": {"booked": True}}, "appointments": {"A1": {"slot": "S1", "status": "completed"}}}
     assert undone(initial, booked, completed) == [] and undone(initial, initial, booked) == []
+
+
+def test_a_chain_naming_two_people_acts_for_two_users():
+    from builder.stages.scenarios.anchors import people_named, world_of
+
+    world = world_of({
+        "donors": {"D-1": {"donor_id": "D-1", "name": "Tomasz"}, "D-2": {"donor_id": "D-2", "name": "Lucas"}},
+        "time_slots": {"S-1": {"slot_id": "S-1", "center": "Leeds"}},
+        "accounts": {"A-1": {"owner": "D-1"}, "A-2": {"owner": "D-1"}},
+    })  # fmt: skip
+    assert people_named(world, ["D-1", "S-1"]) == {("donors", "D-1")}
+    assert len(people_named(world, ["D-1", "D-2", "S-1"])) == 2  # a donor booking for his nephew
+    assert people_named(world, ["A-1", "A-2"]) == set()  # one user's two accounts

@@ -44,6 +44,17 @@ PEOPLE = (
     "person",
     "people",
     "account",
+    "donor",
+    "visitor",
+    "attendee",
+    "participant",
+    "resident",
+    "applicant",
+    "borrower",
+    "renter",
+    "buyer",
+    "driver",
+    "rider",
 )
 
 
@@ -136,6 +147,13 @@ def user_facing(world: World, collection: str) -> int:
     keys = sum(any(k in field.casefold() for k in USER_KEYS) for field in records[0])
     people = any(word in collection.casefold() for word in PEOPLE)
     return keys + (3 if keys and people else 0)
+
+
+def people_named(world: World, values: list[Any]) -> set[Ref]:
+    """The records of collections of people (`PEOPLE`: patients, donors, guests) that `values` name by key: a
+    chain naming two acts for two people, which no one user asks (a donor booking for his nephew)."""
+    persons = [word for word in PEOPLE if word != "account"]  # one user moves money between their own accounts
+    return {ref for value in values for ref in world.owner(value) if any(w in ref[0].casefold() for w in persons)}
 
 
 def collection_of(world: World, parameter: str, schema: dict[str, Any]) -> str | None:

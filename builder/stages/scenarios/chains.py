@@ -29,6 +29,7 @@ from builder.stages.scenarios.anchors import (
     date_values,
     described_choices,
     is_date,
+    people_named,
     world_of,
 )
 from builder.stages.scenarios.anchors import (
@@ -161,10 +162,11 @@ class _Sampler(Planning, StepRules):
         calls, facts = self._reported(calls, before)
         if len(calls) < self.min_calls:
             return None, "too_short"
-        if allowed is not None and not all(
-            coherent_value(self.world, value, allowed) for call in calls for value in leaves(call.arguments)
-        ):
+        named = [value for call in calls for value in leaves(call.arguments)]
+        if allowed is not None and not all(coherent_value(self.world, value, allowed) for value in named):
             return None, "incoherent"
+        if len(people_named(self.world, named)) > 1:
+            return None, "incoherent"  # two people's records: one user does not act for another
         if run_actions(sandbox, code, self.initial, [Action(name=c.name, arguments=c.arguments) for c in calls],
                        now=self.now, seed=env_seed, contract=contract)[1] != before:  # fmt: skip
             return None, "nondeterministic"

@@ -55,12 +55,12 @@ GPU_SOURCE = (
     "https://www.morphllm.com/vllm-benchmarks), prefill 25,000 tok/s (FLOP estimate, 40% of H100 bf16 peak)"
 )
 GPUS, DAY_S = 8, 86_400
-# The same projection at a capable model's tokens: run teacher-4 (docs/capable-model-runs.md, gpu profile, 4
-# environments: 3,181,623 prompt and 163,436 completion tokens, 16 scenarios), with the 65% of prompt text a
-# repeated prefix measured over a capable-model run's 380 requests (issue 29). The scripted replies here carry no
+# The same projection at a capable model's tokens: run teacher-13 (docs/capable-model-runs.md, the gpu profile at
+# N = 100, 2 environments: 1,930,020 prompt and 102,298 completion tokens, 32 scenario rows), with the 86% of its
+# prompt text that repeated a prefix (builder's own figure for that run). The scripted replies here carry no
 # reasoning and the scripted scenarios pass their gates at once, so the bench's own tokens are far fewer.
-CAPABLE_RUN = {"prompt": 795_406, "completion": 40_859, "prefix_reuse": 0.65, "scenarios": 4.0}
-CAPABLE_SOURCE = "run teacher-4, docs/capable-model-runs.md (tokens, scenarios); issue 29 (prefix reuse)"
+CAPABLE_RUN = {"prompt": 965_010, "completion": 51_149, "prefix_reuse": 0.863, "scenarios": 16.0}
+CAPABLE_SOURCE = "run teacher-13, docs/capable-model-runs.md (tokens, scenarios, prefix reuse)"
 
 
 # ------------------------------------------------------------------------------------------------ the seeds

@@ -16,6 +16,7 @@ from builder.envs.answer import (
     agent_answer,
     answer_check,
     claims_success,
+    declines,
     natural_answer,
     states,
     tool_text,
@@ -281,4 +282,5 @@ def test_an_answer_that_must_decline_or_ask_must_not_claim_success():
     assert infeasible.grade("Sorry, you are not eligible yet: donors must be 17. I haven't booked anything.", read)[0]
     assert infeasible.grade("That class is full, so I haven't changed your booking.", read)[0]  # a full class
     assert not claims_success("No changes have been made and nothing has been updated.")
+    assert declines("Unfortunately that slot is gone.") and claims_success("All set.")  # a cue opening the answer
     assert claims_success("All set: your city has been updated to Melbourne.")

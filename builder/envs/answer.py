@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
@@ -113,10 +113,10 @@ class AnswerCheck:
         """(passed, what is missing: unstated or unread facts, "a decline"); passed is None when it asks nothing."""
         if not self:
             return None, ()
-        said = names if self.named else states
         if self.declines:  # a decline must rest on what the agent read; it need not repeat the values
             missing = [f for f in self.facts if not states(seen, f)]
         else:
+            said = names if self.named else states
             missing = [f for f in self.facts if not said(answer, f) or (self.grounded and not states(seen, f))]
         if self.declines and not declines(answer):
             missing.append("a decline (the request cannot be done)")
@@ -143,8 +143,9 @@ def answer_check(scenario: Mapping[str, Any] | Any) -> AnswerCheck:
 
 
 def names(answer: str, missing: str) -> bool:
-    """Whether the answer names a missing value: its whole name (`states`) or the name's head word, its last word
-    of three letters or more, singular or plural ("date" of "new end date", "months" of "extra months")."""
+    """Whether the answer names a missing value: its whole name (`states`), the name's head word (its last word of
+    three letters or more, singular or plural: "date" of "new end date"), a word asking for that kind of value
+    (`ASKED_AS`: "which day", "how long"), or for a date, dates offered to choose from."""
     if states(answer, missing):
         return True
     head = next((word for word in reversed(words(missing)) if len(word) >= 3 and not word.isdigit()), None)
@@ -178,19 +179,24 @@ def _singular(word: str) -> str:
 
 def declines(answer: str) -> bool:
     """Whether the answer says the request cannot be done (one of `DECLINE_CUES`)."""
-    text = fold(answer).replace("\u2019", "'")
-    return any(re.search(rf"(?<![a-z]){re.escape(cue)}(?![a-z])", text) for cue in DECLINE_CUES)
+    return next(_cues(answer, DECLINE_CUES), None) is not None  # a cue may open the answer: "" before it
 
 
 def claims_success(answer: str) -> bool:
-    """Whether the answer says the request was carried out (one of `SUCCESS_CUES`)."""
+    """Whether the answer says the request was carried out (one of `SUCCESS_CUES`, not after a negation:
+    "nothing has been changed" claims nothing)."""
+    return any(
+        not _NEGATORS.intersection(re.findall(r"[a-z']+", before)[-3:]) for before in _cues(answer, SUCCESS_CUES)
+    )
+
+
+def _cues(answer: str, cues: Iterable[str]) -> Iterator[str]:
+    """For each place the answer (folded, curly apostrophes straightened) says one of `cues` as whole words, the
+    text before it."""
     text = fold(answer).replace("\u2019", "'")
-    for cue in SUCCESS_CUES:
+    for cue in cues:
         for match in re.finditer(rf"(?<![a-z]){re.escape(cue)}(?![a-z])", text):
-            before = re.findall(r"[a-z']+", text[: match.start()])[-3:]
-            if not _NEGATORS.intersection(before):  # "nothing has been changed" claims nothing
-                return True
-    return False
+            yield text[: match.start()]
 
 
 def tool_text(messages: Iterable[Mapping[str, Any]]) -> str:

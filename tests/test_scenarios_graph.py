@@ -148,8 +148,9 @@ def test_created_values_and_leaks():
     assert created_values(chain.model_copy(update={"calls": (picked,)}), "2024-06-01T09:00:00") == ["L4"]
     # ... also when the system stores it with seconds; and a snake_case key of a result is a kind, not a value
     stored = chain.model_copy(update={"calls": (picked.model_copy(update={"result": {
-        "loan_id": "L4", "due": "2024-06-15T10:00:00", "time_slot": {"start": "2024-06-15T10:00:00"}}}),)})  # fmt: skip
-    assert created_values(stored, "2024-06-01T09:00:00") == ["L4"]
+        "loan_id": "L4", "due": "2024-06-15T10:00:00", "time_slot": {"start": "2024-06-15T10:00:00"},
+        "pickup_code": "desk_code_7q"}}),)})  # fmt: skip
+    assert created_values(stored, "2024-06-01T09:00:00") == ["L4", "desk_code_7q"]  # a generated code is no key
     fed = picked.model_copy(update={"sources": {"book_id": "state", "due": "result 1 due"}})
     assert created_values(chain.model_copy(update={"calls": (fed,)}), "2024-06-01T09:00:00") == ["2024-06-15", "L4"]
     said = UserRequest(task="Lend me b1, loan l4 please", user_profile="", known_up_front="",

@@ -56,6 +56,7 @@ PEOPLE = (
     "driver",
     "rider",
 )
+PERSONS = tuple(word for word in PEOPLE if word != "account")  # one user moves money between their own accounts
 
 
 @dataclass
@@ -152,8 +153,7 @@ def user_facing(world: World, collection: str) -> int:
 def people_named(world: World, values: list[Any]) -> set[Ref]:
     """The records of collections of people (`PEOPLE`: patients, donors, guests) that `values` name by key: a
     chain naming two acts for two people, which no one user asks (a donor booking for his nephew)."""
-    persons = [word for word in PEOPLE if word != "account"]  # one user moves money between their own accounts
-    return {ref for value in values for ref in world.owner(value) if any(w in ref[0].casefold() for w in persons)}
+    return {ref for value in values for ref in world.owner(value) if any(w in ref[0].casefold() for w in PERSONS)}
 
 
 def collection_of(world: World, parameter: str, schema: dict[str, Any]) -> str | None:

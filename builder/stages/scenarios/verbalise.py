@@ -96,10 +96,10 @@ def created_values(chain: Chain, now: str) -> list[str]:
         for value in _values(argument)
     }
     given |= {value[:10] for value in given if _ISO_DAY.match(value)}
-    given |= {spelling for value in given if _ISO_MINUTE.fullmatch(value) for spelling in (value, value + ":00")}
+    given |= {value + ":00" for value in given if _ISO_MINUTE.fullmatch(value)}
     given |= {value[:16] for value in given if _ISO_SECOND.fullmatch(value)}  # the user's time as the system stores it
     known = before | given | {now, now[:10]} | set().union(*map(_field_names, states_and_results))
-    return sorted(value for value in after - known if _ID_LIKE.match(value) and not _NAME_OF_A_FIELD.match(value))
+    return sorted(value for value in after - known if _ID_LIKE.match(value) and not _NAME_OF_A_FIELD.fullmatch(value))
 
 
 def leaks(request: UserRequest, created: Sequence[str], tool_names: Sequence[str]) -> list[str]:

@@ -6,6 +6,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from builder.bench_teacher import TEST_STATE, TESTER_ARGS
 from builder.config import SandboxConfig, load_config
 from builder.envs.graph import extract_graph
 from builder.envs.lint import Problem
@@ -504,22 +505,9 @@ def test_method_source_includes_called_helpers_and_attributes():
 # ------------------------------------------------------------------------------------- the whole synthesis chain
 
 SYNTHESIS = Path(__file__).parent / "fixtures" / "synthesis"
-LIBRARY_STATE = {
-    "books": {
-        "b1": {"book_id": "b1", "title": "Dune", "copies": 2},
-        "b2": {"book_id": "b2", "title": "Emma", "copies": 0},
-    },
-    "members": {"m1": {"member_id": "m1", "name": "Sam Vimes", "max_loans": 2}},
-    "loans": {"L1": {"loan_id": "L1", "member_id": "m1", "book_id": "b1", "due": "2024-06-01", "returned": False}},
-}
-LIBRARY_ARGS = {
-    "get_book": {"book_id": "b1"},
-    "list_member_loans": {"member_id": "m1", "open_only": True},
-    "borrow_book": {"member_id": "m1", "book_id": "b1", "due": "2024-07-01"},
-    "return_book": {"loan_id": "L1"},
-    "find_books": {"title": "dune"},
-    "find_members": {"name": "Vimes"},
-}
+# The library desk's test state and positive tester arguments: the packaged scripted teacher's (one copy).
+LIBRARY_STATE = TEST_STATE
+LIBRARY_ARGS = TESTER_ARGS["positive"]
 
 
 async def test_topic_to_accepted_environment_through_plan_code_and_evaluate(tmp_path, sandbox):

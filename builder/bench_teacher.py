@@ -128,7 +128,7 @@ def teacher(request: ChatRequest) -> Reply | str:
         if schema not in STRUCTURED:
             raise RunError(f"bench pipeline: the scripted model has no answer to {schema!r}")
         return json.dumps(STRUCTURED[schema](request))
-    system = _text(request, 0)
+    system = request_text(request, 0)
     if system in (prompt("code_state"), prompt("code_method")):
         return _code_piece(request)
     if STOP in system:
@@ -136,17 +136,17 @@ def teacher(request: ChatRequest) -> Reply | str:
     raise RunError(f"bench pipeline: the scripted model has no answer to {request.messages[-1].content!r:.200}")
 
 
-def _text(request: ChatRequest, index: int = 1) -> str:
+def request_text(request: ChatRequest, index: int = 1) -> str:
     return request.messages[index].content or ""
 
 
-def _asking(request: ChatRequest, pattern: re.Pattern[str]) -> str:
+def asking(request: ChatRequest, pattern: re.Pattern[str]) -> str:
     asking = [m.content for m in request.messages if m.role == "user" and m.content and pattern.search(m.content)]
     return asking[-1] if asking else ""
 
 
 def _topic(request: ChatRequest) -> dict[str, Any]:
-    desk = int(DESK.search(_text(request)).group(1))
+    desk = int(DESK.search(request_text(request)).group(1))
     place, kind = PLACES[desk % len(PLACES)], KINDS[desk // len(PLACES) % len(KINDS)]
     return {
         "name": f"Desk {desk} {place.title()} {kind.title()} Loans",
@@ -160,26 +160,29 @@ def _topic(request: ChatRequest) -> dict[str, Any]:
 
 
 def _state_draft(request: ChatRequest) -> dict[str, Any]:
-    topic = re.search(r"^Environment: (\w+)", _text(request), re.MULTILINE).group(1)
+    topic = re.search(r"^Environment: (\w+)", request_text(request), re.MULTILINE).group(1)
     return {**FIXTURE["state_draft"], "class_name": "".join(word.capitalize() for word in topic.split("_")) + "Env"}
 
 
 def _tester(request: ChatRequest) -> dict[str, Any]:
-    slots = SLOT.findall(_asking(request, SLOT))
+    slots = SLOT.findall(asking(request, SLOT))
     return {"calls": [{"call": int(n), "tool": t, "arguments": TESTER_ARGS[case.lower()][t]} for n, t, case in slots]}
 
 
 def _verdicts(request: ChatRequest) -> dict[str, Any]:
-    return {"verdicts": [{"call": int(n), **VERDICT} for n in CALL.findall(_asking(request, CALL))]}
+    return {"verdicts": [{"call": int(n), **VERDICT} for n in CALL.findall(asking(request, CALL))]}
 
 
-def _task(request: ChatRequest) -> dict[str, Any]:
-    name = re.search(r"^# Environment (\S+)", _text(request), re.MULTILINE).group(1)
+def task_reply(request: ChatRequest) -> dict[str, Any]:
+    # A user of each environment's own: two environments' simulators never send the very same request, so neither's
+    # rollouts replay the other's replies from the cache (which rollout then paid for them, by the ledger rule of
+    # `records.Usage`, would depend on which asked first).
+    name = re.search(r"^# Environment (\S+)", request_text(request), re.MULTILINE).group(1)
     return {**TASK, "user_profile": f"{TASK['user_profile']} Borrows at the {name} desk."}
 
 
-def _checks(request: ChatRequest) -> dict[str, Any]:
-    section = _text(request).rsplit("## Checklist (", 1)[1].split("\n", 1)[1]
+def checks_reply(request: ChatRequest) -> dict[str, Any]:
+    section = request_text(request).rsplit("## Checklist (", 1)[1].split("\n", 1)[1]
     return {"checks": [CHECKS[line.split(". ", 1)[1]] for line in section.splitlines()]}
 
 
@@ -195,14 +198,14 @@ STRUCTURED = {
     "CheckerVerdict": lambda request: VERDICT,
     "ProbeDraft": lambda request: PROBES,
     "InitialState": lambda request: {"now": "2024-03-14T10:30:00", "state": SCENARIO_STATE},
-    "TaskDraft": _task,
-    "CheckCodes": _checks,
+    "TaskDraft": task_reply,
+    "CheckCodes": checks_reply,
     "GoldSolution": lambda request: {"actions": GOLD},
 }  # fmt: skip
 
 
 def _code_piece(request: ChatRequest) -> str:
-    text = _text(request)
+    text = request_text(request)
     method = re.search(r"^Write the method (\w+),", text, re.MULTILINE)
     if method:
         return FIXTURE["code"][method.group(1)]

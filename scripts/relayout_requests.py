@@ -12,6 +12,8 @@ the class's order, the user simulator's rules first. The environments' code is r
 
 `--whole`: the checker shows the whole source (the run's `evaluate.calls` was at least twice its tools);
 `--split-batches`: measure the requests of one call and of five calls apart (teacher-10 ran both at once).
+`--source-first`: only the tester and checker requests laid out as main at c6df74f (teacher-12e, -13), the
+checkers re-laid out with the test state shown once (the changes since rebuilt from the earlier batches).
 Only tester and checker requests are kept with `--split-batches`. Tokens are characters / 4. The text surgery
 follows the layouts of main at cc34cf4; requests laid out otherwise are measured as sent.
 """
@@ -52,6 +54,8 @@ def env_of(rec):
 
 def checker(msgs, whole):
     user = msgs[1]["content"]
+    if "Its source (the module docstring" in user:
+        return checker_state_once(msgs)
     name = re.match(r"Environment `(\w+)`", user).group(1)
     if name not in BY_CLASS:
         print("no code for", name, file=sys.stderr)
@@ -68,10 +72,48 @@ def checker(msgs, whole):
 
 
 FIRSTS = {}
+STATES = {}  # (class name, clock) -> the text of a test state as first set up, from its tester requests
+SINCE = defaultdict(dict)  # (class name, clock) -> path -> the change the checker's earlier batches showed last
+CALL_STATES = re.compile(
+    r"State before \(attributes the method uses\):\n.*?\n\nArguments(.*?)\n\nState after:\n.*?\n\nChanges", re.S
+)
+
+
+def checker_state_once(msgs):
+    """A source-first checker request (main at c6df74f) as the state-once layout builds it: the state as first
+    set up after the clock, the changes the earlier batches on that state showed (latest per path) and each call
+    without its states before and after. The changes since are rebuilt from the checker's own earlier requests."""
+    user = msgs[1]["content"]
+    name = re.match(r"Environment `(\w+)`", user).group(1)
+    head, rest = user.split("\n\nNow: ", 1)
+    now, rest = rest.split("\n\n", 1)
+    key = (name, now)
+    calls = rest.split("\n\n## Call ")[1:]
+    changed = changes_text(list(SINCE[key].values()), 12_000)
+    shown = (
+        f"State as first set up (JSON):\n{STATES.get(key, '')}\n\nChanged since by the calls on this state "
+        f"(path: value before call 1):\n{changed or '- nothing yet'}"
+    )
+    for call in calls:
+        found = re.search(r"\n\nChanges: (\[.*\])(?:\nNote|$)", call, re.S)
+        for change in json.loads(found.group(1)) if found else []:
+            SINCE[key][change["path"]] = change
+    bodies = [CALL_STATES.sub(lambda m: "Arguments" + m.group(1).replace("\n\n", "\n") + "\nChanges", c) for c in calls]
+    sentence = (
+        f"{len(calls)} call(s) ran in this order, call 1 on the state above, each later one on the state the one "
+        f"before it left. Give one verdict per call, with its number."
+    )
+    user = f"{head}\n\nNow: {now}\n\n{shown}\n\n{sentence}\n\n## Call " + "\n\n## Call ".join(bodies)
+    return [{"role": "system", "content": prompt("evaluate_checker")}, {"role": "user", "content": user}]
 
 
 def tester(msgs, run):
     user = msgs[1]["content"]
+    if "State as first set up (JSON):" in user:  # laid out as this checkout does: keep its state for the checker
+        name = re.match(r"Environment `(\w+)`", user).group(1)
+        now = re.search(r"\nNow: (.*?)\n\n", user).group(1)
+        STATES[(name, now)] = re.search(r"State as first set up \(JSON\):\n(.*?)\n\nChanged since", user, re.S).group(1)
+        return msgs
     m = re.search(r"Current state \(JSON\):\n(.*?)\n\nRecent calls", user, re.S)
     text = m.group(1)
     key = (run, re.search(r"Test state (\d+)", user).group(1))
@@ -201,11 +243,18 @@ def main() -> None:
     parser.add_argument("code", help="glob of the runs' code.parquet files (the environments' source)")
     parser.add_argument("--whole", action="store_true")
     parser.add_argument("--split-batches", action="store_true")
+    parser.add_argument("--source-first", action="store_true")
     options = parser.parse_args()
     for path in glob.glob(options.code):
         for _, rec in pd.read_parquet(path).iterrows():
             BY_CLASS[rec["class_name"]], BY_NAME[rec["name"]] = rec, rec
     requests = load(options.folder)
+    if options.source_first:  # only the evaluate requests laid out as main at c6df74f, re-laid with the state once
+        requests = [
+            r for r in requests
+            if "Its source (the module docstring" in r["messages"][-1]["content"]
+            or "State as first set up (JSON):" in r["messages"][-1]["content"]
+        ]  # fmt: skip
     if not options.split_batches:
         show(measure(requests, options.whole, "x", False), measure(requests, options.whole, "x", True))
         return

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from builder.config import EvaluateConfig
 from builder.envs.schema import inspect_source
-from builder.envs.session import ToolResult
+from builder.envs.session import ToolResult, diff_states
 from builder.llm import ChatRequest
 from builder.llm.prefix import PrefixIndex, prompt_text
 from builder.prompts import prompt
@@ -60,14 +60,14 @@ def text(messages) -> str:
     return prompt_text(ChatRequest(messages=tuple(messages)))
 
 
-def ran(number: int, tool: str, arguments: dict, result: dict, after: dict, case: str) -> Ran:
-    changes = [{"path": "transfers", "before": [], "after": after["transfers"]}] if after != STATE else []
+def ran(number: int, tool: str, arguments: dict, result: dict, after: dict, case: str, before=STATE) -> Ran:
+    changes = diff_states(before, after)
     call = {"tool": tool, "arguments": arguments, "case": case}
-    return Ran(number, call, ToolResult(name=tool, ok=True, result=result), STATE, after, changes)
+    return Ran(number, call, ToolResult(name=tool, ok=True, result=result), before, after, changes)
 
 
-def checker_prompt(batch: list[Ran], now: str = NOW, budget=BUDGET, whole: bool = True) -> str:
-    return text(AGENTS.checker_messages(_batch_facts(bank(), batch, budget, now, whole)))
+def checker_prompt(batch: list[Ran], now: str = NOW, budget=BUDGET, whole: bool = True, first=STATE) -> str:
+    return text(AGENTS.checker_messages(_batch_facts(bank(), batch, first, budget, now, whole)))
 
 
 MOVE = {"source": "acc-7", "target": "acc-8", "amount": 100}
@@ -88,6 +88,45 @@ def test_checker_requests_of_one_environment_share_its_whole_source_whatever_the
     assert len(start) > 0.6 * min(len(first), len(second))
     # The calls themselves follow it, each without a source of its own.
     assert "Method source" not in second and second.count("Tool under test") == 2
+
+
+def test_checker_batches_on_one_state_share_the_state_as_first_set_up_and_show_only_what_changed_after_it():
+    """Batch 1 and batch 2 on one test state: one start up to the state as first set up; batch 2 sees what batch 1
+    changed (`- path: value before call 1`) and each call's arguments, result and exact changes, no state of its
+    own (teacher-12e: the states before and after each call were 60% and 25% of a request's new text)."""
+    first = checker_prompt([TRANSFER])
+    frozen = {**AFTER, "accounts": {**AFTER["accounts"], "acc-8": {**AFTER["accounts"]["acc-8"], "frozen": True}}}
+    later = [ran(1, "get_account", {"account_id": "acc-404"}, {"success": False}, AFTER, "negative", before=AFTER),
+             ran(2, "freeze_account", {"account_id": "acc-8"}, {"success": True}, frozen, "positive", before=AFTER)]
+    second = checker_prompt(later)
+    start = shared_start(first, second)
+    assert start.endswith("Changed since by the calls on this state (path: value before call 1):\n- ")
+    assert '"daily_limit":40000' in start and '"transfers":[]' in start  # the state as first set up, once
+    assert "- nothing yet" in first and '- transfers: [{"source":"acc-7","target":"acc-8","amount":100}]' in second
+    assert second.count('"daily_limit":40000') == 1 and "State before" not in second and "State after" not in second
+    assert 'Changes: [{"path":"accounts.acc-8.frozen","before":false,"after":true}]' in second
+    assert "Changes: none: the state did not change" in second
+    assert len(start) > 0.85 * len(second)
+
+
+def test_checker_is_told_of_a_change_between_two_calls_it_does_not_judge():
+    """A call that broke at runtime between two judged ones is not shown, but what it changed is, so the state
+    each judged call began on still follows from the text."""
+    frozen = {**STATE, "accounts": {**STATE["accounts"], "acc-7": {**STATE["accounts"]["acc-7"], "frozen": True}}}
+    batch = [TRANSFER, ran(2, "get_account", {"account_id": "acc-7"}, {"success": True}, frozen, "positive",
+                           before=frozen)]  # fmt: skip
+    shown = checker_prompt(batch)
+    note = 'Before it, a call not shown here changed: [{"path":"accounts.acc-7.frozen","before":false,"after":true}'
+    assert shown.count("Before it, a call not shown here changed") == 1
+    assert shown.index("## Call 2") < shown.index(note) < shown.index("`get_account`")
+
+
+def test_checker_sees_the_state_before_its_calls_once_the_changes_are_longer():
+    big = {**STATE, "transfers": [{"source": "acc-7", "target": "acc-8", "amount": n} for n in range(60)]}
+    batch = [ran(1, "get_account", {"account_id": "acc-7"}, {"success": True}, big, "positive", before=big)]
+    shown = checker_prompt(batch, budget=prompt_budgets(1500)[0])
+    assert "State before call 1 (JSON):" in shown and "State as first set up" not in shown
+    assert '"amount":0' in shown
 
 
 def test_checker_shows_only_the_called_sources_when_few_calls_or_a_smaller_prompt():
@@ -125,7 +164,7 @@ def test_tester_sees_the_current_state_once_the_changes_are_longer():
     """Changes that outgrow the state as the budget shows it (cut to whole records) give way to that state."""
     big = {**STATE, "transfers": [{"source": "acc-7", "target": "acc-8", "amount": n} for n in range(60)]}
     shown = round_prompt(StateRun(quota=10), big, [("transfer", "positive")], 1, budget=prompt_budgets(1500)[0])
-    assert "Current state (JSON):" in shown and "State as first set up" not in shown
+    assert "State now (JSON):" in shown and "State as first set up" not in shown
     assert '"amount":0' in shown and "more transfers not shown" in shown
 
 

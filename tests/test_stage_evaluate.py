@@ -854,7 +854,7 @@ async def test_a_large_state_reaches_the_tester_cut_at_record_boundaries_with_a_
     assert note.startswith(f"… {hidden} more payments not shown: ids p{81 - hidden}, p{82 - hidden},")
     assert len(json.dumps(shown, separators=(",", ":"))) + len(note) < 1500
     checker = next(r for r in model.requests if kind(r) == "checker")
-    before, notes = shown_state(checker.messages[1].content, "State before (attributes the method uses):\n")
+    before, notes = shown_state(checker.messages[1].content, "State as first set up (JSON):\n")
     assert 0 < len(before["payments"]) < 80 and notes[0].startswith("… ")
 
 

@@ -235,7 +235,7 @@ class StateWorker:
             try:
                 whole = shows_whole_source(self.config.calls, len(self.interface.tools))
                 verdicts = await shrinking(self.ctx, "evaluate_checker", self.budgets, partial(_check, self.agents,
-                                           self.env, ran, now=self.state.now, whole=whole))  # fmt: skip
+                                           self.env, ran, self.first, now=self.state.now, whole=whole))  # fmt: skip
             except InvalidReply as invalid:
                 failure = invalid
         unjudged: list[Ran] = []
@@ -292,10 +292,12 @@ async def _propose(
 
 
 async def _check(
-    agents: Agents, env: Environment, ran: list[Ran], budget: PromptBudget, *, now: str, whole: bool
+    agents: Agents, env: Environment, ran: list[Ran], first: dict[str, Any], budget: PromptBudget, *, now: str,
+    whole: bool,
 ) -> dict:  # fmt: skip
-    """The checker's verdicts by call number (the first for each number of the batch; others are ignored)."""
-    facts = _batch_facts(env, ran, budget, now, whole)
+    """The checker's verdicts by call number (the first for each number of the batch; others are ignored);
+    `first`: the state as first set up in the session, which the checker sees before the batch's calls."""
+    facts = _batch_facts(env, ran, first, budget, now, whole)
     numbers = {item.number for item in ran}
 
     async def judges_a_call(reply: CheckerVerdicts) -> str | None:

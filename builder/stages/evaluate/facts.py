@@ -13,8 +13,8 @@ from builder.records import Environment
 from builder.stages.evaluate.agents import CaseType, slot_text
 from builder.stages.evaluate.sequential import Decision
 from builder.views.budget import PromptBudget
-from builder.views.code import attributes_used, class_header, environment_text, method_source, now_text
-from builder.views.state import clip_json, state_text, state_view
+from builder.views.code import class_header, environment_text, method_source, now_text
+from builder.views.state import clip_json, state_text
 
 CASE_TEXT = {
     "positive": "a POSITIVE case (input a correct implementation accepts)",
@@ -72,19 +72,26 @@ def _tester_facts(
     # tester should learn what was wrong (`feedback`). A checker's failure is not the tester's business.
     note = f"\n\nYour previous reply was partly unusable: {feedback}" if feedback else ""
     asked = "\n".join(slot_text(number, slot) for number, slot in enumerate(slots, 1))
-    changed = changes_text(diff_states(first, current), budget.state_chars)
-    now_state = state_text(current, budget)
-    shown = (
-        f"Current state (JSON):\n{now_state}" if len(changed) > len(now_state) else
-        f"State as first set up (JSON):\n{state_text(first, budget)}\n\n"
-        f"Changed since by the calls on this state (path: value now):\n{changed or '- nothing yet'}"
-    )  # fmt: skip
     return (
         f"Test state {state.index + 1}, as first set up: {state.purpose}\n"
         f"Now: {now_text(state.now)}.\n\n"
-        f"{shown}\n\n"
+        f"{state_since(first, current, budget, 'now')}\n\n"
         f"Recent calls on this state:\n{history}\n\n"
         f"Calls {done + 1} to {done + len(slots)} of {run.quota} on this state, to run in this order:\n{asked}{note}"
+    )
+
+
+def state_since(first: dict[str, Any], current: dict[str, Any], budget: PromptBudget, moment: str) -> str:
+    """The state as first set up (the same text in every request about this test state, so a model server's
+    prefix cache reuses it), then what the calls since changed (`- path: value <moment>`). Once the changes take
+    more text than the state at `moment`, that state is shown instead."""
+    changed = changes_text(diff_states(first, current), budget.state_chars)
+    at_moment = state_text(current, budget)
+    if len(changed) > len(at_moment):
+        return f"State {moment} (JSON):\n{at_moment}"
+    return (
+        f"State as first set up (JSON):\n{state_text(first, budget)}\n\n"
+        f"Changed since by the calls on this state (path: value {moment}):\n{changed or '- nothing yet'}"
     )
 
 
@@ -96,24 +103,30 @@ def changes_text(changes: list[dict[str, Any]], limit: int) -> str:
     )
 
 
-def _batch_facts(env: Environment, ran: list[Ran], budget: PromptBudget, now: str, whole: bool = True) -> str:
-    """The environment's whole source first (every checker request of the environment starts with it, so a model
-    server's prefix cache computes it once: the rules, the state definition, every method and helper), then the
-    test state's clock, then each call of the batch: the state before (the attributes the method uses), the case,
-    arguments, result, state after and the changes. A state view identical to one an earlier call of the batch
-    showed is named, not repeated (`views`: its text -> where it was shown).
+def _batch_facts(
+    env: Environment, ran: list[Ran], first: dict[str, Any], budget: PromptBudget, now: str, whole: bool = True
+) -> str:  # fmt: skip
+    """What the checker judges a batch on, laid out for the prefix cache: the environment's whole source (every
+    checker request of the environment starts with it: the rules, the state definition, every method and helper),
+    the test state's clock and the state as first set up (every request about that test state repeats them), then
+    what varies: the changes of the earlier calls on the state, and each call of the batch with its case,
+    arguments, result and exact changes. The state each call began on is that state plus the changes before it,
+    as the tester reads it too; a state shown before every call would be most of the request and new each time.
 
     Without `whole` (`shows_whole_source`), or built smaller (a prompt too long for the context, `budget.level`
     > 0), the source is cut to what the batch needs: the description and rules, the state definition and the
     source of each tool called."""
-    views: dict[str, str] = {}
-    calls = "\n\n".join(f"## Call {item.number}\n\n{_call_facts(env, item, budget, views)}" for item in ran)
+    calls = "\n\n".join(
+        f"## Call {item.number}\n\n{_call_facts(item, previous, budget)}"
+        for previous, item in zip([None, *ran], ran, strict=False)
+    )
     called = list(dict.fromkeys(item.call["tool"] for item in ran))
     return (
         f"{environment_source(env) if whole and budget.level == 0 else _called_source(env, called)}\n\n"
         f"Now: {now_text(now)}.\n\n"
-        f"{len(ran)} call(s) ran in this order, each on the state the one before it left. Give one verdict per "
-        f"call, with its number.\n\n{calls}"
+        f"{state_since(first, ran[0].before, budget, 'before call 1')}\n\n"
+        f"{len(ran)} call(s) ran in this order, call 1 on the state above, each later one on the state the one "
+        f"before it left. Give one verdict per call, with its number.\n\n{calls}"
     )
 
 
@@ -148,27 +161,23 @@ def _checker_facts(
     env: Environment, call: dict[str, Any], result: ToolResult, before: dict[str, Any], after: dict[str, Any],
     changes: list[dict[str, Any]], budget: PromptBudget, now: str, whole: bool = True,
 ) -> str:  # fmt: skip
-    """The facts of one call on its own, as a batch of one (the rule probes' confirmations ask about one call)."""
-    return _batch_facts(env, [Ran(1, call, result, before, after, changes)], budget, now, whole)
+    """The facts of one call on a fresh session of a test state (`before`), as a batch of one: the rule probes'
+    confirmations, whose start is the same as the batches' on that state."""
+    return _batch_facts(env, [Ran(1, call, result, before, after, changes)], before, budget, now, whole)
 
 
-def _call_facts(env: Environment, item: Ran, budget: PromptBudget, views: dict[str, str]) -> str:
+def _call_facts(item: Ran, previous: Ran | None, budget: PromptBudget) -> str:
     limit = budget.state_chars
-    name, changes = item.call["tool"], item.changes
-    used = attributes_used(env.code, name)
-    before = state_text(state_view(item.before, used), budget)
-    after = state_text(state_view(item.after, used), budget) if changes else "(identical to the state before)"
-    before_shown = f"identical to the {views[before]}" if before in views else before
-    views.setdefault(before, f"state before call {item.number}")
-    if changes:
-        views.setdefault(after, f"state after call {item.number}")
+    changes = item.changes
+    # A call that broke at runtime between two judged ones (not shown; it is judged without the checker) may
+    # have changed the state the next one began on.
+    between = diff_states(previous.after, item.before) if previous is not None else []
+    gap = f"Before it, a call not shown here changed: {clip_json(between, limit)}\n\n" if between else ""
     return (
-        f"Tool under test: `{name}`, {CASE_TEXT[item.call['case']]}.\n\n"
-        f"State before (attributes the method uses):\n{before_shown}\n\n"
+        f"{gap}Tool under test: `{item.call['tool']}`, {CASE_TEXT[item.call['case']]}.\n"
         f"Arguments: {json.dumps(item.call['arguments'], ensure_ascii=False)}\n"
-        f"Result: {clip_json(item.result.result, limit)}\n\n"
-        f"State after:\n{after}"
-        f"\n\nChanges: {clip_json(changes, limit) if changes else 'none: the state did not change'}"
+        f"Result: {clip_json(item.result.result, limit)}\n"
+        f"Changes: {clip_json(changes, limit) if changes else 'none: the state did not change'}"
         f"{_outcome_note(item.result, changes)}"
     )
 

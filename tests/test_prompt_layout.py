@@ -157,6 +157,7 @@ def test_tester_rounds_on_one_state_share_the_state_as_first_set_up_and_see_the_
     assert '"acc-8"' in start and '"transfers":[]' in start
     assert "- nothing yet" in first and '- transfers: [{"source":"acc-7"' in second
     assert "1. `freeze_account` with a NEGATIVE case" in second and "`transfer` with a" not in start
+    assert "of 10 on this state, numbered 1 to 1 here, to run" in second  # the slots' numbers (teacher-14)
     assert len(start) > 0.85 * min(len(first), len(second))
 
 

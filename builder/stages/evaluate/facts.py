@@ -77,7 +77,8 @@ def _tester_facts(
         f"Now: {now_text(state.now)}.\n\n"
         f"{state_since(first, current, budget, 'now')}\n\n"
         f"Recent calls on this state:\n{history}\n\n"
-        f"Calls {done + 1} to {done + len(slots)} of {run.quota} on this state, to run in this order:\n{asked}{note}"
+        f"Calls {done + 1} to {done + len(slots)} of {run.quota} on this state, numbered 1 to {len(slots)} here, to "
+        f"run in this order:\n{asked}{note}"
     )
 
 

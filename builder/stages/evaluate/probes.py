@@ -131,8 +131,10 @@ def probe_messages(
         for s in states
     )
     numbered = "\n".join(f"{n}. {rule}" for n, rule in enumerate(rules, 1))
+    # The rules come from the docstring's "Rules:" part; shown once, numbered as the probes cite them.
+    about = environment_text(env.description, env.code).partition("Rules:")[0].strip()
     user = (
-        f"Environment `{env.class_name}`: {environment_text(env.description, env.code)}\n\n"
+        f"Environment `{env.class_name}`: {about}\n\n"
         f"Rules:\n{numbered}\n\nTools (JSON schemas):\n{json.dumps(tools, ensure_ascii=False)}\n\n{shown}\n\n"
         f"Write the probes for rules 1 to {len(rules)}, and the valid calls."
     )

@@ -37,7 +37,7 @@ from builder.stats import StageStats
 from builder.store import Store
 from builder.tables import from_frame, from_row, to_row
 from builder.usage import Usage
-from builder.views.code import attributes_used, class_header, method_source
+from builder.views.code import class_header, method_source
 from builder.views.state import clip_json, state_output_type, state_text
 from tests.fixtures.ledger import attempt
 from tests.fixtures.run_tables import pipeline_stage
@@ -487,7 +487,7 @@ def test_state_schema_prefers_the_declared_one_and_infers_the_rest():
         shape.model_validate({"purpose": "p", "state": {**default, "books": {"b1": {"title": "x", "copies": "2"}}}})
 
 
-def test_method_source_includes_called_helpers_and_attributes():
+def test_method_source_includes_called_helpers():
     code = (
         "class X:\n    def __init__(self):\n        self.items = {}\n        self.limit = 3\n\n"
         "    def add(self, key: str) -> dict:\n        '''Add.\n\n        Args:\n            key: k.\n        '''\n"
@@ -497,7 +497,6 @@ def test_method_source_includes_called_helpers_and_attributes():
     )
     source = method_source(code, "add")
     assert source.startswith("def add(self, key: str)") and "def _full(self)" in source
-    assert attributes_used(code, "add") == ["items", "limit"]
     assert class_header(code).endswith("self.limit = 3")
     assert clip_json({"a": "x" * 50}, 20).endswith("(38 more characters cut)")
 

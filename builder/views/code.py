@@ -85,18 +85,6 @@ def _called_helpers(method: ast.FunctionDef) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def attributes_used(code: str, name: str) -> list[str]:
-    """Instance attributes (`self.x`) that method `name` and the helpers it calls read or write."""
-    methods = _methods(_env_class(code))
-    used = [
-        node.attr
-        for method in method_nodes(code, name)
-        for node in ast.walk(method)
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
-    ]
-    return list(dict.fromkeys(attr for attr in used if attr not in methods))
-
-
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else f"{text[:limit]} … ({len(text) - limit} more characters cut)"
 

@@ -103,12 +103,6 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def state_view(state: dict[str, Any], attributes: list[str]) -> dict[str, Any]:
-    """The part of `state` a method uses (all of it when the method names no attribute the state has)."""
-    view = {key: state[key] for key in attributes if key in state}
-    return view or state
-
-
 def _scalars(value: Any) -> Iterable[str]:
     """The strings and integers inside `value`, as text: what a call can name (ids, keys, counts)."""
     return (str(leaf) for leaf in leaves(value) if isinstance(leaf, str | int) and not isinstance(leaf, bool))

@@ -27,6 +27,7 @@ from builder.cli import main as builder_main
 from builder.llm import ChatRequest, ScriptedModel
 from builder.llm.prefix import PrefixIndex, prompt_text
 from builder.prompts import prompt
+from builder.stages.evaluate.agents import VERDICTS_PART
 from tests.fixtures.teacher import SEEDS, teacher
 
 PROMPTS = sorted(path.stem for path in Path(prompts_package.__file__).parent.glob("*.md"))
@@ -34,8 +35,11 @@ PROMPTS = sorted(path.stem for path in Path(prompts_package.__file__).parent.glo
 
 def request_kind(request: ChatRequest) -> str:
     """The prompt file whose opening line the request carries (the longest such opening wins), else "other"; a
-    scenario writer's request (it carries both parts' prompts) by the part it asks for."""
+    scenario writer's, test-state writer's or checker's request (each carries two parts' prompts) by the part it
+    asks for."""
     text = "\n".join(message.content or "" for message in request.messages)
+    if prompt("evaluate_roles") in text:
+        return "evaluate_checker" if VERDICTS_PART in text else "evaluate_state"
     if prompt("scenario_writer") in text:
         return "scenario_gold" if "## Write\nThe part `solution`" in text else "scenario_task"
     found = [name for name in PROMPTS if prompt(name).split("\n", 1)[0] in text]

@@ -34,9 +34,10 @@ from builder.envs.snapshots import diff_states
 from builder.llm import ChatRequest
 from builder.llm.prefix import PrefixIndex, prompt_text
 from builder.prompts import prompt
-from builder.stages.evaluate.facts import _called_source, changes_text, environment_source
+from builder.stages.evaluate.agents import STATE_PART, VERDICTS_PART, evaluate_system
+from builder.stages.evaluate.facts import _called_source, changes_text
 from builder.stages.scenarios.writers import writer_system
-from builder.views.code import method_source
+from builder.views.code import environment_source, method_source
 from scripts.prefix_reuse import request_kind
 
 BY_CLASS: dict = {}
@@ -66,8 +67,8 @@ def checker(msgs, whole):
     rest = SOURCE.sub("", rest)
     head = environment_source(env) if whole else _called_source(env, called)
     return [
-        {"role": "system", "content": prompt("evaluate_checker")},
-        {"role": "user", "content": head + "\n\nNow: " + rest},
+        {"role": "system", "content": evaluate_system()},
+        {"role": "user", "content": f"{head}\n\n{VERDICTS_PART}\n\nNow: {rest}"},
     ]
 
 
@@ -103,8 +104,23 @@ def checker_state_once(msgs):
         f"{len(calls)} call(s) ran in this order, call 1 on the state above, each later one on the state the one "
         f"before it left. Give one verdict per call, with its number."
     )
-    user = f"{head}\n\nNow: {now}\n\n{shown}\n\n{sentence}\n\n## Call " + "\n\n## Call ".join(bodies)
-    return [{"role": "system", "content": prompt("evaluate_checker")}, {"role": "user", "content": user}]
+    user = f"{head}\n\n{VERDICTS_PART}\n\nNow: {now}\n\n{shown}\n\n{sentence}\n\n## Call " + "\n\n## Call ".join(bodies)
+    return [{"role": "system", "content": evaluate_system()}, {"role": "user", "content": user}]
+
+
+def state_writer(msgs, whole):
+    """A test-state request as this checkout lays it out: the checker's start (both parts' instructions and the
+    environment's whole source), then the part and the shape example (when `whole`)."""
+    user = msgs[1]["content"]
+    name = re.match(r"Environment `(\w+)`", user).group(1)
+    if not whole or name not in BY_CLASS or STATE_PART in user:
+        return msgs
+    tail = user[user.index("The state its constructor builds") :]
+    head = environment_source(env_of(BY_CLASS[name]))
+    return [
+        {"role": "system", "content": evaluate_system()},
+        {"role": "user", "content": f"{head}\n\n{STATE_PART}\n\n{tail}"},
+    ]
 
 
 def tester(msgs, run):
@@ -186,6 +202,8 @@ def relaid(r, kind, whole, run):
         return checker(msgs, whole)
     if n == "TesterCalls":
         return tester(msgs, run)
+    if n == "TestState":
+        return state_writer(msgs, whole)
     if n == "GoldSolution":
         return writer(msgs, "solution")
     if n.endswith("Draft") and "You write a task" in msgs[0]["content"]:
@@ -249,12 +267,10 @@ def main() -> None:
         for _, rec in pd.read_parquet(path).iterrows():
             BY_CLASS[rec["class_name"]], BY_NAME[rec["name"]] = rec, rec
     requests = load(options.folder)
-    if options.source_first:  # only the evaluate requests laid out as main at c6df74f, re-laid with the state once
-        requests = [
-            r for r in requests
-            if "Its source (the module docstring" in r["messages"][-1]["content"]
-            or "State as first set up (JSON):" in r["messages"][-1]["content"]
-        ]  # fmt: skip
+    if options.source_first:  # only the evaluate runs laid out as main at c6df74f, re-laid as this checkout does
+        requests = [r for r in requests if "Its source (the module docstring" in r["messages"][-1]["content"]
+                    or "State as first set up (JSON):" in r["messages"][-1]["content"]
+                    or schema(r) == "TestState" and "Focus: " in r["messages"][-1]["content"]]  # fmt: skip
     if not options.split_batches:
         show(measure(requests, options.whole, "x", False), measure(requests, options.whole, "x", True))
         return

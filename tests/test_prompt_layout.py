@@ -20,10 +20,10 @@ from builder.records import Environment
 from builder.stages.evaluate.agents import Agents
 from builder.stages.evaluate.exercise import StateRun, _tester_facts
 from builder.stages.evaluate.exercise import TestState as StateUnderTest
-from builder.stages.evaluate.facts import Ran, _batch_facts, shows_whole_source
+from builder.stages.evaluate.facts import Ran, _batch_facts, shares_start, shows_whole_source
 from builder.stages.scenarios.writers import writer_messages
 from builder.views.budget import prompt_budgets
-from builder.views.code import writer_sources
+from builder.views.code import class_header, writer_sources
 
 BANK = (Path(__file__).parent / "fixtures" / "envs" / "bank.py").read_text()
 STATE = {
@@ -67,7 +67,8 @@ def ran(number: int, tool: str, arguments: dict, result: dict, after: dict, case
 
 
 def checker_prompt(batch: list[Ran], now: str = NOW, budget=BUDGET, whole: bool = True, first=STATE) -> str:
-    return text(AGENTS.checker_messages(_batch_facts(bank(), batch, first, budget, now, whole)))
+    facts = _batch_facts(bank(), batch, first, budget, now, whole)
+    return text(AGENTS.checker_messages(facts, shares_start(budget, whole)))
 
 
 MOVE = {"source": "acc-7", "target": "acc-8", "amount": 100}
@@ -81,7 +82,7 @@ def test_checker_requests_of_one_environment_share_its_whole_source_whatever_the
     the instructions and the environment's whole source (every method, the one under test or not)."""
     first, second = checker_prompt([TRANSFER]), checker_prompt([LOOKUP, FREEZE], now="2025-04-01T08:00:00")
     start = shared_start(first, second)
-    assert "```\n\nNow: 2025-0" in start and start.count("Now: ") == 1  # the dates differ from the month on
+    assert "```\n\n## Part\n`verdicts`\n\nNow: 2025-0" in start and start.count("Now: ") == 1  # dates differ by month
     assert all(f"def {name}(self" in start for name in ("transfer", "get_account", "freeze_account", "list_accounts"))
     assert "overdraft rule" in start and "def __init__(self" in start  # the docstring, the state definition
     assert "Tool under test" not in start and "State before" not in start
@@ -129,6 +130,26 @@ def test_checker_sees_the_state_before_its_calls_once_the_changes_are_longer():
     assert '"amount":0' in shown
 
 
+def state_prompt(index: int, whole: bool = True, budget=BUDGET) -> str:
+    env = bank()
+    return text(AGENTS.state_messages(env, class_header(env.code), STATE, index, budget, whole))
+
+
+def test_a_test_state_request_and_the_checker_requests_of_an_environment_share_its_instructions_and_source():
+    """The test-state writer's request comes first for an environment; the checker's then find the environment's
+    source already computed (one system message for both parts, then the source, then `## Part`)."""
+    state, checker = state_prompt(0), checker_prompt([TRANSFER])
+    start = shared_start(state, checker)
+    assert start.endswith("```\n\n## Part\n`") and "def list_accounts(self" in start
+    assert "# The part `test state`" in start and "# The part `verdicts`" in start
+    assert len(start) > 0.7 * len(state)
+    assert shared_start(state_prompt(0), state_prompt(1)).endswith("Write test state ")  # they differ from there
+    # With few calls (the checker shows the called tools only) or built smaller, the state definition instead.
+    for narrow in (state_prompt(0, whole=False), state_prompt(0, budget=SMALLER)):
+        assert "State definition:" in narrow and "def list_accounts(self" not in narrow
+        assert "# The part `verdicts`" not in narrow and "## Part" not in narrow  # its own instructions only
+
+
 def test_checker_shows_only_the_called_sources_when_few_calls_or_a_smaller_prompt():
     # Every tool called at least twice: the whole source once costs a caching server less than each batch's own.
     assert shows_whole_source(calls=100, tools=4) and shows_whole_source(38, 19)
@@ -137,6 +158,7 @@ def test_checker_shows_only_the_called_sources_when_few_calls_or_a_smaller_promp
         assert "def get_account(self" in few and "def freeze_account(self" in few
         assert "def transfer(self" not in few and "def list_accounts(self" not in few
         assert few.index("def freeze_account(self") < few.index("Now: ") < few.index("Tool under test")
+        assert "# The part `test state`" not in few and "## Part" not in few
 
 
 def round_prompt(run: StateRun, current: dict, slots, done: int, budget=BUDGET) -> str:

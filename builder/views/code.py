@@ -34,6 +34,16 @@ def environment_text(env_description: str, code: str) -> str:
     return ast.get_docstring(parse(code)) or env_description
 
 
+def environment_source(env: Environment) -> str:
+    """The environment as the evaluate stage's test-state writer and checker start every request with it (the
+    prefix a model server's cache computes once per environment): its description and its whole source."""
+    return (
+        f"Environment `{env.class_name}` ({env.domain}): {env.description}\n\n"
+        f"Its source (the module docstring states the rules, `__init__` the state, each tool is the method of its "
+        f"name):\n```python\n{env.code.strip()}\n```"
+    )
+
+
 def policy_text(code: str) -> str:
     """The environment's policy in plain language: the numbered rules of the module docstring (the code stage
     writes the plan's rules there under "Rules:"); "" when the module states none."""

@@ -71,6 +71,7 @@ from builder.stages.evaluate.exercise import (
     _all,
     exercise_all,
 )
+from builder.stages.evaluate.facts import shows_whole_source
 from builder.stages.evaluate.gates import passing_gates
 from builder.stages.evaluate.probes import enforce_rules
 from builder.views.budget import PromptBudget, prompt_budgets
@@ -79,7 +80,7 @@ from builder.views.state import state_output_type
 
 logger = logging.getLogger(__name__)
 
-PROMPTS = ("evaluate_state", "evaluate_tester", "evaluate_checker", "evaluate_probe")
+PROMPTS = ("evaluate_state", "evaluate_tester", "evaluate_checker", "evaluate_probe", "evaluate_roles")
 
 
 async def evaluate(
@@ -162,6 +163,7 @@ async def make_test_states(
         generated_state_schema(env.state_schema, default_state), "TestState", purpose=True, default_now=DEFAULT_NOW
     )
     header = class_header(env.code)
+    whole = shows_whole_source(config.calls, len(interface.tools))  # as the checker's requests: one shared start
 
     async def loads(draft: Any) -> str | None:
         state = draft.values()
@@ -172,7 +174,7 @@ async def make_test_states(
 
     async def one(index: int) -> TestState | InvalidReply:
         def ask(budget: PromptBudget) -> Awaitable[Any]:
-            messages = agents.state_messages(env, header, default_state, index, budget)
+            messages = agents.state_messages(env, header, default_state, index, budget, whole)
             return agents.ask_json(messages, output_type, "state", sample_index=index, accept=loads)
 
         try:

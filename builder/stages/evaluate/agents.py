@@ -24,10 +24,13 @@ from builder.prompts import prompt
 from builder.records import ChatMessage, Environment, Sampling
 from builder.usage import Usage
 from builder.views.budget import PromptBudget
-from builder.views.code import environment_text
+from builder.views.code import environment_source, environment_text
 from builder.views.state import state_text
 
 T = TypeVar("T", bound=BaseModel)
+# Where a test-state writer's or a checker's request leaves the start they share (`evaluate_system`, the source).
+STATE_PART = "## Part\n`test state`"
+VERDICTS_PART = "## Part\n`verdicts`"
 MAX_BATCH = 20  # the most calls one tester or checker request may carry (evaluate.calls_per_request's bound)
 CaseType = Literal["positive", "negative"]
 
@@ -163,18 +166,29 @@ class Agents:
     # ------------------------------------------------------------------------------------------ test states
 
     def state_messages(
-        self, env: Environment, header: str, default_state: dict[str, Any], index: int, budget: PromptBudget
-    ) -> list[ChatMessage]:
-        """The request of test state `index`; the shape example is cut to `budget` at record boundaries."""
+        self, env: Environment, header: str, default_state: dict[str, Any], index: int, budget: PromptBudget,
+        whole: bool,
+    ) -> list[ChatMessage]:  # fmt: skip
+        """The request of test state `index`; the shape example is cut to `budget` at record boundaries.
+
+        With `whole` (the checker's requests start with the whole source, `facts.shows_whole_source`) and at full
+        size, it starts as they do: the instructions of both, then the environment's source, which the writer
+        reads for what each tool needs of the state; else with the rules and the state definition."""
         focus = STATE_FOCUS[index % len(STATE_FOCUS)]
-        user = (
+        shared = whole and budget.level == 0
+        about = (
+            f"{environment_source(env)}\n\n{STATE_PART}" if shared else
             f"Environment `{env.class_name}` ({env.domain}): {environment_text(env.description, env.code)}\n\n"
-            f"State definition:\n```python\n{header}\n```\n\n"
+            f"State definition:\n```python\n{header}\n```"
+        )  # fmt: skip
+        user = (
+            f"{about}\n\n"
             f"The state its constructor builds (shape example only; write new content):\n"
             f"{state_text(default_state, budget)}\n\n"
             f"Write test state {index + 1} of {self.config.test_states}. Focus: {focus}."
         )
-        return [ChatMessage(role="system", content=prompt("evaluate_state")), ChatMessage(role="user", content=user)]
+        system = evaluate_system() if shared else prompt("evaluate_state")
+        return [ChatMessage(role="system", content=system), ChatMessage(role="user", content=user)]
 
     # ----------------------------------------------------------------------------------------------- tester
 
@@ -190,8 +204,20 @@ class Agents:
 
     # ---------------------------------------------------------------------------------------------- checker
 
-    def checker_messages(self, facts: str) -> list[ChatMessage]:
-        return [ChatMessage(role="system", content=prompt("evaluate_checker")), ChatMessage(role="user", content=facts)]
+    def checker_messages(self, facts: str, shared: bool) -> list[ChatMessage]:
+        """`shared`: the facts start with the whole source (`facts.shares_start`), as the test-state requests do."""
+        system = evaluate_system() if shared else prompt("evaluate_checker")
+        return [ChatMessage(role="system", content=system), ChatMessage(role="user", content=facts)]
+
+
+def evaluate_system() -> str:
+    """The instructions of the test-state writer and the checker in one system message, each under its part's
+    name: their requests about one environment then share a start (this, then the environment's source) that a
+    model server's prefix cache computes once, on the environment's first test-state request."""
+    return (
+        f"{prompt('evaluate_roles')}\n\n# The part `test state`\n\n{prompt('evaluate_state')}\n\n"
+        f"# The part `verdicts`\n\n{prompt('evaluate_checker')}"
+    )
 
 
 def _format(output_type: type[BaseModel], schema: dict[str, Any] | None) -> dict[str, Any]:

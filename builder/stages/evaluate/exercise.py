@@ -33,6 +33,7 @@ from builder.stages.evaluate.facts import (  # _checker_facts: probes.py asks ab
     _batch_facts,
     _checker_facts,  # noqa: F401
     _tester_facts,
+    shares_start,
     shows_whole_source,
 )
 from builder.stages.evaluate.sequential import negatives_in, settled
@@ -305,9 +306,8 @@ async def _check(
             return None
         return f"no verdict names one of the calls 1 to {len(ran)}"
 
-    reply = await agents.ask_json(
-        agents.checker_messages(facts), CheckerVerdicts, "checker", calls=len(ran), accept=judges_a_call
-    )
+    messages = agents.checker_messages(facts, shared=shares_start(budget, whole))
+    reply = await agents.ask_json(messages, CheckerVerdicts, "checker", calls=len(ran), accept=judges_a_call)
     found: dict[int, Any] = {}
     for verdict in reply.verdicts:
         if verdict.call in numbers:

@@ -10,10 +10,10 @@ from typing import Any
 from builder.envs.session import ToolResult, diff_states
 from builder.evidence import JudgedCall
 from builder.records import Environment
-from builder.stages.evaluate.agents import CaseType, slot_text
+from builder.stages.evaluate.agents import VERDICTS_PART, CaseType, slot_text
 from builder.stages.evaluate.sequential import Decision
 from builder.views.budget import PromptBudget
-from builder.views.code import class_header, environment_text, method_source, now_text
+from builder.views.code import class_header, environment_source, environment_text, method_source, now_text
 from builder.views.state import clip_json, state_text
 
 CASE_TEXT = {
@@ -122,9 +122,10 @@ def _batch_facts(
         for previous, item in zip([None, *ran], ran, strict=False)
     )
     called = list(dict.fromkeys(item.call["tool"] for item in ran))
+    shared = shares_start(budget, whole)
+    head = f"{environment_source(env)}\n\n{VERDICTS_PART}" if shared else _called_source(env, called)
     return (
-        f"{environment_source(env) if whole and budget.level == 0 else _called_source(env, called)}\n\n"
-        f"Now: {now_text(now)}.\n\n"
+        f"{head}\n\nNow: {now_text(now)}.\n\n"
         f"{state_since(first, ran[0].before, budget, 'before call 1')}\n\n"
         f"{len(ran)} call(s) ran in this order, call 1 on the state above, each later one on the state the one "
         f"before it left. Give one verdict per call, with its number.\n\n{calls}"
@@ -140,13 +141,10 @@ def shows_whole_source(calls: int, tools: int) -> bool:
     return calls >= 2 * tools
 
 
-def environment_source(env: Environment) -> str:
-    """What the checker judges against, the same for every call of the environment: its source."""
-    return (
-        f"Environment `{env.class_name}` ({env.domain}): {env.description}\n\n"
-        f"Its source (the module docstring states the rules, `__init__` the state, each tool is the method of its "
-        f"name):\n```python\n{env.code.strip()}\n```"
-    )
+def shares_start(budget: PromptBudget, whole: bool) -> bool:
+    """Whether a checker or test-state request starts with the instructions of both and the whole source (the
+    start they share): with `whole` (`shows_whole_source`), at full size."""
+    return whole and budget.level == 0
 
 
 def _called_source(env: Environment, tools: list[str]) -> str:

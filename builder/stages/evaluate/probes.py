@@ -50,7 +50,7 @@ from builder.stages._repair import RepairTools, ToolProblemText
 from builder.stages.evaluate.agents import Agents, CheckerVerdict, InvalidReply
 from builder.stages.evaluate.consistency import consistency_problems
 from builder.stages.evaluate.exercise import EVIDENCE_CHARS, TESTER_ERRORS, TestState, _all, _checker_facts
-from builder.stages.evaluate.facts import shows_whole_source
+from builder.stages.evaluate.facts import shares_start, shows_whole_source
 from builder.stages.evaluate.gates import passing_gates
 from builder.stages.evaluate.probe_reply import Probe, ProbeDraft, usable
 from builder.views.budget import PromptBudget, prompt_budgets
@@ -186,7 +186,7 @@ async def confirm(
     def ask(budget: PromptBudget) -> Awaitable[CheckerVerdict]:
         whole = shows_whole_source(ctx.config.evaluate.calls, len(env.tools))  # the exercise's layout: its prefix
         facts = _checker_facts(env, call, run.result, before, after, changes, budget, state.now, whole) + rule
-        return agents.ask_json(agents.checker_messages(facts), CheckerVerdict, "checker")
+        return agents.ask_json(agents.checker_messages(facts, shares_start(budget, whole)), CheckerVerdict, "checker")
 
     try:
         verdict = await shrinking(ctx, "evaluate_checker", prompt_budgets(ctx.config.llm.max_state_chars), ask)

@@ -17,10 +17,10 @@ from builder.llm import ChatRequest
 from builder.llm.prefix import PrefixIndex, prompt_text
 from builder.prompts import prompt
 from builder.records import Environment
-from builder.stages.evaluate.agents import Agents
+from builder.stages.evaluate.agents import Agents, shares_start
 from builder.stages.evaluate.exercise import StateRun, _tester_facts
 from builder.stages.evaluate.exercise import TestState as StateUnderTest
-from builder.stages.evaluate.facts import Ran, _batch_facts, shares_start, shows_whole_source
+from builder.stages.evaluate.facts import Ran, _batch_facts, shows_whole_source
 from builder.stages.scenarios.writers import writer_messages
 from builder.views.budget import prompt_budgets
 from builder.views.code import class_header, writer_sources
@@ -97,8 +97,10 @@ def test_checker_batches_on_one_state_share_the_state_as_first_set_up_and_show_o
     own (teacher-12e: the states before and after each call were 60% and 25% of a request's new text)."""
     first = checker_prompt([TRANSFER])
     frozen = {**AFTER, "accounts": {**AFTER["accounts"], "acc-8": {**AFTER["accounts"]["acc-8"], "frozen": True}}}
-    later = [ran(1, "get_account", {"account_id": "acc-404"}, {"success": False}, AFTER, "negative", before=AFTER),
-             ran(2, "freeze_account", {"account_id": "acc-8"}, {"success": True}, frozen, "positive", before=AFTER)]
+    later = [
+        ran(1, "get_account", {"account_id": "acc-404"}, {"success": False}, AFTER, "negative", before=AFTER),
+        ran(2, "freeze_account", {"account_id": "acc-8"}, {"success": True}, frozen, "positive", before=AFTER),
+    ]
     second = checker_prompt(later)
     start = shared_start(first, second)
     assert start.endswith("Changed since by the calls on this state (path: value before call 1):\n- ")

@@ -175,7 +175,7 @@ class Agents:
         size, it starts as they do: the instructions of both, then the environment's source, which the writer
         reads for what each tool needs of the state; else with the rules and the state definition."""
         focus = STATE_FOCUS[index % len(STATE_FOCUS)]
-        shared = whole and budget.level == 0
+        shared = shares_start(budget, whole)
         about = (
             f"{environment_source(env)}\n\n{STATE_PART}" if shared else
             f"Environment `{env.class_name}` ({env.domain}): {environment_text(env.description, env.code)}\n\n"
@@ -208,6 +208,12 @@ class Agents:
         """`shared`: the facts start with the whole source (`facts.shares_start`), as the test-state requests do."""
         system = evaluate_system() if shared else prompt("evaluate_checker")
         return [ChatMessage(role="system", content=system), ChatMessage(role="user", content=facts)]
+
+
+def shares_start(budget: PromptBudget, whole: bool) -> bool:
+    """Whether a checker or test-state request starts with the instructions of both and the whole source (the
+    start they share): with `whole` (`shows_whole_source`), at full size."""
+    return whole and budget.level == 0
 
 
 def evaluate_system() -> str:

@@ -23,6 +23,7 @@ from builder.stages.evaluate.agents import (
     InvalidReply,
     ProposedCall,
     TesterCalls,
+    shares_start,
     tester_schema,
 )
 from builder.stages.evaluate.cases import admits_wrong_value
@@ -33,7 +34,6 @@ from builder.stages.evaluate.facts import (  # _checker_facts: probes.py asks ab
     _batch_facts,
     _checker_facts,  # noqa: F401
     _tester_facts,
-    shares_start,
     shows_whole_source,
 )
 from builder.stages.evaluate.sequential import negatives_in, settled

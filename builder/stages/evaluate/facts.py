@@ -10,7 +10,7 @@ from typing import Any
 from builder.envs.session import ToolResult, diff_states
 from builder.evidence import JudgedCall
 from builder.records import Environment
-from builder.stages.evaluate.agents import VERDICTS_PART, CaseType, slot_text
+from builder.stages.evaluate.agents import VERDICTS_PART, CaseType, shares_start, slot_text
 from builder.stages.evaluate.sequential import Decision
 from builder.views.budget import PromptBudget
 from builder.views.code import class_header, environment_source, environment_text, method_source, now_text
@@ -139,12 +139,6 @@ def shows_whole_source(calls: int, tools: int) -> bool:
     repeats, leaves a server with a prefix cache less to compute. With fewer calls the batches' own sources are
     less text (about the whole class once, and no later request reuses it)."""
     return calls >= 2 * tools
-
-
-def shares_start(budget: PromptBudget, whole: bool) -> bool:
-    """Whether a checker or test-state request starts with the instructions of both and the whole source (the
-    start they share): with `whole` (`shows_whole_source`), at full size."""
-    return whole and budget.level == 0
 
 
 def _called_source(env: Environment, tools: list[str]) -> str:

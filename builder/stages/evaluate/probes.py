@@ -47,10 +47,10 @@ from builder.reports import EvaluateReport
 from builder.run.stage import Rejected, StageContext
 from builder.stages._llm import shrinking
 from builder.stages._repair import RepairTools, ToolProblemText
-from builder.stages.evaluate.agents import Agents, CheckerVerdict, InvalidReply
+from builder.stages.evaluate.agents import Agents, CheckerVerdict, InvalidReply, shares_start
 from builder.stages.evaluate.consistency import consistency_problems
 from builder.stages.evaluate.exercise import EVIDENCE_CHARS, TESTER_ERRORS, TestState, _all, _checker_facts
-from builder.stages.evaluate.facts import shares_start, shows_whole_source
+from builder.stages.evaluate.facts import shows_whole_source
 from builder.stages.evaluate.gates import passing_gates
 from builder.stages.evaluate.probe_reply import Probe, ProbeDraft, usable
 from builder.views.budget import PromptBudget, prompt_budgets

@@ -9,7 +9,7 @@ from builder.llm import ScriptedModel
 from builder.prompts import prompt
 from builder.records import Action, Sampling
 from builder.rollout.user_sim import STOP, UserSimulator
-from builder.stages.scenarios.sufficiency import COMPOSITION_WORDS, unsupported_arguments
+from builder.stages.scenarios.sufficiency import COMPOSITION_WORDS, looked_up_by, unsupported_arguments
 from tests.fixtures.scenarios import bank_scenario
 
 
@@ -188,3 +188,37 @@ def test_a_number_before_a_hyphenated_word_is_said():
     assert unsupported_arguments(call, [{}], "Please leave a 4-star review for PRV-14.", tools) == []
     for text in ("Please leave a review for PRV-14 on 2025-04-14.", "Please review PRV-14, room B-4."):
         assert unsupported_arguments(call, [{}], text, tools) == ["call 1 add_review: rating = 4"]
+
+
+# ---------------------------------------------------------------------------- a value the gold should look up
+
+RETREATS = {
+    "retreats": {
+        "R-1": {"retreat_id": "R-1", "name": "Hanalei Bay Restorative Yoga", "status": "open"},
+        "R-2": {"retreat_id": "R-2", "name": "Kyoto Zen Stillness", "status": "open"},
+    },
+    "guests": {"G-1": {"guest_id": "G-1", "name": "Rebecca Stein", "email": "rebecca@example.com"}},
+    "bookings": {"B-1": {"booking_id": "B-1", "guest_id": "G-1", "retreat_id": "R-1", "status": "confirmed"}},
+}
+
+
+def tool(name: str, *parameters: str) -> dict:
+    properties = {parameter: {"type": "string"} for parameter in parameters}
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": properties}}}
+
+
+def test_a_value_the_user_names_a_record_of_is_one_a_tool_can_look_up():
+    searchable = [tool("search_retreats", "query"), tool("list_sessions", "retreat_id")]
+    said = "I can't make my  hanalei bay restorative yoga retreat in April; move me to June."
+    assert looked_up_by("R-1", RETREATS, said, searchable) == "Hanalei Bay Restorative Yoga"
+    assert looked_up_by("R-2", RETREATS, said, searchable) is None  # the user names another retreat
+    # A record holding the value in a field (a booking's retreat) is found by what the user says of it too.
+    assert looked_up_by("G-1", RETREATS, "This is rebecca@example.com.", [tool("find_guest", "email")]) == (
+        "rebecca@example.com"
+    )
+    # Only through a tool that takes that field or a search text, and only by a distinctive detail.
+    assert looked_up_by("R-1", RETREATS, said, [tool("list_sessions", "retreat_id")]) is None
+    assert looked_up_by("R-1", RETREATS, "my open retreat", searchable) is None  # a status names no record
+    assert looked_up_by("R-1", RETREATS, "the Hanalei Bay Restorative Yoga Plus retreat", searchable) == (
+        "Hanalei Bay Restorative Yoga"
+    )  # said within a longer name: the search still finds it

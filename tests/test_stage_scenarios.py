@@ -562,6 +562,64 @@ async def test_underspecified_task_is_replaced_by_a_new_task_with_the_evidence(t
     assert len(requests_of(model, "GoldSolution")) == 2  # the new task got its own gold and checks
 
 
+LIBRARY_STATE = {
+    "books": {"b1": {"title": "The Left Hand of Darkness", "author": "Ursula K. Le Guin", "copies": 2},
+              "b2": {"title": "Wide Sargasso Sea", "author": "Jean Rhys", "copies": 1},
+              "b3": {"title": "Dune", "author": "Frank Herbert", "copies": 0}},
+    "members": {"m1": {"name": "Sam Vimes", "max_loans": 3, "fines_cents": 0},
+                "m2": {"name": "Sybil Ramkin", "max_loans": 2, "fines_cents": 0},
+                "m3": {"name": "Nobby Nobbs", "max_loans": 1, "fines_cents": 250}},
+    "loans": [{"member_id": "m2", "book_id": "b3", "due": "2024-03-20", "returned": False},
+              {"member_id": "m3", "book_id": "b2", "due": "2024-02-01", "returned": True},
+              {"member_id": "m2", "book_id": "b2", "due": "2024-01-10", "returned": True}],
+    "today": "2024-03-14",
+}  # fmt: skip
+LENT = {"Does m1 have an open loan of b1?": "b1", "Does m1 have an open loan of b2?": "b2"}
+LENDING = {
+    "task": "I'm member m1. Please lend me The Left Hand of Darkness and Wide Sargasso Sea, two weeks each.",
+    "difficulty": "medium", "user_profile": "Sam, a night-watch captain who reads on his breaks.",
+    "known_up_front": "Member m1; wants The Left Hand of Darkness and Wide Sargasso Sea, two weeks each.",
+    "reveal_when_asked": "Nothing else.", "ending": "Thanks the assistant once both loans are confirmed.",
+    "checklist": list(LENT),
+}  # fmt: skip
+
+
+async def test_a_gold_that_skips_a_look_up_the_user_allows_is_written_again_not_the_task(tmp_path, sandbox):
+    """The user names the books by title, which `search_books` finds; a gold that lends `b1` and `b2` straight
+    away is at fault, not the task (teacher-16: tasks were rewritten to quote retreat ids instead)."""
+    checks = {item: "def check(initial_state, final_state):\n    return any(loan['member_id'] == 'm1' and "
+              f"loan['book_id'] == {book!r} and not loan['returned'] for loan in final_state['loans'])\n"
+              for item, book in LENT.items()}  # fmt: skip
+    blind = [{"name": "borrow", "arguments": {"member_id": "m1", "book_id": book}} for book in ("b1", "b2")]
+    looked_up = [
+        {"name": "search_books", "arguments": {"query": "The Left Hand of Darkness"}},
+        {"name": "search_books", "arguments": {"query": "Wide Sargasso Sea"}},
+        *blind,
+    ]
+    model = scripted(state=LIBRARY_STATE, task=LENDING, checks=checks, gold=(blind, looked_up))
+    env = environment("library", state_schema=LIBRARY_SCHEMA)
+    plain, _talk = await scenarios(env, context(tmp_path, model, sandbox))
+    assert plain.verification.repairs == ("task_underspecified",) and len(requests_of(model, "TaskDraft")) == 1
+    assert [action.name for action in plain.gold_actions][:2] == ["search_books", "search_books"]
+    told = requests_of(model, "GoldSolution")[1].messages[-1].content
+    assert "call 1 borrow: book_id = 'b1': the user gives it only as 'The Left Hand of Darkness'" in told
+    assert "call 2 borrow: book_id = 'b2': the user gives it only as 'Wide Sargasso Sea'" in told
+    assert "Look each one up first with a tool" in told
+
+
+async def test_a_gold_that_still_skips_the_look_up_hands_the_values_to_the_task(tmp_path, sandbox):
+    blind = [{"name": "borrow", "arguments": {"member_id": "m1", "book_id": book}} for book in ("b1", "b2")]
+    more = "def check(initial_state, final_state):\n    return len(final_state['loans']) > 3\n"
+    checks = dict.fromkeys(LENT, more)
+    model = scripted(state=LIBRARY_STATE, task=LENDING, checks=checks, gold=(blind,))
+    env = environment("library", state_schema=LIBRARY_SCHEMA)
+    (rejection,) = await scenarios(env, context(tmp_path, model, sandbox, "scenarios.repair_attempts=2"))
+    assert rejection.reason == "task_underspecified"
+    # The gold first (told what to look up), then a new task (with its own gold), not the gold again and again.
+    assert len(requests_of(model, "GoldSolution")) == 3 and len(requests_of(model, "TaskDraft")) == 2
+    assert "not in the task: call 1 borrow: book_id = 'b1'" in requests_of(model, "TaskDraft")[1].messages[-1].content
+
+
 async def test_conversational_script_must_give_the_values_too(tmp_path, sandbox):
     silent = {**TASK, "reveal_when_asked": "My checking and savings accounts."}
     model = scripted(task=silent)

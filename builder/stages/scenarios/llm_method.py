@@ -4,6 +4,7 @@ the evidence fed back, in rounds (docs/scenarios.md §1-3)."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from builder.stages.scenarios.family_gates import family_problem, one_shot_decli
 from builder.stages.scenarios.graph_method import State
 from builder.stages.scenarios.long_context import checked_enlarge, protected_values
 from builder.stages.scenarios.requests import Draft, _fill, _gold, _initial_state, _repaired_check, _sampling, _task
+from builder.stages.scenarios.sufficiency import looked_up_by
 from builder.stages.scenarios.variety import copies_seed
 from builder.stages.scenarios.verify import Evidence, verify
 
@@ -88,7 +90,13 @@ async def build_slot(
         repairs.append(evidence.reason)
         # Repair round r is attempt r + 1 of the piece it repairs (its first writing is attempt 0): fresh samples.
         retask = evidence.reason == "answer_not_read" and not blame_gold_next  # the gold had its turn: the facts
-        if evidence.reason in TASK_REPAIRS or retask:
+        skipped = evidence.reason == "task_underspecified" and blame_gold_next and _skipped_lookups(
+            evidence, state, family_texts(family, draft.task, config.modes), env.tools
+        )  # fmt: skip
+        if skipped:  # the user names what the gold used without looking it up: its writer looks it up first
+            draft.gold, draft.gold_messages = await _gold(env, ctx, small, draft, skipped, attempt=round_ + 1)
+            blame_gold_next = False  # if the values are still missing, the task gives them
+        elif evidence.reason in TASK_REPAIRS or retask:
             draft = await write_task(_task_feedback(draft, evidence))
             blame_gold_next = True
         elif evidence.reason == "check_broken" or (evidence.reason == "gold_fails_checks" and not blame_gold_next):
@@ -163,6 +171,30 @@ def _task_feedback(draft: Draft, evidence: Evidence) -> str:
         "by with the tools), in the task and in known_up_front or reveal_when_asked."
     )
     return "\n".join(lines)
+
+
+def _skipped_lookups(
+    evidence: Evidence, state: dict[str, Any], texts: dict[str, str], tools: Sequence[dict[str, Any]]
+) -> str:  # fmt: skip
+    """The gold writer's feedback when every value the user's words lack is one the user names a record of
+    (`sufficiency.looked_up_by`): the gold used it without looking it up, so the task is not at fault; "" else."""
+    lines = []
+    for mode, problems in evidence.underspecified.items():
+        for problem in problems:
+            try:
+                value = ast.literal_eval(problem.rsplit(" = ", 1)[1])
+            except (IndexError, SyntaxError, ValueError):
+                return ""
+            detail = looked_up_by(value, state, texts.get(mode, ""), tools)
+            if detail is None:
+                return ""
+            lines.append(f"- {problem}: the user gives it only as {detail!r}")
+    return "\n".join([
+        "This sequence was refused (task_underspecified): it uses values that the user never states and that no "
+        "earlier call of it returned, though the user names the records they belong to:",
+        *dict.fromkeys(lines),
+        "Look each one up first with a tool, by what the user says, and use the value its result gives.",
+    ])  # fmt: skip
 
 
 def _gold_feedback(draft: Draft, evidence: Evidence) -> str:

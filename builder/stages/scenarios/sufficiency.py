@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from builder.json_values import record_pairs
 from builder.records import Action
 from builder.sandbox.world import parse_now
 from builder.stages.scenarios.references import parse
@@ -275,3 +276,38 @@ def unsupported_arguments(
         if index < len(results):
             sources.add_result(results[index])
     return problems[:MAX_PROBLEMS]
+
+
+SEARCH_PARAMETERS = frozenset({"query", "q", "search", "keyword", "keywords", "term", "text"})
+
+
+def looked_up_by(value: Any, state: Mapping[str, Any], text: str, tools: Sequence[dict[str, Any]]) -> str | None:
+    """A detail the user gives by which a tool can find `value`, or None: a distinctive field (a name or title of
+    several words, an e-mail) of a record of `state` that holds `value` (as its key or in a field), said in
+    `text`, where some tool takes that field (a parameter of its name) or a search text. A solution that uses such
+    a value without looking it up is wrong, not the task (teacher-16: a task naming "the Hanalei Bay Restorative
+    Yoga retreat" was rewritten to quote its id R-1 because the solution skipped the search)."""
+    wanted = str(value)
+    parameters = {name for tool in tools for name in tool["function"].get("parameters", {}).get("properties", {})}
+    searchable = bool(parameters & SEARCH_PARAMETERS)
+    said = [" ".join(text.casefold().split())]
+    for collection in state.values():
+        for key, record in record_pairs(collection) or ():
+            if not isinstance(record, dict) or not _holds(key, record, wanted):
+                continue
+            for field_name, detail in record.items():
+                if not isinstance(detail, str) or detail == wanted or not _distinctive(detail):
+                    continue
+                if (searchable or field_name in parameters) and _contains(said, " ".join(detail.casefold().split())):
+                    return detail
+    return None
+
+
+def _holds(key: Any, record: Mapping[str, Any], wanted: str) -> bool:
+    fields = (field for field in record.values() if isinstance(field, str | int) and not isinstance(field, bool))
+    return str(key) == wanted or any(str(field) == wanted for field in fields)
+
+
+def _distinctive(detail: str) -> bool:
+    """A value that names one record: an e-mail, or a name or title of two words or more (not a status)."""
+    return "@" in detail or (len(detail.split()) >= 2 and len(detail) >= 8)

@@ -13,7 +13,15 @@ from builder.cli import main
 from builder.config import SandboxConfig
 from builder.envs.audit import audit_reward
 from builder.envs.checks import checks_from_scenario, published_reward
-from builder.envs.guard import GUARD_ITEM, allowed_paths, guard_source, is_guard
+from builder.envs.guard import (
+    GUARD_ITEM,
+    allowed_paths,
+    blank_fields,
+    collateral,
+    guard_source,
+    is_guard,
+    stored_blank,
+)
 from builder.envs.schema import inspect_source
 from builder.envs.session import Session
 from builder.envs.trainer import LiveEnvironment
@@ -143,6 +151,26 @@ def test_the_guard_allows_what_the_gold_changes_and_nothing_else():
     assert check(state, state) and check(state, moved)
     assert not check(state, {**moved, "accounts": {"acc-1": {"balance": 0}, "acc-2": {"balance": 3}}})
     assert allowed_paths(state, moved) == ["accounts.acc-1.balance", "transfers"]
+
+
+def test_a_record_the_gold_creates_gets_no_value_the_gold_left_empty():
+    """Teacher-16's review: an invented phone number on a new guest profile and an end date nobody asked for on
+    a new schedule earned 1.0; the gold left both empty."""
+    state = {"guests": {"G-1": {"name": "Leila", "phone": "+34 600"}}, "bookings": {}}
+    gold = {"guests": {**state["guests"], "G-2": {"name": "Nadia", "phone": "", "diet": None}},
+            "bookings": {"B-1": {"guests": ["G-1", "G-2"], "notes": ""}}}  # fmt: skip
+    blank = blank_fields(state, gold)
+    assert blank == [[["guests", "G-2"], ["phone", "diet"]], [["bookings", "B-1"], ["notes"]]]
+    namespace: dict = {}
+    exec(compile(guard_source(allowed_paths(state, gold), blank), "guard", "exec"), namespace)  # the test's source
+    check = namespace["check"]
+    assert check(state, gold) and check(state, state)
+    invented_phone = {**gold, "guests": {**gold["guests"], "G-2": {"name": "Nadia", "phone": "+34 611", "diet": None}}}
+    assert not check(state, invented_phone)
+    assert collateral(state, invented_phone, allowed_paths(state, gold), blank) == ["guests.G-2.phone"]
+    # What a stored scenario's guard says is read back for the trajectory's report; an older guard has none.
+    assert stored_blank(["def check(i, f):\n    return True\n", guard_source([], blank)]) == blank
+    assert stored_blank([guard_source([])]) == [] and stored_blank([]) == []
 
 
 # ------------------------------------------------------------------------------- one number through every path

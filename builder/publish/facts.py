@@ -30,17 +30,17 @@ at the scenario's `now` and seed:
 
 - **solved** = every check passes, the collateral guard included (the last check of every scenario with a gold
   solution, checklist item "{GUARD_ITEM.removesuffix(".")}": it fails when any state path changed that the gold
-  solution does not change), and, when the task asks to be told something, the agent's answer (everything it
-  said in text or through `reply_to_user`) states each of the scenario's `answer_facts`, each also returned by a
-  tool during the episode (a guess earns nothing; values compared regardless of case and punctuation, numbers
-  in digits in any notation, cents also as a currency amount, dates as ISO or month names:
-  `builder.envs.answer`); an `infeasible` task's answer (and a `policy_trap` task's one-shot answer) declines
-  instead, after tools returned its facts (what makes the request impossible), which it need not repeat; a
-  `missing_info` task's one-shot answer names the missing value (its name, head word, or a question for that
-  kind of value: "which day" for a date); neither may claim success ("all set", "I've booked", ...);
-- **reward** = 1.0 when solved; **0.0** when the guard fails, when a check that already held on the initial
-  state no longer holds, or when no counted item passes; else the share of the **counted** items that pass, a
-  counted item being a check that is false on the initial state, or the answer check.
+  solution does not change, or a record the gold creates gets a value in a field the gold leaves empty), and, when
+  the task asks to be told something, the agent's answer (everything it said in text or through `reply_to_user`)
+  states each of the scenario's `answer_facts`, each also returned by a tool during the episode (a guess earns
+  nothing; values compared regardless of case and punctuation, numbers in digits in any notation, cents also as a
+  currency amount, dates as ISO or month names: `builder.envs.answer`); an `infeasible` task's answer (and a
+  `policy_trap` task's one-shot answer) declines instead, after tools returned its facts (what makes the request
+  impossible), which it need not repeat; a `missing_info` task's one-shot answer names the missing value (its name,
+  head word, or a question for that kind of value: "which day" for a date); neither may claim success ("all set",
+  "I've booked", ...); - **reward** = 1.0 when solved; **0.0** when the guard fails, when a check that already held
+  on the initial state no longer holds, or when no counted item passes; else the share of the **counted** items that
+  pass, a counted item being a check that is false on the initial state, or the answer check.
 
 So an agent that makes no call scores 0 (except on a `missing_info` task's one-shot row, where asking for the
 missing value without a call is the right answer), collateral damage scores 0, and partial credit stays below 1.

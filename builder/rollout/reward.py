@@ -14,7 +14,7 @@ from typing import Any
 
 from builder.envs.answer import NOTHING_ASKED, AnswerCheck
 from builder.envs.checks import checks_from_scenario, published_reward
-from builder.envs.guard import allowed_paths, collateral, guard_source, is_guard
+from builder.envs.guard import allowed_paths, collateral, guard_source, is_guard, stored_blank
 from builder.envs.lint import Contract
 from builder.envs.session import Session
 from builder.records import Action
@@ -80,7 +80,8 @@ def grade(
     verdict = published_reward(sandbox, specs, initial_state, final_state, now=now, seed=seed, check=check,
                                answer=answer, seen=seen)  # fmt: skip
     passed = tuple(result.passed for result in verdict.checks)
-    outside = collateral(initial_state, final_state, list(allowed_paths)) if allowed_paths is not None else []
+    blank = stored_blank(list(checks))
+    outside = collateral(initial_state, final_state, list(allowed_paths), blank) if allowed_paths is not None else []
     return Grade(
         reward=verdict.reward,
         check_fraction=sum(passed) / len(passed) if passed else 0.0,

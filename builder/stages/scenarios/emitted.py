@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from builder.envs.guard import GUARD_ITEM, allowed_paths, guard_source
+from builder.envs.guard import GUARD_ITEM, allowed_paths, blank_fields, guard_source
 from builder.envs.session import diff_states
 from builder.evidence import Verification
 from builder.limits import DETAIL_CHARS
@@ -79,7 +79,8 @@ def scenario_records(
     asks for a forbidden thing with no alternative, so nothing may change (its guard allows no path), and the
     answer must state `declined.facts` (what is missing; why it is forbidden); its gold is `declined.gold`."""
     task = " ".join(words.task.split())
-    guard = guard_source(allowed_paths(state, evidence.final_state or state))
+    final = evidence.final_state or state
+    guard = guard_source(allowed_paths(state, final), blank_fields(state, final))
     nothing = guard_source([])
     group = hashlib.sha256(json.dumps([env.id, state, task], sort_keys=True).encode()).hexdigest()[:16]
     verification = Verification(

@@ -38,9 +38,10 @@ at the scenario's `now` and seed:
   `policy_trap` task's one-shot answer) declines instead, after tools returned its facts (what makes the request
   impossible), which it need not repeat; a `missing_info` task's one-shot answer names the missing value (its name,
   head word, or a question for that kind of value: "which day" for a date); neither may claim success ("all set",
-  "I've booked", ...); - **reward** = 1.0 when solved; **0.0** when the guard fails, when a check that already held
-  on the initial state no longer holds, or when no counted item passes; else the share of the **counted** items that
-  pass, a counted item being a check that is false on the initial state, or the answer check.
+  "I've booked", ...);
+- **reward** = 1.0 when solved; **0.0** when the guard fails, when a check that already held on the initial state no
+  longer holds, or when no counted item passes; else the share of the **counted** items that pass, a counted item
+  being a check that is false on the initial state, or the answer check.
 
 So an agent that makes no call scores 0 (except on a `missing_info` task's one-shot row, where asking for the
 missing value without a call is the right answer), collateral damage scores 0, and partial credit stays below 1.

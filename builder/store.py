@@ -137,24 +137,24 @@ class Store:
 
     # ------------------------------------------------------------------------------------------------ writing
 
-    def upsert(self, table: str, records: Iterable[Record], *, retract_subjects: Iterable[str] = ()) -> int:
+    def upsert(
+        self, table: str, records: Iterable[Record] | pl.DataFrame, *, retract_subjects: Iterable[str] = ()
+    ) -> int:
         """Insert or replace records by id; returns the table's row count afterwards.
 
+        `records` are records, or a frame of them in the table's schema (`builder.tables.schema`): a stage's kept
+        table, its rows checked as records when it was compacted, is merged as columns, not a record per row.
         `retract_subjects` removes the rows whose `subject_id` is listed (a table of verdicts, like selections: a
         subject judged again and dropped loses its earlier verdict). The table stays sorted by id, so the same
         content always gives the same file.
         """
         record_type = _record_type(table)
-        records = list(records)
-        for record in records:
-            if not isinstance(record, record_type):
-                raise TypeError(f"table {table} holds {record_type.__name__}, got {type(record).__name__}")
+        incoming = _incoming(table, record_type, records).unique("id", keep="last", maintain_order=True)
         with self._locked():
             existing = self.read_frame(table)
             retracted = sorted(set(retract_subjects))
             if retracted:
                 existing = existing.filter(~pl.col("subject_id").is_in(retracted))
-            incoming = to_frame(record_type, records).unique("id", keep="last", maintain_order=True)
             merged = pl.concat([existing.join(incoming.select("id"), on="id", how="anti"), incoming])
             merged = merged.sort("id")
             path = self.path(table)
@@ -165,7 +165,7 @@ class Store:
                 os.link(path, previous)
             write_parquet_atomic(merged, path)
             self._write_manifest(table, merged.height)
-            logger.info("store: upserted %d into %s (%d rows)", len(records), table, merged.height)
+            logger.info("store: upserted %d into %s (%d rows)", incoming.height, table, merged.height)
             return merged.height
 
     def _write_manifest(self, table: str, rows: int) -> None:
@@ -197,6 +197,18 @@ class Store:
             else "no previous generation exists; restore it from a backup or a published release"
         )
         return StoreError(f"{path} is damaged and was left untouched ({cause}); {hint}")
+
+
+def _incoming(table: str, record_type: type[Record], records: Iterable[Record] | pl.DataFrame) -> pl.DataFrame:
+    if isinstance(records, pl.DataFrame):
+        if records.schema != schema(record_type):
+            raise TypeError(f"table {table} holds {record_type.__name__}: the frame's columns differ from its schema")
+        return records
+    records = list(records)
+    for record in records:
+        if not isinstance(record, record_type):
+            raise TypeError(f"table {table} holds {record_type.__name__}, got {type(record).__name__}")
+    return to_frame(record_type, records)
 
 
 def _upgraded(record_type: type[Record], frame: pl.DataFrame, expected: pl.Schema) -> pl.DataFrame:

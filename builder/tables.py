@@ -12,6 +12,7 @@ import json
 import os
 import types
 import typing
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
@@ -140,7 +141,41 @@ def to_frame(record_type: type[Record], records: typing.Iterable[Record]) -> pl.
 
 
 def from_frame(record_type: type[R], frame: pl.DataFrame) -> list[R]:
-    return [from_row(record_type, row) for row in frame.to_dicts()]
+    return list(iter_records(record_type, frame))
+
+
+# Rows turned into Python objects at once when a frame is walked: a whole table of them (and the allocator's arenas
+# they leave behind) is what made builder's memory grow with the number of environments.
+ROWS_PER_SLICE = 256
+
+
+def iter_records(record_type: type[R], frame: pl.DataFrame) -> Iterator[R]:
+    """The records of `frame` in its order, built a slice of rows at a time."""
+    for part in frame.iter_slices(ROWS_PER_SLICE):
+        for row in part.to_dicts():
+            yield from_row(record_type, row)
+
+
+class RecordsById(Mapping[str, R]):
+    """The records of a table by id, kept as the frame (columnar, compact) with an index of its ids: a record is
+    built when it is looked up, so holding a whole table costs its Arrow columns, not a Python object per value."""
+
+    def __init__(self, record_type: type[R], frame: pl.DataFrame) -> None:
+        self.record_type = record_type
+        self.frame = frame
+        self.rows = {record_id: index for index, record_id in enumerate(frame["id"])}
+
+    def __getitem__(self, record_id: str) -> R:
+        return from_row(self.record_type, self.frame.row(self.rows[record_id], named=True))
+
+    def __contains__(self, record_id: object) -> bool:
+        return record_id in self.rows
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
 
 
 def write_parquet_atomic(frame: pl.DataFrame, path: Path) -> None:

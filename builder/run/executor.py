@@ -20,11 +20,12 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 from tqdm import tqdm
 
 from builder.config import BuildConfig
@@ -45,6 +46,7 @@ from builder.run.stage import (
 )
 from builder.stats import StageStats, load_stats, prefix_reuse, save_stats
 from builder.store import Store
+from builder.tables import iter_records
 from builder.usage import Usage
 
 logger = logging.getLogger(__name__)
@@ -63,7 +65,7 @@ class Interrupted(BaseException):
 
 # Works through a stage's pending inputs and yields each input's id with its results as soon as it is done; the
 # executor journals what it yields, whichever runner made it (`local_items`, or `ray_executor.RayItems`).
-ItemRunner = Callable[[ItemStage, list[Record], StageContext], AsyncIterator[tuple[str, Sequence[Record]]]]
+ItemRunner = Callable[[ItemStage, Iterable[Record], StageContext], AsyncIterator[tuple[str, Sequence[Record]]]]
 
 
 async def run_stages(
@@ -114,7 +116,8 @@ async def run_stages(
             for stage in selected:
                 index = names.index(stage.name)
                 previous = stages[index - 1]
-                inputs = folder.read(previous.name, previous.output) if stage.input is not None else []
+                if stage.input is not None:
+                    folder.require(previous.name)  # before anything is counted
                 # Model usage and wall time accumulate over attempts; counts are recomputed from the tables.
                 stats = all_stats.setdefault(stage.name, StageStats(stage.name))
                 stats.report = stage.report.model_validate(stats.report.model_dump(by_alias=True))
@@ -122,9 +125,9 @@ async def run_stages(
                 started, started_cpu = time.monotonic(), process_tree_cpu_s()
                 try:
                     if isinstance(stage, ItemStage):
-                        await _run_item_stage(stage, inputs, ctx, folder, items or local_items)
+                        await _run_item_stage(stage, previous, ctx, folder, items or local_items)
                     else:
-                        await _run_batch_stage(stage, inputs, ctx, folder, state)
+                        await _run_batch_stage(stage, previous, ctx, folder, state)
                     await asyncio.to_thread(_persist, stage, folder, config)
                 finally:
                     stats.wall_s += time.monotonic() - started
@@ -164,12 +167,11 @@ def _run_totals(all_stats: dict[str, StageStats], config: BuildConfig, digest: s
 
 
 async def local_items(
-    stage: ItemStage, pending: list[Record], ctx: StageContext
+    stage: ItemStage, pending: Iterable[Record], ctx: StageContext
 ) -> AsyncIterator[tuple[str, Sequence[Record]]]:
     """The `ItemRunner` of this process: the inputs concurrently (at most the stage's concurrency at once, started
-    in order), each yielded with its results as it finishes. Only the inputs in flight have a task, and a finished
-    task is let go once its results are handed on: a list of a task per input kept every result until the stage
-    ended (the stage's end reads its whole table anyway, to compact and persist it, so the peak did not move)."""
+    in order), each yielded with its results as it finishes. Only the inputs in flight have a task (and a record:
+    `pending` is drawn as inputs start), and a finished task is let go once its results are handed on."""
     waiting = iter(pending)
     running: set[asyncio.Task[tuple[str, Sequence[Record]]]] = set()
 
@@ -201,15 +203,19 @@ async def local_items(
 
 
 async def _run_item_stage(
-    stage: ItemStage, inputs: list[Record], ctx: StageContext, folder: RunFolder, items: ItemRunner
+    stage: ItemStage, previous: Stage, ctx: StageContext, folder: RunFolder, items: ItemRunner
 ) -> None:
-    done = folder.done_inputs(stage.name, stage.output)
-    pending = [item for item in inputs if item.id not in done]
-    ctx.stats.inputs = len(inputs)
-    ctx.stats.resumed = len(inputs) - len(pending)
-    if pending:
+    """Run the inputs (`previous`'s kept records) that have not been done. They are held as the table's columns
+    and each becomes a record as it starts, so a stage over many thousand inputs does not hold them all as
+    records."""
+    inputs = folder.kept(previous.name, previous.output)
+    pending = inputs.filter(~pl.col("id").is_in(list(folder.done_inputs(stage.name, stage.output))))
+    ctx.stats.inputs = inputs.height
+    ctx.stats.resumed = inputs.height - pending.height
+    del inputs
+    if pending.height:
         progress = tqdm(
-            total=len(pending),
+            total=pending.height,
             desc=stage.name,
             unit="item",
             file=sys.stderr,
@@ -218,7 +224,7 @@ async def _run_item_stage(
         )
         try:
             with folder.appending(stage.name) as journal, progress:
-                async with aclosing(items(stage, pending, ctx)) as finished:
+                async with aclosing(items(stage, iter_records(previous.output, pending), ctx)) as finished:
                     async for input_id, results in finished:
                         folder.append(journal, input_id, results)
                         progress.update(1)
@@ -253,8 +259,10 @@ async def call_item(stage: ItemStage, item: Record, ctx: StageContext) -> Sequen
 
 
 async def _run_batch_stage(
-    stage: BatchStage, inputs: list[Record], ctx: StageContext, folder: RunFolder, state: dict
+    stage: BatchStage, previous: Stage, ctx: StageContext, folder: RunFolder, state: dict
 ) -> None:
+    """Run the stage over all its inputs (`previous`'s kept records) at once, unless it did over the same ones."""
+    inputs = folder.read(previous.name, previous.output) if stage.input is not None else []
     ctx.stats.inputs = len(inputs)
     fingerprint = hashlib.sha256("\n".join(sorted(item.id for item in inputs)).encode()).hexdigest()[:16]
     recorded = state["stages"].get(stage.name, {})
@@ -283,17 +291,17 @@ def _persist(stage: Stage, folder: RunFolder, config: BuildConfig) -> None:
     are retracted (a trajectory select kept in an earlier run and drops now must leave the release)."""
     if stage.persist is None:
         return
-    kept = folder.read(stage.name, stage.output)
-    rejected = folder.frame(stage.name, stage.output, rejected=True)["subject_id"].to_list()
+    kept = folder.kept(stage.name, stage.output)  # as columns: a record per row would be the whole table again
+    rejected = folder.frame(stage.name, stage.output, rejected=True, columns=["subject_id"])["subject_id"].to_list()
     store = Store(config.store.path, config.store.lock_timeout_s)
     retracted = rejected if "subject_id" in stage.output.model_fields else ()
     store.upsert(stage.persist, kept, retract_subjects=retracted)
 
 
 def _count_outputs(stage: Stage, folder: RunFolder, stats: StageStats) -> None:
-    stats.kept = folder.frame(stage.name, stage.output).height
+    stats.kept = folder.frame(stage.name, stage.output, columns=["id"]).height
     stats.dropped.clear()
-    stats.dropped.update(folder.frame(stage.name, stage.output, rejected=True)["reason"].to_list())
+    stats.dropped.update(folder.frame(stage.name, stage.output, rejected=True, columns=["reason"])["reason"].to_list())
 
 
 class _signals_cancel_current_task:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from builder import __version__
 from builder.config import BuildConfig, config_hash
 from builder.errors import RunError
 from builder.records import Record, Rejection
-from builder.tables import from_frame, from_row, schema, to_row, write_parquet_atomic
+from builder.tables import ROWS_PER_SLICE, from_frame, from_row, schema, to_row, write_parquet_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -90,27 +91,40 @@ class RunFolder:
 
     def read(self, stage: str, record_type: type[R]) -> list[R]:
         """The records `stage` kept, in id order."""
+        return from_frame(record_type, self.kept(stage, record_type))
+
+    def kept(self, stage: str, record_type: type[Record]) -> pl.DataFrame:
+        """The records `stage` kept as a frame of the record type's schema (a table an older builder wrote is
+        brought up to it), in id order: what a stage end or a lookup holds instead of a record per row."""
+        self.require(stage)
+        return _current(record_type, self.frame(stage, record_type)).drop(INPUT_ID)
+
+    def require(self, stage: str) -> None:
+        """Raises RunError when `stage` has no output here."""
         if not self.table(stage).exists():
             raise RunError(f"stage {stage!r} has no output in {self.root}; run it first")
-        return from_frame(record_type, self.frame(stage, record_type).drop(INPUT_ID))
 
-    def frame(self, stage: str, record_type: type[Record], *, rejected: bool = False) -> pl.DataFrame:
-        """A table of `stage` (kept, or its rejections), rebuilt from the journal first if it is damaged."""
+    def frame(
+        self, stage: str, record_type: type[Record], *, rejected: bool = False, columns: Sequence[str] | None = None
+    ) -> pl.DataFrame:
+        """A table of `stage` (kept, or its rejections), or just its `columns`, rebuilt from the journal first if
+        it is damaged."""
         path = self.rejected(stage) if rejected else self.table(stage)
         if not path.exists():
-            return pl.DataFrame(schema=_table_schema(Rejection if rejected else record_type))
+            empty = pl.DataFrame(schema=_table_schema(Rejection if rejected else record_type))
+            return empty if columns is None else empty.select(columns)
         try:
-            return pl.read_parquet(path)
+            return pl.read_parquet(path, columns=columns)
         except Exception as error:  # polars raises several types for truncated or garbled files
             self._rebuild(stage, record_type, path, error)
-            return pl.read_parquet(path)
+            return pl.read_parquet(path, columns=columns)
 
     def done_inputs(self, stage: str, record_type: type[Record]) -> set[str]:
         """The inputs `stage` has finished (kept something, or rejected it)."""
         done: set[str] = set()
         for rejected in (False, True):
-            done.update(self.frame(stage, record_type, rejected=rejected)[INPUT_ID].to_list())
-        done.update(entry["input"] for entry in _read_journal(self.journal(stage)))
+            done.update(self.frame(stage, record_type, rejected=rejected, columns=[INPUT_ID])[INPUT_ID].to_list())
+        done.update(entry["input"] for entry in _journal_entries(self.journal(stage)))
         return done
 
     # ------------------------------------------------------------------------------------------------ writing
@@ -141,12 +155,11 @@ class RunFolder:
         """Fold the journal into the stage's two tables (sorted by id, so reruns give identical files).
 
         Rows already in a table are kept as they are: a run folder from before journals were kept has records
-        only there."""
-        entries = _read_journal(self.journal(stage))
+        only there. The journal is read a line at a time and its rows are checked and framed a slice at a time,
+        so the table is held as columns, never as a Python object per value."""
         for rejected, row_type, key in ((False, record_type, "kept"), (True, Rejection, "rejected")):
-            rows = [{**_checked(row_type, row), INPUT_ID: entry["input"]} for entry in entries for row in entry[key]]
             frames = [_current(row_type, self.frame(stage, record_type, rejected=rejected))]
-            frames.append(pl.DataFrame(rows, schema=_table_schema(row_type), orient="row"))
+            frames.extend(_journal_frames(self.journal(stage), row_type, key))
             merged = pl.concat(frames).unique("id", keep="first", maintain_order=True).sort("id")
             write_parquet_atomic(merged, self.rejected(stage) if rejected else self.table(stage))
 
@@ -181,25 +194,48 @@ def _current(record_type: type[Record], frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def _drop_torn_tail(path: Path) -> None:
-    """Cut a last line left unfinished by a killed process, so new lines do not get glued onto it."""
+    """Cut a last line left unfinished by a killed process, so new lines do not get glued onto it. The last newline
+    is looked for back from the end a block at a time (a journal is not read in whole: it can be gigabytes)."""
     if not path.exists():
         return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with path.open("r+b") as handle:
-            handle.truncate(data.rfind(b"\n") + 1)
+    with path.open("r+b") as handle:
+        end = handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, end - 1))
+        if end == 0 or handle.read(1) == b"\n":
+            return
+        while end > 0:
+            start = max(0, end - 65536)
+            handle.seek(start)
+            newline = handle.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                handle.truncate(start + newline + 1)
+                return
+            end = start
+        handle.truncate(0)
 
 
-def _read_journal(path: Path) -> list[dict]:
+def _journal_entries(path: Path) -> Iterator[dict]:
+    """The journal's entries, a line at a time."""
     if not path.exists():
-        return []
-    entries = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            entries.append(json.loads(line))
-        except json.JSONDecodeError:
-            logger.warning("%s:%d is torn (the process died mid-write); that input will be redone", path, number)
-    return entries
+        return
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                logger.warning("%s:%d is torn (the process died mid-write); that input will be redone", path, number)
+
+
+def _journal_frames(path: Path, row_type: type[Record], key: str) -> Iterator[pl.DataFrame]:
+    """The journal's `key` rows ("kept" or "rejected"), each checked and with its input id, as frames of about
+    `ROWS_PER_SLICE` rows (the last one possibly empty, so there is always one)."""
+    rows: list[dict] = []
+    for entry in _journal_entries(path):
+        rows.extend({**_checked(row_type, row), INPUT_ID: entry["input"]} for row in entry[key])
+        if len(rows) >= ROWS_PER_SLICE:
+            yield pl.DataFrame(rows, schema=_table_schema(row_type), orient="row")
+            rows = []
+    yield pl.DataFrame(rows, schema=_table_schema(row_type), orient="row")
 
 
 def _checked(record_type: type[Record], row: dict) -> dict:

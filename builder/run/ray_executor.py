@@ -23,7 +23,7 @@ import logging
 import math
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -114,7 +114,7 @@ class RayItems:
     # -------------------------------------------------------------------------------------------- the runner
 
     async def __call__(
-        self, stage: ItemStage, pending: list[Record], ctx: StageContext
+        self, stage: ItemStage, pending: Iterable[Record], ctx: StageContext
     ) -> AsyncIterator[tuple[str, Sequence[Record]]]:
         import ray
         from ray.exceptions import RayActorError, RayTaskError

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from contextlib import ExitStack
@@ -20,6 +21,7 @@ from builder.records import Provenance, Record, Rejection, Sampling
 from builder.reports import StageReport
 from builder.run.folder import RunFolder
 from builder.stats import StageStats
+from builder.tables import RecordsById, to_frame
 
 R = TypeVar("R", bound=Record)
 T = TypeVar("T")
@@ -41,7 +43,10 @@ class StageContext:
     needs: Mapping[type[Record], str | None] = field(default_factory=dict)
     user_model: StageModel | None = None  # the user simulator's model, when the pipeline has one
     threads: Executor | None = None  # where `blocking` runs blocking work (None: the event loop's default pool)
-    _earlier: dict[type[Record], dict[str, Record]] = field(default_factory=dict, repr=False)
+    _earlier: dict[type[Record], Mapping[str, Record]] = field(default_factory=dict, repr=False)
+    # Stages look records up from threads (`blocking`): one reads a table while the others wait for it, not each
+    # its own copy (rollout's episodes in flight each read the environments table at once, a copy apiece).
+    _earlier_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def sandbox(self) -> Any:
@@ -78,12 +83,13 @@ class StageContext:
             parent_ids=tuple(p if isinstance(p, str) else p.id for p in parents),
         )
 
-    def earlier(self, record_type: type[R]) -> dict[str, R]:
+    def earlier(self, record_type: type[R]) -> Mapping[str, R]:
         """The `record_type` records this run kept before the running stage, by id (empty: the stage that makes
         them has not run). For a stage that needs more than its input, e.g. rollout needs the environment of a
         scenario, evaluate repairing code the plan it came from; the stage declares them (`ItemStage.needs`).
 
-        Read once per stage run (the tables before the running stage do not change meanwhile).
+        Read once per stage run (the tables before the running stage do not change meanwhile) and held as the
+        table's columns: each record is built when it is looked up (`RecordsById`).
 
         Raises:
             RunError: the stage did not declare that it needs `record_type` records.
@@ -92,10 +98,12 @@ class StageContext:
             raise RunError(
                 f"stage {self.stage!r} reads {record_type.__name__} records it did not declare (ItemStage.needs)"
             )
-        if record_type not in self._earlier:
-            folder, stage = RunFolder(self.run_dir), self.needs[record_type]
-            found = folder.read(stage, record_type) if stage is not None and folder.table(stage).exists() else []
-            self._earlier[record_type] = {record.id: record for record in found}
+        with self._earlier_lock:
+            if record_type not in self._earlier:
+                folder, stage = RunFolder(self.run_dir), self.needs[record_type]
+                ran = stage is not None and folder.table(stage).exists()
+                frame = folder.kept(stage, record_type) if ran else to_frame(record_type, ())
+                self._earlier[record_type] = RecordsById(record_type, frame)
         return self._earlier[record_type]  # type: ignore[return-value]
 
     def earlier_record(self, record_type: type[R], record_id: str) -> R | None:

@@ -27,3 +27,14 @@ def record_pairs(value: Any) -> list[tuple[Any, dict[str, Any]]] | None:
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
         return list(enumerate(value))
     return None
+
+
+def added_records(before: dict[str, Any], after: dict[str, Any]) -> Iterator[tuple[str, Any, dict[str, Any]]]:
+    """The records `after` adds to a collection keyed by id (a map in both states), as (collection, key, record)."""
+    for collection, records in after.items():
+        old = before.get(collection)
+        if not isinstance(records, dict) or not isinstance(old, dict):
+            continue
+        for key, record in records.items():
+            if key not in old and isinstance(record, dict):
+                yield collection, key, record

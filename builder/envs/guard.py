@@ -22,6 +22,8 @@ import inspect
 import json
 from typing import Any
 
+from builder.json_values import added_records
+
 GUARD_MARK = "# builder: collateral guard"
 GUARD_ITEM = "Nothing changes outside what the task asks for (collateral guard)."
 
@@ -77,16 +79,10 @@ def blank_fields(initial_state: dict[str, Any], gold_final_state: dict[str, Any]
     """For each record the gold adds to a collection keyed by id, the fields it leaves empty (None, "", [], {}):
     `[[collection, id], [fields]]`, what `invented` looks at."""
     blank = []
-    for name, collection in gold_final_state.items():
-        before = initial_state.get(name)
-        if not isinstance(collection, dict) or not isinstance(before, dict):
-            continue
-        for key, record in collection.items():
-            if key in before or not isinstance(record, dict):
-                continue
-            empty = [field for field, value in record.items() if value in (None, "", [], {})]
-            if empty:
-                blank.append([[name, key], empty])
+    for name, key, record in added_records(initial_state, gold_final_state):
+        empty = [field for field, value in record.items() if value in (None, "", [], {})]
+        if empty:
+            blank.append([[name, key], empty])
     return blank
 
 

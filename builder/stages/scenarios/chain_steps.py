@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from builder.json_values import added_records
 from builder.stages.scenarios.anchors import World, collection_of, described_choices, is_date
 from builder.stages.scenarios.chain_values import first_values, schema_kind
 
@@ -131,21 +132,12 @@ def duplicates(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """The records `after` adds (to a map of records) whose identifying value equals an existing record's in the
     same collection, as `collection/key (field=value)`."""
     found = []
-    for collection, records in after.items():
-        old = before.get(collection)
-        if not isinstance(records, dict) or not isinstance(old, dict):
-            continue
-        for key, record in records.items():
-            if key in old or not isinstance(record, dict):
-                continue
-            for field in IDENTIFYING:
-                value = record.get(field)
-                if (
-                    isinstance(value, str)
-                    and value
-                    and any(isinstance(r, dict) and r.get(field) == value for r in old.values())
-                ):
-                    found.append(f"{collection}/{key} ({field}={value!r})")
+    for collection, key, record in added_records(before, after):
+        existing = [r for r in before[collection].values() if isinstance(r, dict)]
+        for field in IDENTIFYING:
+            value = record.get(field)
+            if isinstance(value, str) and value and any(r.get(field) == value for r in existing):
+                found.append(f"{collection}/{key} ({field}={value!r})")
     return found
 
 

@@ -4,7 +4,6 @@ the evidence fed back, in rounds (docs/scenarios.md §1-3)."""
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import json
 from collections.abc import Sequence
@@ -30,7 +29,7 @@ from builder.stages.scenarios.family_gates import family_problem, one_shot_decli
 from builder.stages.scenarios.graph_method import State
 from builder.stages.scenarios.long_context import checked_enlarge, protected_values
 from builder.stages.scenarios.requests import Draft, _fill, _gold, _initial_state, _repaired_check, _sampling, _task
-from builder.stages.scenarios.sufficiency import looked_up_by
+from builder.stages.scenarios.sufficiency import looked_up_by, problem_value
 from builder.stages.scenarios.variety import copies_seed
 from builder.stages.scenarios.verify import Evidence, verify
 
@@ -181,11 +180,7 @@ def _skipped_lookups(
     lines = []
     for mode, problems in evidence.underspecified.items():
         for problem in problems:
-            try:
-                value = ast.literal_eval(problem.rsplit(" = ", 1)[1])
-            except (IndexError, SyntaxError, ValueError):
-                return ""
-            detail = looked_up_by(value, state, texts.get(mode, ""), tools)
+            detail = looked_up_by(problem_value(problem), state, texts.get(mode, ""), tools)
             if detail is None:
                 return ""
             lines.append(f"- {problem}: the user gives it only as {detail!r}")

@@ -26,6 +26,7 @@ numbers, dict keys) and the description of the parameter. Pure functions over JS
 
 from __future__ import annotations
 
+import ast
 import datetime
 import math
 import os
@@ -276,6 +277,15 @@ def unsupported_arguments(
         if index < len(results):
             sources.add_result(results[index])
     return problems[:MAX_PROBLEMS]
+
+
+def problem_value(problem: str) -> Any:
+    """The argument value a message of `unsupported_arguments` names (as its `repr` wrote it)."""
+    written = problem.rsplit(" = ", 1)[-1]
+    try:
+        return ast.literal_eval(written)
+    except (SyntaxError, ValueError):
+        return written
 
 
 SEARCH_PARAMETERS = frozenset({"query", "q", "search", "keyword", "keywords", "term", "text"})

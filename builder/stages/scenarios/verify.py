@@ -28,7 +28,7 @@ from builder.records import Action
 from builder.sandbox.runtime import Sandbox
 from builder.sandbox.world import DEFAULT_NOW, DEFAULT_SEED
 from builder.stages.scenarios.references import Earlier, resolve
-from builder.stages.scenarios.sufficiency import unsupported_arguments
+from builder.stages.scenarios.sufficiency import problem_value, unsupported_arguments
 
 # Tool failures that say the state (or the code) is broken, as opposed to an answered domain error.
 CRASH_KINDS = frozenset({"raised", "timeout", "crashed", "memory", "not_json", "too_large", "protocol"})
@@ -272,7 +272,7 @@ def verify(
     if withheld is not None:
         value, text = withheld
         lacking = unsupported_arguments(written, results, text, tools, now, defaults)
-        if not any(_same_value(problem.rsplit(" = ", 1)[-1].strip("'\""), value) for problem in lacking):
+        if not any(_same_value(problem_value(problem), value) for problem in lacking):
             detail = (
                 f"withheld {value!r}: the request gives it or lets the assistant find it"
                 if any(_same_value(v, value) for action in written for v in action.arguments.values())
